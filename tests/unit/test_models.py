@@ -1,0 +1,86 @@
+"""Quick checks of the offline model builders and the long-prompt helper."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vllm_specextend.models import build_tiny_llama, is_built
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    return build_tiny_llama(out, seed=3, max_position_embeddings=300)
+
+
+def test_tiny_files_and_config(tiny_dir):
+    for name in ("config.json", "model.safetensors", "tokenizer.json",
+                 "tokenizer_config.json", "generation_config.json"):
+        assert (tiny_dir / name).is_file(), name
+    assert is_built(tiny_dir)
+    cfg = json.loads((tiny_dir / "config.json").read_text())
+    assert cfg["max_position_embeddings"] == 300
+    assert cfg["architectures"] == ["LlamaForCausalLM"]
+    assert cfg["vocab_size"] == 512
+    assert cfg["head_dim"] % 32 == 0  # vLLM CPU attention head sizes
+    assert cfg["num_hidden_layers"] == 2
+
+
+def test_tiny_tokenizer_round_trip(tiny_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    assert len(tok) == 512
+    assert (tok.bos_token, tok.eos_token) == ("<|im_start|>", "<|im_end|>")
+    text = "It was the best of times.\n  Tabs\tand ünïcödé, 2019 (GAO) 😀"
+    ids = tok(text)["input_ids"]
+    assert ids and max(ids) < 512
+    assert tok.decode(ids) == text
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}],
+                                   add_generation_prompt=True, tokenize=False)
+    assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_tiny_deterministic_and_shared_tokenizer(tiny_dir, tmp_path):
+    same = build_tiny_llama(tmp_path / "same", seed=3, max_position_embeddings=300)
+    assert (same / "model.safetensors").read_bytes() == \
+        (tiny_dir / "model.safetensors").read_bytes()
+    assert (same / "tokenizer.json").read_bytes() == \
+        (tiny_dir / "tokenizer.json").read_bytes()
+
+    draft = build_tiny_llama(tmp_path / "draft", seed=4, num_layers=1,
+                             tokenizer_dir=tiny_dir)
+    assert (draft / "tokenizer.json").read_bytes() == \
+        (tiny_dir / "tokenizer.json").read_bytes()
+    assert (draft / "model.safetensors").read_bytes() != \
+        (tiny_dir / "model.safetensors").read_bytes()
+    # Idempotent: a second call returns the existing build untouched.
+    mtime = (draft / "model.safetensors").stat().st_mtime_ns
+    build_tiny_llama(tmp_path / "draft", seed=99)
+    assert (draft / "model.safetensors").stat().st_mtime_ns == mtime
+
+
+def test_tiny_greedy_output_is_varied(tiny_dir):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    ids = tok("Once upon a time,", return_tensors="pt")["input_ids"]
+    out = model.generate(ids, attention_mask=torch.ones_like(ids),
+                         max_new_tokens=16, do_sample=False)
+    new = out[0, ids.shape[1]:].tolist()
+    assert len(set(new)) >= 8, new
+
+
+def test_long_prompts_exact_lengths(long_prompts):
+    lengths = [1, 100, 1000, 4000]
+    ps = long_prompts(lengths)
+    assert [len(p) for p in ps] == lengths
+    assert all(isinstance(t, int) and 0 <= t < 512 for p in ps for t in p)
+    assert long_prompts(lengths) == ps  # deterministic
+    many = long_prompts(64, num_prompts=50, dataset="govreport")
+    assert len(many) == 50 and all(len(p) == 64 for p in many)
+    assert len({tuple(p) for p in many}) == 50  # distinct, also after wrap-around

@@ -1,0 +1,152 @@
+"""SpecExtend configuration: parsing, defaults and validation.
+
+The config travels inside vLLM's free-form ``additional_config["spec_extend"]``
+(vLLM's ``SpeculativeConfig`` forbids extra keys), so it reaches every worker and
+is hashed into the compile key. Defaults follow the SpecExtend paper (32-token
+chunks, top-32 chunks, retrieval every 4 steps).
+
+All checks here are pure functions raising :class:`SpecExtendConfigError`, so
+they run the same at CLI parse time, at engine-config time and in unit tests.
+No vLLM import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+ADDITIONAL_CONFIG_KEY = "spec_extend"
+POLICIES = ("cmr", "streaming", "full")
+
+
+class SpecExtendConfigError(ValueError):
+    """A bad ``--spec-extend`` value or an engine setup SpecExtend cannot serve."""
+
+
+@dataclass(frozen=True)
+class SpecExtendConfig:
+    """What the draft model sees of a long context.
+
+    ``cmr``: sink tokens + the ``top_k`` chunks the target's final layer attended
+    to most + a recent window. ``streaming``: sinks + a recent window of the same
+    token budget (the paper's StreamingLLM baseline). ``full``: plain vLLM draft.
+    """
+
+    policy: str = "cmr"
+    chunk_size: int = 32
+    top_k: int = 32
+    retrieve_every: int = 4
+    sink_tokens: int = 32
+    recent_tokens: int = 256
+    min_context: int = 2048
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise SpecExtendConfigError(
+                f"spec_extend.policy={self.policy!r} is not one of {POLICIES}."
+            )
+        for name, low in (
+            ("chunk_size", 1),
+            ("top_k", 1),
+            ("retrieve_every", 1),
+            ("sink_tokens", 0),
+            ("recent_tokens", 0),
+            ("min_context", 0),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise SpecExtendConfigError(
+                    f"spec_extend.{name}={value!r} must be an integer >= {low}."
+                )
+        if self.sink_tokens % self.chunk_size:
+            raise SpecExtendConfigError(
+                f"spec_extend.sink_tokens={self.sink_tokens} must be a multiple of "
+                f"chunk_size={self.chunk_size} (sinks are whole chunks)."
+            )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> SpecExtendConfig:
+        data = dict(data or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SpecExtendConfigError(
+                f"Unknown spec_extend key(s) {unknown}; valid keys are {sorted(known)}."
+            )
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str | None) -> SpecExtendConfig:
+        if text is None or not text.strip():
+            return cls()
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SpecExtendConfigError(
+                f"--spec-extend expects a JSON object, got {text!r}: {e}"
+            ) from e
+        if not isinstance(data, dict):
+            raise SpecExtendConfigError(
+                f"--spec-extend expects a JSON object, got {text!r}."
+            )
+        return cls.from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def draft_budget_tokens(self) -> int:
+        """Context tokens the draft keeps besides its recent window."""
+        return self.sink_tokens + self.top_k * self.chunk_size
+
+    @property
+    def window_tokens(self) -> int:
+        """Recent window length; ``streaming`` spends the top-k budget on it."""
+        if self.policy == "streaming":
+            return self.recent_tokens + self.top_k * self.chunk_size
+        return self.recent_tokens
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """The parts of a resolved vLLM engine config that SpecExtend depends on."""
+
+    has_speculative_config: bool
+    method: str | None
+    block_size: int
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    disable_padded_drafter_batch: bool = False
+
+
+def validate_engine(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
+    """Reject engine setups SpecExtend cannot serve, naming the fix."""
+    if not facts.has_speculative_config:
+        raise SpecExtendConfigError(
+            "--spec-extend needs a draft model: add --speculative-model DRAFT "
+            "(alias of --spec-model) and --num-speculative-tokens K."
+        )
+    if facts.method != "draft_model":
+        raise SpecExtendConfigError(
+            f"--spec-extend supports the 'draft_model' speculative method, got "
+            f"{facts.method!r}. Pass a draft checkpoint with --speculative-model."
+        )
+    if facts.disable_padded_drafter_batch:
+        raise SpecExtendConfigError(
+            "--spec-extend needs the padded drafter batch; unset "
+            "disable_padded_drafter_batch in the speculative config."
+        )
+    if cfg.chunk_size % facts.block_size:
+        raise SpecExtendConfigError(
+            f"spec_extend.chunk_size={cfg.chunk_size} must be a multiple of the KV "
+            f"block size {facts.block_size}; pass --block-size {cfg.chunk_size} or "
+            f"a chunk_size that is a multiple of {facts.block_size}."
+        )
+    if facts.tensor_parallel_size != 1 or facts.pipeline_parallel_size != 1:
+        raise SpecExtendConfigError(
+            "--spec-extend runs with tensor and pipeline parallel size 1 "
+            f"(got TP={facts.tensor_parallel_size}, "
+            f"PP={facts.pipeline_parallel_size})."
+        )

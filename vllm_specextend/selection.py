@@ -1,0 +1,76 @@
+"""Chunk-selection policy: which context chunks the draft keeps.
+
+A request's context is cut into ``chunk_size``-token chunks from token 0. The
+draft's working set is: the sink chunks, up to ``top_k`` chunks chosen by the
+target's final-layer attention mass, and a recent window starting at a
+chunk boundary. The window start is fixed at each retrieval and the window then
+grows with every new token until the next retrieval, so generated text stays
+visible (as in the SpecExtend reference) and every query of a step is inside it.
+
+Pure torch; no vLLM.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_specextend.config import SpecExtendConfig
+
+
+def window_start(cfg: SpecExtendConfig, anchor: int) -> int:
+    """First token of the recent window for queries starting at ``anchor``.
+
+    Chunk-aligned, never inside the sinks, and at most ``anchor``.
+    """
+    start = (anchor - cfg.window_tokens) // cfg.chunk_size * cfg.chunk_size
+    return max(cfg.sink_tokens, start)
+
+
+def num_candidates(cfg: SpecExtendConfig, start: int) -> int:
+    """Chunks between the sinks and the window start, i.e. retrievable ones."""
+    return max(0, start // cfg.chunk_size - cfg.sink_tokens // cfg.chunk_size)
+
+
+def uses_view(cfg: SpecExtendConfig, start: int) -> bool:
+    """Whether the restricted view drops anything for a window at ``start``."""
+    if cfg.policy == "full":
+        return False
+    if cfg.policy == "streaming":
+        return start > cfg.sink_tokens
+    return num_candidates(cfg, start) > cfg.top_k
+
+
+def chunk_mass(block_lse: torch.Tensor, blocks_per_chunk: int) -> torch.Tensor:
+    """Attention mass per chunk from per-block log-sum-exps.
+
+    block_lse: [R, H, num_blocks] fp32, -inf for blocks past the context.
+    Returns [R, num_blocks // blocks_per_chunk] fp32: softmax over the whole
+    context per head, summed inside the chunk, averaged over heads (GQA-aware
+    because every query head carries its own lse). Trailing blocks that do not
+    fill a chunk are dropped: they are never retrievable (always in the window).
+    """
+    num_rows, num_heads, num_blocks = block_lse.shape
+    total = torch.logsumexp(block_lse, dim=-1, keepdim=True)
+    mass = torch.exp(block_lse - total).mean(dim=1)
+    num_chunks = num_blocks // blocks_per_chunk
+    mass = mass[:, : num_chunks * blocks_per_chunk]
+    return mass.view(num_rows, num_chunks, blocks_per_chunk).sum(dim=-1)
+
+
+def select_chunks(
+    mass: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, k: int
+) -> torch.Tensor:
+    """Top-k chunk ids per row among ids in [lo, hi), in document order.
+
+    mass: [R, C] fp32; lo, hi: [R] int (same device). Returns [R, k] int32.
+    Rows with fewer than k candidates carry their valid ids first; the caller
+    knows each row's count (``min(k, hi - lo)``) and ignores the rest.
+    """
+    ids = torch.arange(mass.shape[1], device=mass.device)
+    valid = (ids[None, :] >= lo[:, None]) & (ids[None, :] < hi[:, None])
+    masked = torch.where(valid, mass, torch.full_like(mass, -1.0))
+    top = torch.topk(masked, k, dim=1).indices
+    # Invalid picks sort last so each row's first min(k, hi - lo) ids are valid.
+    picked_valid = torch.gather(valid, 1, top)
+    key = torch.where(picked_valid, top, top + mass.shape[1])
+    return torch.sort(key, dim=1).values.to(torch.int32)

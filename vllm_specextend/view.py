@@ -1,0 +1,68 @@
+"""Block-table view: the draft's attention reads only the selected blocks.
+
+vLLM caches keys after RoPE, so a view that lists a subset of a request's
+physical blocks keeps every token at its original position; the attention
+kernels only need a block table and a per-row length. Row r of the view is::
+
+    [sink blocks] ++ [blocks of the selected chunks, in document order]
+                  ++ [blocks from the window start to the end of the row]
+
+and its length is ``seq_len - offset`` with ``offset = window_start -
+num_prefix_blocks * block_size``: the window's tokens sit at the same distance
+from the row's end as in the real table, so bottom-right causal masking stays
+exact for every query, and all earlier (kept) blocks are fully visible.
+
+KV writes never go through the view (slot mappings use the real table).
+Pure torch; no vLLM.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def build_view(
+    block_table: torch.Tensor,
+    sink_blocks: int,
+    num_selected: torch.Tensor,
+    window_block: torch.Tensor,
+    selected_chunks: torch.Tensor,
+    blocks_per_chunk: int,
+) -> torch.Tensor:
+    """Gather a view of ``block_table``.
+
+    block_table:     [R, B] int32, real table (kernel-block ids).
+    num_selected:    [R] int, selected chunks per row (0: sinks + window only).
+    window_block:    [R] int, first logical block of the recent window.
+    selected_chunks: [R, K] int, chunk ids, the first ``num_selected`` valid.
+    Returns [R, B] int32. Rows with ``num_selected == 0`` and
+    ``window_block == sink_blocks`` come back unchanged (the full table).
+    Entries past the row's view length are padding that kernels never read.
+    """
+    num_rows, width = block_table.shape
+    j = torch.arange(width, device=block_table.device)[None, :]
+    prefix_end = sink_blocks + num_selected[:, None] * blocks_per_chunk
+    in_selected = (j >= sink_blocks) & (j < prefix_end)
+    rel = (j - sink_blocks).clamp(min=0)
+    if selected_chunks.shape[1] > 0:
+        slot = (rel // blocks_per_chunk).clamp(max=selected_chunks.shape[1] - 1)
+        chunk = torch.gather(selected_chunks.long(), 1, slot.expand(num_rows, -1))
+        selected_idx = chunk * blocks_per_chunk + rel % blocks_per_chunk
+    else:
+        selected_idx = j.expand(num_rows, -1)
+    window_idx = j - prefix_end + window_block[:, None]
+    idx = torch.where(j < sink_blocks, j, torch.where(in_selected, selected_idx, window_idx))
+    idx = idx.clamp(0, width - 1)
+    return torch.gather(block_table, 1, idx.to(torch.int64))
+
+
+def view_offsets(
+    window_start: torch.Tensor,
+    sink_blocks: int,
+    num_selected: torch.Tensor,
+    blocks_per_chunk: int,
+    block_size: int,
+) -> torch.Tensor:
+    """Tokens dropped before the window: ``seq_len_view = seq_len - offset``."""
+    prefix_tokens = (sink_blocks + num_selected * blocks_per_chunk) * block_size
+    return window_start - prefix_tokens
