@@ -54,7 +54,8 @@ def model_cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("specextend-models")
 
 
-def _build_tiny(cache: Path, name: str, kwargs: dict, tokenizer_dir: str | None = None) -> str:
+def _build_tiny(cache: Path, name: str, kwargs: dict,
+                tokenizer_dir: str | None = None) -> str:
     from vllm_specextend.models import build_tiny_llama
 
     key = dict(kwargs)

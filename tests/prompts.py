@@ -47,7 +47,7 @@ def _strip_header(text: str) -> str:
     return text.strip()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_texts(dataset: str = "pg19") -> tuple[str, ...]:
     """All documents of ``dataset``, longest file first, header stripped.
 

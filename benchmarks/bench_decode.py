@@ -1,0 +1,274 @@
+"""Decode speed of plain decoding, vLLM draft_model, and draft_model + SpecExtend.
+
+Real model shapes with random weights (``load_format="dummy"``) and vLLM's
+synthetic rejection sampler at one fixed acceptance length, so every mode
+verifies the same number of tokens per step and only the cost differs. One
+engine per (mode, draft); inside it every (context, batch) pair runs on the
+same random token prompts. Per run it reports decode tokens/s (after every
+request has its first token), the draft's GPU time per step (CUDA events
+around ``propose``) and, with SpecExtend, the plugin's scoring time.
+
+    python benchmarks/bench_decode.py --target-config ../shared/gpu/models/llama31_8b \
+        --draft-config ../shared/gpu/models/llama_68m --contexts 4096 16384 32768 \
+        --batch-sizes 1 8 --out benchmarks/results/decode/<stamp>_h100.json
+
+Runs the engine in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) to reach the
+drafter; the same setting is used for every mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def model_dir(config_dir: str, root: Path) -> str:
+    """A checkpoint dir holding only config.json: enough for dummy weights."""
+    out = root / Path(config_dir).name
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy(Path(config_dir) / "config.json", out / "config.json")
+    return str(out)
+
+
+def drafter_of(llm):
+    core = llm.llm_engine.engine_core.engine_core
+    return core.model_executor.driver_worker.worker.model_runner.drafter
+
+
+class ProposeTimer:
+    """Times each ``drafter.propose``: CUDA events (no sync on the hot path),
+    or wall time on CPU."""
+
+    def __init__(self, drafter):
+        import torch
+
+        self.cuda = torch.cuda.is_available()
+        self.events: list = []
+        self.enabled = False
+        original = drafter.propose
+
+        def timed(*args, **kwargs):
+            if not self.enabled:
+                return original(*args, **kwargs)
+            if not self.cuda:
+                start = time.perf_counter()
+                out = original(*args, **kwargs)
+                self.events.append(1000 * (time.perf_counter() - start))
+                return out
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = original(*args, **kwargs)
+            end.record()
+            self.events.append((start, end))
+            return out
+
+        drafter.propose = timed
+
+    def take_ms(self) -> list[float]:
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+            times = [s.elapsed_time(e) for s, e in self.events]
+        else:
+            times = list(self.events)
+        self.events.clear()
+        return times
+
+
+def run_once(llm, prompts, output_len, timer):
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+    first: dict[str, float] = {}
+    tokens: dict[str, int] = {}
+    start = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), {"prompt_token_ids": prompt}, params)
+    decode_start = None
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        now = time.perf_counter()
+        for out in outputs:
+            n = len(out.outputs[0].token_ids)
+            if n and out.request_id not in first:
+                first[out.request_id] = now
+            tokens[out.request_id] = n
+        if decode_start is None and len(first) == len(prompts):
+            decode_start = now
+            if timer is not None:
+                timer.take_ms()
+                timer.enabled = True
+    end = time.perf_counter()
+    if timer is not None:
+        timer.enabled = False
+    decode_tokens = sum(tokens.values()) - len(prompts)
+    return {
+        "prefill_s": decode_start - start,
+        "decode_s": end - decode_start,
+        "decode_tokens": decode_tokens,
+        "decode_tok_s": decode_tokens / (end - decode_start),
+        "draft_ms": timer.take_ms() if timer is not None else [],
+    }
+
+
+def build_llm(args, mode, target, draft, max_len):
+    from vllm import LLM
+
+    kwargs = dict(
+        model=target,
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        dtype=args.dtype,
+        max_model_len=max_len,
+        max_num_seqs=max(args.batch_sizes),
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        block_size=args.block_size,
+        enable_prefix_caching=False,
+        seed=0,
+        disable_log_stats=False,
+    )
+    if args.kv_cache_memory_bytes:
+        kwargs["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
+    if mode != "plain":
+        kwargs["speculative_config"] = {
+            "method": "draft_model",
+            "model": draft,
+            "num_speculative_tokens": args.num_spec_tokens,
+        }
+        if args.acceptance_length > 0:
+            kwargs["speculative_config"].update(
+                rejection_sample_method="synthetic",
+                synthetic_acceptance_length=args.acceptance_length,
+            )
+    if mode == "spec_extend":
+        kwargs["additional_config"] = {"spec_extend": json.loads(args.spec_extend)}
+    return LLM(**kwargs)
+
+
+def meta(args) -> dict:
+    import torch
+    import vllm
+
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:
+        commit = None
+    return {
+        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([sys.executable, *sys.argv]),
+        "git_commit": commit or os.environ.get("SPECEXTEND_COMMIT"),
+        "vllm": vllm.__version__,
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "config": vars(args),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target-config", required=True)
+    parser.add_argument("--draft-config", nargs="+", required=True)
+    parser.add_argument("--modes", nargs="+", default=["plain", "draft_model", "spec_extend"])
+    parser.add_argument("--contexts", nargs="+", type=int, default=[4096, 16384, 32768])
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--num-spec-tokens", type=int, default=4)
+    parser.add_argument(
+        "--acceptance-length",
+        type=float,
+        default=3.0,
+        help="synthetic mean acceptance length; 0: real rejection sampling (CPU)",
+    )
+    parser.add_argument("--spec-extend", default='{"top_k": 32, "recent_tokens": 256}')
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--kv-cache-memory-bytes", type=int, help="CPU runs")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--only", help=argparse.SUPPRESS)  # MODE:DRAFT_INDEX, internal
+    args = parser.parse_args()
+    engines = [("plain", -1)] if "plain" in args.modes else []
+    engines += [
+        (m, i) for i in range(len(args.draft_config)) for m in args.modes if m != "plain"
+    ]
+    if args.only is None:
+        # One process per engine: an in-process engine does not give all of its
+        # GPU memory back, and each engine must start from the same state.
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"meta": meta(args), "results": []}, indent=1))
+        failed = 0
+        for mode, index in engines:
+            cmd = [sys.executable, *sys.argv, "--only", f"{mode}:{index}"]
+            failed += subprocess.run(cmd).returncode != 0
+        return 1 if failed else 0
+    mode, index = args.only.split(":")
+    run_engine(args, mode, int(index))
+    return 0
+
+
+def run_engine(args, mode: str, index: int) -> None:
+
+    root = Path(tempfile.mkdtemp(prefix="bench-models-"))
+    target = model_dir(args.target_config, root)
+    draft = model_dir(args.draft_config[index], root) if index >= 0 else None
+    max_len = max(args.contexts) + args.output_len + 64
+    vocab = json.loads(Path(target, "config.json").read_text())["vocab_size"]
+    rng = random.Random(args.seed)
+    prompts = {
+        (ctx, bs): [[rng.randrange(3, vocab) for _ in range(ctx)] for _ in range(bs)]
+        for ctx in args.contexts
+        for bs in args.batch_sizes
+    }
+    out = Path(args.out)
+    t0 = time.perf_counter()
+    llm = build_llm(args, mode, target, draft, max_len)
+    startup = time.perf_counter() - t0
+    timer = ProposeTimer(drafter_of(llm)) if mode != "plain" else None
+    run_once(llm, prompts[(args.contexts[0], 1)], 8, timer)  # warm-up
+    for (ctx, bs), batch in prompts.items():
+        before = drafter_of(llm).stats.snapshot() if mode == "spec_extend" else None
+        row = run_once(llm, batch, args.output_len, timer)
+        draft_ms = row.pop("draft_ms")
+        row.update(
+            mode=mode,
+            draft=Path(draft).name if draft else None,
+            context=ctx,
+            batch=bs,
+            engine_startup_s=startup,
+            draft_step_ms_median=statistics.median(draft_ms) if draft_ms else None,
+            draft_steps=len(draft_ms),
+        )
+        if before is not None:
+            after = drafter_of(llm).stats.snapshot()
+            delta = {k: after[k] - before[k] for k in after}
+            row["spec_extend"] = delta
+            row["scoring_share_of_decode"] = delta["scoring_seconds"] / row["decode_s"]
+        print(json.dumps(row), flush=True)
+        result = json.loads(out.read_text())
+        result["results"].append(row)
+        out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

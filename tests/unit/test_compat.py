@@ -1,0 +1,332 @@
+"""compat: the one module that imports vLLM; version pin, touch points, patches."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import re
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import vllm_specextend
+from vllm_specextend import compat, plugin
+from vllm_specextend.config import SpecExtendConfigError
+
+PKG_DIR = Path(vllm_specextend.__file__).resolve().parent
+REPO = PKG_DIR.parent
+
+
+# --- (a) only compat imports vLLM ---------------------------------------------------
+
+
+def _vllm_imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative import inside our package
+                continue
+            names = [node.module or ""]
+        else:
+            continue
+        for name in names:
+            if name == "vllm" or name.startswith("vllm."):
+                found.append(f"{path.name}:{node.lineno}: {name}")
+    return found
+
+
+def test_import_scanner_detects_vllm_imports(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import os\nimport vllm\nfrom vllm.config import X\n"
+        "from vllm_specextend import compat\nimport vllm_specextend.view\n"
+        "def f():\n    import vllm.envs as e\n"
+    )
+    assert len(_vllm_imports(probe)) == 3
+
+
+def test_only_compat_imports_vllm():
+    modules = sorted(PKG_DIR.glob("*.py"))
+    names = {p.name for p in modules}
+    assert {"compat.py", "_dist_alias.py", "config.py", "view.py"} <= names
+    offenders = []
+    for path in modules:
+        if path.name == "compat.py":
+            continue
+        offenders += _vllm_imports(path)
+    assert offenders == []
+    assert _vllm_imports(PKG_DIR / "compat.py")  # compat really does
+
+
+def test_dist_alias_pth_only_imports_alias():
+    pth = (PKG_DIR / "vllm_specextend_alias.pth").read_text().strip().splitlines()
+    assert pth == ["import vllm_specextend._dist_alias"]
+
+
+# --- (b) pins agree --------------------------------------------------------------------
+
+
+def test_pyproject_pin_matches_supported():
+    text = (REPO / "pyproject.toml").read_text()
+    pins = re.findall(r"vllm==([0-9][0-9A-Za-z.+]*)", text)
+    assert pins, "no vllm== pin in pyproject.toml"
+    assert set(pins) == {compat.SUPPORTED_VLLM}
+
+
+def test_dockerfile_pin_matches_supported():
+    dockerfile = REPO / "docker" / "Dockerfile"
+    if not dockerfile.exists():
+        pytest.skip("docker/Dockerfile not present")
+    text = dockerfile.read_text()
+    tags = re.findall(r"^\s*FROM\s+\S*vllm/vllm-openai:v([0-9][0-9A-Za-z.+]*)", text,
+                      flags=re.M | re.I)
+    assert tags, "no vllm/vllm-openai:v... FROM line"
+    assert set(tags) == {compat.SUPPORTED_VLLM}
+
+
+# --- (c) version check -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", ["0.26.0", "0.26.0+cpu", "0.26.1", "0.26.0+cu130",
+                                     "0.26.2rc1"])
+def test_version_check_accepts_026(version, monkeypatch):
+    monkeypatch.delenv(compat.SKIP_VERSION_CHECK_ENV, raising=False)
+    compat.check_vllm_version(version)
+
+
+@pytest.mark.parametrize("version", ["0.27.0", "0.25.2", "1.26.0", "0.2.6"])
+def test_version_check_rejects_others(version, monkeypatch):
+    monkeypatch.setenv(compat.SKIP_VERSION_CHECK_ENV, "0")
+    with pytest.raises(RuntimeError) as info:
+        compat.check_vllm_version(version)
+    assert version in str(info.value)
+    assert compat.SUPPORTED_VLLM in str(info.value)
+
+
+def test_version_check_skip_env_only_warns(monkeypatch):
+    warnings = []
+    monkeypatch.setenv(compat.SKIP_VERSION_CHECK_ENV, "1")
+    monkeypatch.setattr(
+        compat.logger, "warning", lambda msg, *args: warnings.append(msg % args)
+    )
+    compat.check_vllm_version("0.27.0")
+    assert len(warnings) == 1
+    assert "0.27.0" in warnings[0] and compat.SKIP_VERSION_CHECK_ENV in warnings[0]
+
+
+def test_version_check_installed():
+    import vllm
+
+    compat.check_vllm_version()
+    assert compat._release(vllm.__version__)[:2] == (0, 26)
+
+
+def test_release_parsing():
+    assert compat._release("0.26.0+cpu") == (0, 26, 0)
+    assert compat._release("0.26.0.dev12+gabc")[:3] == (0, 26, 0)
+    # Only major.minor decides; pre-releases and dev builds of 0.26 pass.
+    assert compat._release("0.26.1rc2")[:2] == (0, 26)
+    compat.check_vllm_version("0.26.1rc2")
+    compat.check_vllm_version("0.26.0.dev12+gabc")
+
+
+# --- (d) touch points -------------------------------------------------------------------
+
+
+def test_touch_points_match_installed_vllm():
+    compat.check_touch_points()
+
+
+def test_lazy_symbols_resolve():
+    for name in compat._LAZY:
+        assert isinstance(getattr(compat, name), type), name
+    with pytest.raises(AttributeError):
+        compat.NoSuchThing  # noqa: B018
+
+
+# --- (e) dist alias ---------------------------------------------------------------------
+
+
+def test_dist_alias_reports_cpu_build():
+    import vllm_specextend._dist_alias as alias
+
+    version = importlib.metadata.version("vllm")
+    assert version.endswith("+cpu")
+    assert importlib.metadata.metadata("vllm")["Name"] == "vllm"
+    alias.install()
+    alias.install()
+    assert sum(
+        1 for f in sys.meta_path
+        if isinstance(f, type) and f.__name__ == "VllmCpuAlias"
+    ) == 1
+
+
+def test_dist_alias_ignores_other_names():
+    from importlib.metadata import DistributionFinder
+
+    from vllm_specextend._dist_alias import VllmCpuAlias
+
+    ctx = DistributionFinder.Context(name="torch")
+    assert list(VllmCpuAlias.find_distributions(ctx)) == []
+    assert VllmCpuAlias.find_spec("vllm") is None
+
+
+# --- (f) plugin registration ------------------------------------------------------------
+
+
+def _assert_wrapped_once(fn):
+    assert hasattr(fn, "__wrapped__"), fn
+    assert not hasattr(fn.__wrapped__, "__wrapped__"), fn
+
+
+def test_register_is_idempotent(monkeypatch):
+    engine_args = compat.EngineArgs
+    plugin.register()
+    add, create = engine_args.add_cli_args, engine_args.create_engine_config
+    plugin.register()
+    assert engine_args.add_cli_args is add
+    # Even with the module flag reset, the patches apply only once.
+    monkeypatch.setattr(plugin, "_registered", False)
+    plugin.register()
+    assert engine_args.add_cli_args is add
+    assert engine_args.create_engine_config is create
+    _assert_wrapped_once(engine_args.add_cli_args)
+    _assert_wrapped_once(engine_args.create_engine_config)
+    assert isinstance(engine_args.__dict__["add_cli_args"], staticmethod)
+
+
+def test_patched_add_cli_args_adds_flag_once():
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    plugin.register()
+    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
+    assert "--spec-extend" in parser._option_string_actions
+    assert "--speculative-model" in parser._option_string_actions
+    assert "--num-speculative-tokens" in parser._option_string_actions
+    spec = [a for a in parser._actions if "--spec-extend" in a.option_strings]
+    assert len(spec) == 1
+
+
+# --- engine-config hook with a stand-in config -------------------------------------------
+
+
+def _fake_vllm_config(spec_extend=None, method="draft_model", block_size=16, tp=1,
+                      worker_cls="vllm.v1.worker.cpu_worker.CPUWorker",
+                      has_spec=True, padded_off=False):
+    spec = (
+        types.SimpleNamespace(method=method, disable_padded_drafter_batch=padded_off)
+        if has_spec else None
+    )
+    extra = {} if spec_extend is None else {"spec_extend": spec_extend}
+    return types.SimpleNamespace(
+        speculative_config=spec,
+        cache_config=types.SimpleNamespace(block_size=block_size),
+        parallel_config=types.SimpleNamespace(
+            tensor_parallel_size=tp, pipeline_parallel_size=1, worker_cls=worker_cls
+        ),
+        additional_config=extra,
+    )
+
+
+def test_on_engine_config_without_spec_extend_is_noop():
+    cfg = _fake_vllm_config(None, method="eagle")
+    plugin.on_engine_config(cfg)
+    assert cfg.parallel_config.worker_cls == "vllm.v1.worker.cpu_worker.CPUWorker"
+    cfg.additional_config = None
+    plugin.on_engine_config(cfg)
+
+
+@pytest.mark.parametrize(
+    "platform,ours",
+    [
+        ("vllm.v1.worker.cpu_worker.CPUWorker", "vllm_specextend.worker.CPUWorker"),
+        ("vllm.v1.worker.gpu_worker.Worker", "vllm_specextend.worker.GPUWorker"),
+    ],
+)
+def test_on_engine_config_selects_worker(platform, ours):
+    cfg = _fake_vllm_config({"top_k": 4}, worker_cls=platform)
+    plugin.on_engine_config(cfg)
+    assert cfg.parallel_config.worker_cls == ours
+    plugin.on_engine_config(cfg)  # already ours: unchanged
+    assert cfg.parallel_config.worker_cls == ours
+
+
+def test_on_engine_config_rejects_foreign_worker():
+    cfg = _fake_vllm_config({}, worker_cls="my.Worker")
+    with pytest.raises(ValueError, match="my.Worker"):
+        plugin.on_engine_config(cfg)
+
+
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        (dict(has_spec=False), "--speculative-model"),
+        (dict(method="eagle"), "eagle"),
+        (dict(block_size=64), "--block-size"),
+        (dict(tp=2), "TP=2"),
+        (dict(padded_off=True), "disable_padded_drafter_batch"),
+    ],
+)
+def test_on_engine_config_validates(kwargs, needle):
+    cfg = _fake_vllm_config({}, **kwargs)
+    with pytest.raises(SpecExtendConfigError, match=re.escape(needle)):
+        plugin.on_engine_config(cfg)
+    assert cfg.parallel_config.worker_cls == "vllm.v1.worker.cpu_worker.CPUWorker"
+
+
+def test_engine_facts_keys_match_engine_facts_dataclass():
+    import dataclasses
+
+    from vllm_specextend.config import EngineFacts
+
+    facts = compat.engine_facts(_fake_vllm_config({}))
+    assert set(facts) == {f.name for f in dataclasses.fields(EngineFacts)}
+    none = compat.engine_facts(_fake_vllm_config({}, has_spec=False))
+    assert none["has_speculative_config"] is False and none["method"] is None
+
+
+# --- CPU key page order from the real CPU attention kernel ------------------------------
+
+
+@pytest.mark.parametrize(
+    "head_size,block_size,dtype",
+    [(64, 16, torch.float32), (128, 32, torch.bfloat16), (32, 16, torch.float16)],
+)
+def test_cpu_key_order_recovers_keys(head_size, block_size, dtype):
+    cpu_attn = pytest.importorskip("vllm.v1.attention.backends.cpu_attn")
+    from vllm.v1.attention.backend import AttentionType
+
+    from vllm_specextend.scoring import gather_keys
+
+    # The impl's constructor wants a live vLLM config; set what do_kv_cache_update reads.
+    impl = object.__new__(cpu_attn.CPUAttentionBackendImpl)
+    impl.attn_type = AttentionType.DECODER
+    impl.kv_cache_dtype = "auto"
+    impl.head_size = head_size
+    try:
+        impl.isa = cpu_attn._get_attn_isa(dtype, block_size, head_size, "auto")
+    except Exception as e:  # pragma: no cover - platform specific
+        pytest.skip(f"no CPU attention ISA here: {e}")
+    layer = types.SimpleNamespace(
+        impl=impl, head_size=head_size, _k_scale_float=1.0, _v_scale_float=1.0
+    )
+    order = compat.cpu_key_order(layer, block_size, dtype)
+    assert sorted(order.tolist()) == list(range(block_size * head_size))
+
+    num_blocks, hkv = 3, 2
+    gen = torch.Generator().manual_seed(0)
+    key = torch.randn(num_blocks * block_size, hkv, head_size, generator=gen).to(dtype)
+    value = torch.randn(num_blocks * block_size, hkv, head_size, generator=gen).to(dtype)
+    cache = torch.zeros(num_blocks, hkv, block_size, 2 * head_size, dtype=dtype)
+    impl.do_kv_cache_update(layer, key, value, cache, torch.arange(len(key)))
+    blocks = torch.tensor([2, 0, 1])
+    got = gather_keys(cache, blocks, head_size, order)
+    want = key.view(num_blocks, block_size, hkv, head_size).permute(0, 2, 1, 3)[blocks]
+    assert torch.equal(got, want)

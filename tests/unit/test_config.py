@@ -1,0 +1,278 @@
+"""SpecExtendConfig parsing/validation and validate_engine (no vLLM)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from vllm_specextend.config import (
+    ADDITIONAL_CONFIG_KEY,
+    POLICIES,
+    EngineFacts,
+    SpecExtendConfig,
+    SpecExtendConfigError,
+    validate_engine,
+)
+
+VALID_KEYS = sorted(f.name for f in dataclasses.fields(SpecExtendConfig))
+
+
+def good_facts(**overrides) -> EngineFacts:
+    base = dict(
+        has_speculative_config=True,
+        method="draft_model",
+        block_size=16,
+        tensor_parallel_size=1,
+        pipeline_parallel_size=1,
+        disable_padded_drafter_batch=False,
+    )
+    base.update(overrides)
+    return EngineFacts(**base)
+
+
+# --- defaults -------------------------------------------------------------------
+
+
+def test_defaults_follow_the_paper():
+    cfg = SpecExtendConfig()
+    assert cfg.policy == "cmr"
+    assert cfg.chunk_size == 32
+    assert cfg.top_k == 32
+    assert cfg.retrieve_every == 4
+    assert cfg.sink_tokens % cfg.chunk_size == 0
+    assert ADDITIONAL_CONFIG_KEY == "spec_extend"
+    assert set(POLICIES) == {"cmr", "streaming", "full"}
+
+
+def test_to_dict_round_trip():
+    cfg = SpecExtendConfig(policy="streaming", top_k=8, recent_tokens=64)
+    d = cfg.to_dict()
+    assert sorted(d) == VALID_KEYS
+    assert SpecExtendConfig.from_dict(d) == cfg
+    assert SpecExtendConfig.from_json(json.dumps(d)) == cfg
+
+
+# --- from_json / from_dict ------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", [None, "", "   ", "\n"])
+def test_from_json_empty_gives_defaults(text):
+    assert SpecExtendConfig.from_json(text) == SpecExtendConfig()
+
+
+def test_from_json_empty_object_gives_defaults():
+    assert SpecExtendConfig.from_json("{}") == SpecExtendConfig()
+
+
+@pytest.mark.parametrize(
+    "raw", [5, "streaming", [["top_k", 3]], False, 0, ""],
+    ids=["int", "str", "pairs", "false", "zero", "empty-str"],
+)
+def test_from_dict_rejects_non_mapping(raw):
+    # additional_config["spec_extend"] comes from user JSON
+    # (--additional-config '{"spec_extend": false}'): anything but an object or
+    # null must be a SpecExtendConfigError, never a silent "defaults" or a
+    # bare TypeError from dict().
+    with pytest.raises(SpecExtendConfigError, match="spec_extend"):
+        SpecExtendConfig.from_dict(raw)
+
+
+def test_from_dict_none_gives_defaults():
+    assert SpecExtendConfig.from_dict(None) == SpecExtendConfig()
+    assert SpecExtendConfig.from_dict({}) == SpecExtendConfig()
+
+
+def test_from_json_valid():
+    cfg = SpecExtendConfig.from_json(
+        '{"top_k": 64, "retrieve_every": 2, "policy": "streaming", "chunk_size": 16,'
+        ' "sink_tokens": 48, "recent_tokens": 100, "min_context": 0}'
+    )
+    assert cfg.top_k == 64
+    assert cfg.retrieve_every == 2
+    assert cfg.policy == "streaming"
+    assert cfg.chunk_size == 16
+    assert cfg.sink_tokens == 48
+    assert cfg.recent_tokens == 100
+    assert cfg.min_context == 0
+
+
+def test_from_json_does_not_mutate_input_dict():
+    data = {"top_k": 5}
+    SpecExtendConfig.from_dict(data)
+    assert data == {"top_k": 5}
+
+
+@pytest.mark.parametrize("text", ["{", "{'top_k': 3}", "top_k=3", '{"top_k": }'])
+def test_from_json_invalid_json(text):
+    with pytest.raises(SpecExtendConfigError, match="JSON object"):
+        SpecExtendConfig.from_json(text)
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "3", '"cmr"', "null", "true"])
+def test_from_json_non_object(text):
+    with pytest.raises(SpecExtendConfigError, match="JSON object"):
+        SpecExtendConfig.from_json(text)
+
+
+def test_config_error_is_value_error():
+    assert issubclass(SpecExtendConfigError, ValueError)
+
+
+def test_unknown_key_names_key_and_lists_valid_keys():
+    with pytest.raises(SpecExtendConfigError) as info:
+        SpecExtendConfig.from_json('{"topk": 3}')
+    msg = str(info.value)
+    assert "topk" in msg
+    for key in VALID_KEYS:
+        assert key in msg
+
+
+def test_unknown_keys_all_named():
+    with pytest.raises(SpecExtendConfigError) as info:
+        SpecExtendConfig.from_dict({"zzz": 1, "aaa": 2, "top_k": 3})
+    msg = str(info.value)
+    assert "zzz" in msg and "aaa" in msg
+
+
+# --- types and ranges -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("top_k", 0),
+        ("top_k", -1),
+        ("top_k", True),
+        ("top_k", 1.5),
+        ("top_k", "8"),
+        ("top_k", None),
+        ("chunk_size", 0),
+        ("chunk_size", False),
+        ("chunk_size", -32),
+        ("retrieve_every", 0),
+        ("retrieve_every", True),
+        ("sink_tokens", -32),
+        ("recent_tokens", -1),
+        ("recent_tokens", 2.0),
+        ("min_context", -1),
+        ("min_context", False),
+    ],
+)
+def test_bad_numbers_rejected(key, value):
+    with pytest.raises(SpecExtendConfigError, match=key):
+        SpecExtendConfig.from_dict({key: value})
+    with pytest.raises(SpecExtendConfigError, match=key):
+        SpecExtendConfig.from_json(json.dumps({key: value}))
+
+
+@pytest.mark.parametrize("key", ["sink_tokens", "recent_tokens", "min_context"])
+def test_zero_allowed_where_documented(key):
+    cfg = SpecExtendConfig.from_dict({key: 0})
+    assert getattr(cfg, key) == 0
+
+
+def test_minimum_positive_values_accepted():
+    cfg = SpecExtendConfig(chunk_size=1, top_k=1, retrieve_every=1, sink_tokens=0)
+    assert (cfg.chunk_size, cfg.top_k, cfg.retrieve_every) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("policy", ["CMR", "stream", "", "none", 1, None])
+def test_bad_policy(policy):
+    with pytest.raises(SpecExtendConfigError, match="policy"):
+        SpecExtendConfig.from_dict({"policy": policy})
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_accepted(policy):
+    assert SpecExtendConfig.from_dict({"policy": policy}).policy == policy
+
+
+def test_sink_tokens_must_be_whole_chunks():
+    with pytest.raises(SpecExtendConfigError, match="sink_tokens"):
+        SpecExtendConfig(chunk_size=32, sink_tokens=16)
+    with pytest.raises(SpecExtendConfigError, match="multiple"):
+        SpecExtendConfig.from_json('{"chunk_size": 64, "sink_tokens": 32}')
+    assert SpecExtendConfig(chunk_size=16, sink_tokens=48).sink_tokens == 48
+    assert SpecExtendConfig(chunk_size=64, sink_tokens=0).sink_tokens == 0
+
+
+def test_config_is_frozen():
+    cfg = SpecExtendConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.top_k = 3  # type: ignore[misc]
+
+
+# --- derived sizes ------------------------------------------------------------------
+
+
+def test_window_tokens_per_policy():
+    kw = dict(chunk_size=16, top_k=5, recent_tokens=100, sink_tokens=32)
+    assert SpecExtendConfig(policy="cmr", **kw).window_tokens == 100
+    assert SpecExtendConfig(policy="full", **kw).window_tokens == 100
+    assert SpecExtendConfig(policy="streaming", **kw).window_tokens == 100 + 5 * 16
+
+
+def test_streaming_default_window():
+    cfg = SpecExtendConfig(policy="streaming")
+    assert cfg.window_tokens == cfg.recent_tokens + cfg.top_k * cfg.chunk_size
+    assert cfg.window_tokens == 256 + 32 * 32
+
+
+def test_draft_budget_tokens():
+    cfg = SpecExtendConfig(chunk_size=16, top_k=5, sink_tokens=32)
+    assert cfg.draft_budget_tokens == 32 + 5 * 16
+
+
+# --- validate_engine ----------------------------------------------------------------
+
+
+def test_validate_engine_accepts_good_setup():
+    validate_engine(SpecExtendConfig(), good_facts())
+    validate_engine(
+        SpecExtendConfig(chunk_size=64, sink_tokens=64), good_facts(block_size=64)
+    )
+    validate_engine(SpecExtendConfig(chunk_size=32), good_facts(block_size=1))
+
+
+def test_validate_engine_needs_speculative_config():
+    with pytest.raises(SpecExtendConfigError, match="--speculative-model"):
+        validate_engine(
+            SpecExtendConfig(), good_facts(has_speculative_config=False, method=None)
+        )
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "ngram", "mtp", None])
+def test_validate_engine_rejects_other_methods(method):
+    with pytest.raises(SpecExtendConfigError) as info:
+        validate_engine(SpecExtendConfig(), good_facts(method=method))
+    assert repr(method) in str(info.value)
+    assert "draft_model" in str(info.value)
+
+
+@pytest.mark.parametrize("block_size,chunk", [(64, 32), (48, 32), (16, 24)])
+def test_validate_engine_chunk_must_be_block_multiple(block_size, chunk):
+    cfg = SpecExtendConfig(chunk_size=chunk, sink_tokens=0)
+    with pytest.raises(SpecExtendConfigError) as info:
+        validate_engine(cfg, good_facts(block_size=block_size))
+    msg = str(info.value)
+    assert f"--block-size {chunk}" in msg
+    assert str(block_size) in msg
+
+
+def test_validate_engine_rejects_tensor_parallel():
+    with pytest.raises(SpecExtendConfigError, match="TP=2"):
+        validate_engine(SpecExtendConfig(), good_facts(tensor_parallel_size=2))
+
+
+def test_validate_engine_rejects_pipeline_parallel():
+    with pytest.raises(SpecExtendConfigError, match="PP=2"):
+        validate_engine(SpecExtendConfig(), good_facts(pipeline_parallel_size=2))
+
+
+def test_validate_engine_rejects_unpadded_drafter_batch():
+    with pytest.raises(SpecExtendConfigError, match="disable_padded_drafter_batch"):
+        validate_engine(
+            SpecExtendConfig(), good_facts(disable_padded_drafter_batch=True)
+        )

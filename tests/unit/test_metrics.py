@@ -1,0 +1,204 @@
+"""SpecExtend statistics: timers, log line, snapshots and /metrics (no vLLM)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from vllm_specextend import metrics
+from vllm_specextend.metrics import (
+    COUNTERS,
+    GAUGES,
+    METRICS_DIR_ENV,
+    SnapshotCollector,
+    SpecExtendStats,
+    StatsReporter,
+    format_line,
+)
+
+
+@pytest.fixture
+def metrics_env(tmp_path, monkeypatch):
+    monkeypatch.setenv(METRICS_DIR_ENV, str(tmp_path))
+    return tmp_path
+
+
+def test_cpu_timers_accumulate(monkeypatch):
+    clock = iter([10.0, 10.25, 20.0, 20.5])
+    monkeypatch.setattr(metrics.time, "perf_counter", lambda: next(clock))
+    stats = SpecExtendStats()
+    cpu = torch.device("cpu")
+    t = stats.start_timer(cpu)
+    stats.stop_timer(t)
+    assert stats.scoring_seconds == pytest.approx(0.25)
+    t = stats.start_timer(cpu)
+    stats.stop_timer(t)
+    assert stats.scoring_seconds == pytest.approx(0.75)
+    assert stats._pending == []
+    stats.resolve_timers()
+    assert stats.scoring_seconds == pytest.approx(0.75)
+
+
+def test_cpu_timer_real_clock_nonnegative():
+    stats = SpecExtendStats()
+    for _ in range(3):
+        stats.stop_timer(stats.start_timer(torch.device("cpu")))
+    assert stats.scoring_seconds >= 0.0
+    assert stats.snapshot()["scoring_seconds"] == stats.scoring_seconds
+
+
+def test_snapshot_has_public_fields_only():
+    stats = SpecExtendStats(retrievals=3, tracked_requests=2)
+    snap = stats.snapshot()
+    assert set(snap) == set(COUNTERS) | set(GAUGES)
+    assert snap["retrievals"] == 3 and snap["tracked_requests"] == 2
+    json.dumps(snap)  # serialisable
+
+
+def _delta(**kw):
+    base = dict.fromkeys(COUNTERS, 0)
+    base.update(kw)
+    return base
+
+
+def test_format_line_content():
+    delta = _delta(retrievals=5, view_rows=3, decode_rows=4,
+                   draft_context_tokens=250, full_context_tokens=1000,
+                   scoring_seconds=0.01, retrieval_steps=4)
+    line = format_line(delta, {"tracked_requests": 7})
+    assert line.startswith("SpecExtend metrics:")
+    assert "retrievals: 5" in line
+    assert "view rows: 3/4" in line
+    assert "draft context: 25.0% of full" in line
+    assert "scoring: 2.500 ms/step" in line
+    assert "tracked requests: 7" in line
+
+
+def test_format_line_zero_division_safe():
+    line = format_line(_delta(), {"tracked_requests": 0})
+    assert "draft context: 100.0% of full" in line
+    assert "scoring: 0.000 ms/step" in line
+
+
+def test_metrics_dir_from_env(metrics_env):
+    assert metrics.metrics_dir() == metrics_env
+
+
+def test_metrics_dir_created_when_unset(monkeypatch, tmp_path):
+    # Empty counts as unset; setenv makes monkeypatch restore the variable.
+    monkeypatch.setenv(METRICS_DIR_ENV, "")
+    monkeypatch.setattr(metrics.tempfile, "tempdir", str(tmp_path))
+    path = metrics.metrics_dir()
+    assert path.is_dir()
+    assert path.parent == tmp_path
+    # Inherited by child processes through the environment, stable afterwards.
+    assert os.environ[METRICS_DIR_ENV] == str(path)
+    assert metrics.metrics_dir() == path
+
+
+def test_reporter_writes_snapshot_and_logs(metrics_env):
+    stats = SpecExtendStats()
+    lines = []
+    rep = StatsReporter(stats, interval_s=3600.0, log=lines.append)
+    assert rep.path.parent == metrics_env
+    assert rep.path.name.startswith("worker-") and rep.path.suffix == ".json"
+
+    stats.retrievals += 2
+    stats.decode_rows += 3
+    rep.maybe_report()  # interval not reached: nothing happens
+    assert not rep.path.exists()
+    assert lines == []
+
+    rep.maybe_report(force=True)
+    data = json.loads(rep.path.read_text())
+    assert data["retrievals"] == 2 and data["decode_rows"] == 3
+    assert len(lines) == 1 and "retrievals: 2" in lines[0]
+    assert not rep.path.with_suffix(".tmp").exists()
+
+    # Deltas: no new work -> file refreshed, no log line.
+    stats.tracked_requests = 4
+    rep.maybe_report(force=True)
+    assert len(lines) == 1
+    assert json.loads(rep.path.read_text())["tracked_requests"] == 4
+
+    stats.retrievals += 1
+    rep.maybe_report(force=True)
+    assert len(lines) == 2 and "retrievals: 1," in lines[1]
+
+    rep.close()
+    assert not rep.path.exists()
+    rep.close()  # idempotent
+
+
+def test_reporter_interval_zero_reports_every_call(metrics_env):
+    stats = SpecExtendStats()
+    rep = StatsReporter(stats, interval_s=0.0, log=lambda s: None)
+    stats.view_rows = 9
+    rep.maybe_report()
+    assert json.loads(rep.path.read_text())["view_rows"] == 9
+    rep.close()
+
+
+def _families(collector):
+    return {fam.name: fam for fam in collector.collect()}
+
+
+def test_collector_sums_workers(metrics_env):
+    a = SpecExtendStats(retrievals=2, view_rows=5, decode_rows=8,
+                        draft_context_tokens=100, full_context_tokens=400,
+                        scoring_seconds=0.5, retrieval_steps=1, tracked_requests=3)
+    b = SpecExtendStats(retrievals=1, view_rows=1, decode_rows=2,
+                        draft_context_tokens=10, full_context_tokens=40,
+                        scoring_seconds=0.25, retrieval_steps=2, tracked_requests=1)
+    (metrics_env / "worker-1.json").write_text(json.dumps(a.snapshot()))
+    (metrics_env / "worker-2.json").write_text(json.dumps(b.snapshot()))
+    (metrics_env / "worker-3.json").write_text("{not json")  # half-written
+    (metrics_env / "other.json").write_text(json.dumps({"retrievals": 100}))
+
+    collector = SnapshotCollector(metrics_env)
+    total = collector.read()
+    assert total["retrievals"] == 3
+    assert total["tracked_requests"] == 4
+    assert total["scoring_seconds"] == pytest.approx(0.75)
+
+    fams = _families(collector)
+    assert set(fams) == {f"vllm:spec_extend_{k}" for k in [*COUNTERS, *GAUGES]}
+    want = {
+        "retrievals": 3, "retrieval_steps": 3, "view_rows": 6, "decode_rows": 10,
+        "draft_context_tokens": 110, "full_context_tokens": 440,
+        "scoring_seconds": 0.75, "tracked_requests": 4,
+    }
+    for key, value in want.items():
+        fam = fams[f"vllm:spec_extend_{key}"]
+        assert len(fam.samples) == 1
+        assert fam.samples[0].value == pytest.approx(value), key
+    assert fams["vllm:spec_extend_retrievals"].type == "counter"
+    assert fams["vllm:spec_extend_tracked_requests"].type == "gauge"
+
+
+def test_collector_with_reporters_end_to_end(metrics_env, monkeypatch):
+    s1, s2 = SpecExtendStats(), SpecExtendStats()
+    monkeypatch.setattr(metrics.os, "getpid", lambda: 111)
+    r1 = StatsReporter(s1, 0.0, lambda s: None)
+    monkeypatch.setattr(metrics.os, "getpid", lambda: 222)
+    r2 = StatsReporter(s2, 0.0, lambda s: None)
+    assert r1.path != r2.path
+    s1.retrievals, s2.retrievals = 4, 6
+    r1.maybe_report(force=True)
+    r2.maybe_report(force=True)
+    collector = SnapshotCollector(metrics_env)
+    fams = _families(collector)
+    assert fams["vllm:spec_extend_retrievals"].samples[0].value == 10
+    r1.close()
+    assert _families(collector)["vllm:spec_extend_retrievals"].samples[0].value == 6
+    r2.close()
+    assert collector.read() == dict.fromkeys([*COUNTERS, *GAUGES], 0)
+
+
+def test_collector_empty_dir(tmp_path):
+    collector = SnapshotCollector(tmp_path)
+    fams = _families(collector)
+    assert all(f.samples[0].value == 0 for f in fams.values())
