@@ -142,6 +142,8 @@ def build_llm(args, mode, target, draft, max_len):
         enable_prefix_caching=False,
         seed=0,
         disable_log_stats=False,
+        # Verification batches are at most batch * (K + 1) tokens: capture only those.
+        compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 24, 32, 40, 48, 64]},
     )
     if args.kv_cache_memory_bytes:
         kwargs["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
