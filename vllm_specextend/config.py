@@ -68,9 +68,14 @@ class SpecExtendConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> SpecExtendConfig:
-        data = dict(data or {})
+        if data is None:
+            return cls()
+        if not isinstance(data, dict):
+            raise SpecExtendConfigError(
+                f"spec_extend must be a JSON object (or null), got {data!r}."
+            )
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(set(data) - known, key=str)
         if unknown:
             raise SpecExtendConfigError(
                 f"Unknown spec_extend key(s) {unknown}; valid keys are {sorted(known)}."

@@ -46,9 +46,16 @@ class _SpecExtendWorkerMixin:
         return super().execute_model(scheduler_output)
 
 
-class GPUWorker(_SpecExtendWorkerMixin, compat.GPUWorkerBase):
-    """``vllm.v1.worker.gpu_worker.Worker`` with SpecExtend drafting."""
+_BASES = {"GPUWorker": "GPUWorkerBase", "CPUWorker": "CPUWorkerBase"}
 
 
-class CPUWorker(_SpecExtendWorkerMixin, compat.CPUWorkerBase):
-    """``vllm.v1.worker.cpu_worker.CPUWorker`` with SpecExtend drafting."""
+def __getattr__(name: str):
+    """``GPUWorker`` / ``CPUWorker``, built on first use so that a platform
+    never imports the other platform's worker module."""
+    if name not in _BASES:
+        raise AttributeError(name)
+    cls = type(name, (_SpecExtendWorkerMixin, getattr(compat, _BASES[name])), {})
+    cls.__module__ = __name__
+    cls.__doc__ = f"vLLM's {_BASES[name][:3]} worker with SpecExtend drafting."
+    globals()[name] = cls
+    return cls
