@@ -206,6 +206,9 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--kv-cache-memory-bytes", type=int, help="CPU runs")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--profile", action="store_true", help="also write a torch.profiler table"
+    )
     parser.add_argument("--out", required=True)
     parser.add_argument("--only", help=argparse.SUPPRESS)  # MODE:DRAFT_INDEX, internal
     args = parser.parse_args()
@@ -247,7 +250,8 @@ def run_engine(args, mode: str, index: int) -> None:
     llm = build_llm(args, mode, target, draft, max_len)
     startup = time.perf_counter() - t0
     timer = ProposeTimer(drafter_of(llm)) if mode != "plain" else None
-    run_once(llm, prompts[(args.contexts[0], 1)], 8, timer)  # warm-up
+    cpu_ms = wrap_cpu_timer(drafter_of(llm)) if mode == "spec_extend" else None
+    run_once(llm, prompts[(args.contexts[0], args.batch_sizes[0])], 8, timer)  # warm-up
     for (ctx, bs), batch in prompts.items():
         before = drafter_of(llm).stats.snapshot() if mode == "spec_extend" else None
         row = run_once(llm, batch, args.output_len, timer)
@@ -266,10 +270,41 @@ def run_engine(args, mode: str, index: int) -> None:
             delta = {k: after[k] - before[k] for k in after}
             row["spec_extend"] = delta
             row["scoring_share_of_decode"] = delta["scoring_seconds"] / row["decode_s"]
+        if cpu_ms is not None:
+            row["prepare_view_cpu_ms_median"] = statistics.median(cpu_ms or [0.0])
+            cpu_ms.clear()
         print(json.dumps(row), flush=True)
         result = json.loads(out.read_text())
         result["results"].append(row)
         out.write_text(json.dumps(result, indent=1))
+    if args.profile:
+        profile(llm, prompts[(args.contexts[0], max(args.batch_sizes))], out, mode)
+
+
+def wrap_cpu_timer(drafter) -> list[float]:
+    """Host time of the plugin's per-step work (no device sync)."""
+    times: list[float] = []
+    original = drafter._prepare_view
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        result = original(*args, **kwargs)
+        times.append(1000 * (time.perf_counter() - start))
+        return result
+
+    drafter._prepare_view = timed
+    return times
+
+
+def profile(llm, batch, out: Path, mode: str) -> None:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run_once(llm, batch, 32, None)
+    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30)
+    table += "\n" + prof.key_averages().table(sort_by="cpu_time_total", row_limit=40)
+    out.with_name(f"{out.stem}_profile_{mode}.txt").write_text(table)
 
 
 if __name__ == "__main__":

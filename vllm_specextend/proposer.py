@@ -57,6 +57,7 @@ class SpecExtendProposer(compat.DraftModelProposer):
         self._query_buf: torch.Tensor | None = None
         self._score_layer = None
         self._key_order: torch.Tensor | None = None
+        self._step = 0
 
     @override
     def load_model(self, target_model) -> None:
@@ -182,10 +183,14 @@ class SpecExtendProposer(compat.DraftModelProposer):
             self.stats.decode_rows += 1
             self.stats.full_context_tokens += int(seq[r])
             entry = self.store.get(req_id)
-            if entry is None or entry.steps_since_refresh >= cfg.retrieve_every:
+            # All rows refresh on the same steps, so a batch pays for scoring
+            # once every retrieve_every steps instead of on most steps.
+            due = self._step % cfg.retrieve_every == 0 and entry is not None
+            if entry is None or (due and entry.steps_since_refresh > 0):
                 self.store.drop([req_id])
                 if q_start[r] >= cfg.min_context:
                     self._plan(r, req_id, int(q_start[r]) - margin, to_score)
+        self._step += 1
         if to_score:
             self._retrieve(cad, token_indices_to_sample, num_rejected, seq, to_score)
         self.stats.tracked_requests = len(self.store)
