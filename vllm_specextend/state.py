@@ -36,6 +36,9 @@ class SelectionStore:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def __iter__(self):
+        return iter(list(self._entries))
+
     def __contains__(self, req_id: str) -> bool:
         return req_id in self._entries
 

@@ -1,0 +1,222 @@
+"""End-to-end ``vllm serve --spec-extend`` on CPU: OpenAI API, /metrics, aborts,
+greedy equivalence with a plain server and startup errors for bad configs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from vllm_specextend.metrics import METRICS_DIR_ENV
+
+pytestmark = pytest.mark.server
+
+_SCRIPT = Path(sys.executable).with_name("vllm")
+VLLM = ([str(_SCRIPT)] if _SCRIPT.exists()
+        else [sys.executable, "-m", "vllm.entrypoints.cli.main"])
+SPEC_EXTEND = '{"min_context": 128, "top_k": 2, "recent_tokens": 64}'
+COMMON = ["--block-size", "32", "--kv-cache-memory-bytes", "1G",
+          "--max-model-len", "2048", "--dtype", "float32", "--enforce-eager",
+          "--seed", "0"]
+STARTUP_S = 300
+ENV = {**os.environ, "VLLM_LOG_STATS_INTERVAL": "1",
+       "PYTHONPYCACHEPREFIX": os.environ.get("PYTHONPYCACHEPREFIX", "/tmp/pycache")}
+ENV.pop("PYTHONDONTWRITEBYTECODE", None)
+
+
+def _tail(path: Path, n: int = 60) -> str:
+    return "".join(path.read_text(errors="replace").splitlines(True)[-n:])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spec_args(draft: str, spec_extend: str = SPEC_EXTEND) -> list[str]:
+    return ["--speculative-model", draft, "--num-speculative-tokens", "3",
+            "--spec-extend", spec_extend]
+
+
+@contextlib.contextmanager
+def serve(model: str, extra: list[str], log: Path):
+    """Run ``vllm serve`` on a free port until /health answers; yield its URL."""
+    port = _free_port()
+    # A fresh snapshot dir: stale worker files elsewhere must not leak in.
+    metrics = log.parent / f"metrics-{port}"
+    metrics.mkdir()
+    cmd = [*VLLM, "serve", model, *extra, *COMMON,
+           "--host", "127.0.0.1", "--port", str(port)]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL,
+                                env={**ENV, METRICS_DIR_ENV: str(metrics)},
+                                start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + STARTUP_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vllm serve exited ({proc.returncode}):\n{_tail(log)}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"vllm serve not healthy in {STARTUP_S} s:\n{_tail(log)}")
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            time.sleep(1)
+        yield base
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # workers left in the group
+        proc.wait()
+
+
+def scrape(base: str) -> dict[str, float]:
+    """``/metrics`` as {name: value summed over label sets}."""
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            head, _, value = line.rpartition(" ")
+            name = head.split("{", 1)[0]
+            out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
+@pytest.fixture(scope="module")
+def prompt(long_prompts) -> list[int]:
+    return long_prompts(600)[0]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_target, tiny_draft, tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve") / "vllm_serve.log"
+    with serve(tiny_target, _spec_args(tiny_draft), log) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="x", timeout=300,
+                         max_retries=0)
+
+
+def _complete(client, prompt, max_tokens: int, **kw):
+    return client.completions.create(
+        model=client.models.list().data[0].id, prompt=prompt,
+        max_tokens=max_tokens, temperature=0, extra_body={"ignore_eos": True}, **kw)
+
+
+def _poll_metrics(base, client, prompt, done, timeout_s: float = 30.0):
+    """Scrape until ``done(metrics)``; between tries send a request after the
+    stats interval, so the worker writes a fresh snapshot."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        metrics = scrape(base)
+        if done(metrics) or time.monotonic() > deadline:
+            return metrics
+        time.sleep(1.2)
+        _complete(client, prompt, 4)
+
+
+def test_completion_and_metrics(server, client, prompt):
+    """A long greedy completion drafts through restricted views."""
+    resp = _complete(client, prompt, 32)
+    assert resp.usage.completion_tokens == 32
+    assert resp.usage.prompt_tokens == len(prompt)
+    assert resp.choices[0].finish_reason == "length"
+    keys = ("vllm:spec_decode_num_draft_tokens_total",
+            "vllm:spec_extend_retrievals_total", "vllm:spec_extend_view_rows_total")
+    m = _poll_metrics(server, client, prompt,
+                      lambda m: all(m.get(k, 0) > 0 for k in keys))
+    for key in keys:
+        assert m.get(key, 0) > 0, (key, m)
+    draft = m["vllm:spec_extend_draft_context_tokens_total"]
+    full = m["vllm:spec_extend_full_context_tokens_total"]
+    assert 0 < draft < full
+
+
+def test_chat_completion(client, tiny_tokenizer, prompt):
+    """Chat with a long user message hits the length limit with content."""
+    text = tiny_tokenizer.decode(prompt)
+    resp = client.chat.completions.create(
+        model=client.models.list().data[0].id,
+        messages=[{"role": "user", "content": text}],
+        max_tokens=16, temperature=0, extra_body={"ignore_eos": True})
+    assert resp.choices[0].message.content
+    assert resp.choices[0].finish_reason == "length"
+    assert resp.usage.completion_tokens == 16
+
+
+def test_greedy_matches_plain_server(client, tiny_target, prompt, tmp_path):
+    """Greedy output with SpecExtend equals a server without speculation."""
+    from openai import OpenAI
+
+    spec = _complete(client, prompt, 24).choices[0].text
+    with serve(tiny_target, [], tmp_path / "plain.log") as base:
+        plain_client = OpenAI(base_url=f"{base}/v1", api_key="x", timeout=300,
+                              max_retries=0)
+        plain = _complete(plain_client, prompt, 24).choices[0].text
+    assert spec == plain
+
+
+def test_abort_leaves_no_state(server, client, prompt):
+    """A stream closed mid-way drops the request's SpecExtend state."""
+    generated = scrape(server)["vllm:generation_tokens_total"]
+    stream = _complete(client, prompt, 400, stream=True)
+    start, chunks = time.monotonic(), 0
+    for _ in stream:
+        chunks += 1
+        if chunks >= 5 and time.monotonic() - start > 2.5:
+            break
+    # Drafting for >1 interval: the worker published the live request.
+    assert scrape(server)["vllm:spec_extend_tracked_requests"] >= 1
+    stream.close()
+    short = prompt[:32]  # below min_context: never tracked itself
+    m = _poll_metrics(server, client, short,
+                      lambda m: m["vllm:spec_extend_tracked_requests"] == 0)
+    assert m["vllm:spec_extend_tracked_requests"] == 0
+    # The aborted request stopped early, so it was dropped, not finished.
+    assert m["vllm:generation_tokens_total"] - generated < 400
+
+
+@pytest.mark.parametrize("spec_extend, draft, message", [
+    ('{"bogus": 1}', True, "Unknown spec_extend key"),
+    ('{"top_k": 0}', True, "spec_extend.top_k=0 must be"),
+    ("{}", False, "needs a draft model"),
+    ('{"chunk_size": 48, "sink_tokens": 0}', True, "multiple of the KV block size"),
+    ("not json", True, "expects a JSON object"),
+], ids=["unknown-key", "top-k", "no-draft", "chunk-vs-block", "not-json"])
+def test_bad_config_fails_at_startup(tiny_target, tiny_draft, tmp_path,
+                                     spec_extend, draft, message):
+    """Bad --spec-extend setups stop ``vllm serve`` with our message."""
+    args = (_spec_args(tiny_draft, spec_extend) if draft
+            else ["--spec-extend", spec_extend])
+    proc = subprocess.run([*VLLM, "serve", tiny_target, *args, *COMMON,
+                           "--host", "127.0.0.1", "--port", str(_free_port())],
+                          capture_output=True, text=True, timeout=180,
+                          env={**ENV, METRICS_DIR_ENV: str(tmp_path)},
+                          stdin=subprocess.DEVNULL, start_new_session=True)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-3000:]
+    assert message in output, output[-3000:]
