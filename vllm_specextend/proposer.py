@@ -310,4 +310,5 @@ class SpecExtendProposer(compat.DraftModelProposer):
     def _report(self) -> None:
         if self.reporter is not None:
             self.store.sweep(compat.live_req_ids(self.runner))
+            self.stats.tracked_requests = len(self.store)
             self.reporter.maybe_report()

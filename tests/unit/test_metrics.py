@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import subprocess
 
 import pytest
 import torch
@@ -87,13 +89,14 @@ def test_metrics_dir_from_env(metrics_env):
     assert metrics.metrics_dir() == metrics_env
 
 
-def test_metrics_dir_created_when_unset(monkeypatch, tmp_path):
+def test_metrics_dir_named_when_unset(monkeypatch, tmp_path):
     # Empty counts as unset; setenv makes monkeypatch restore the variable.
     monkeypatch.setenv(METRICS_DIR_ENV, "")
     monkeypatch.setattr(metrics.tempfile, "tempdir", str(tmp_path))
     path = metrics.metrics_dir()
-    assert path.is_dir()
+    assert not path.exists(), "only a snapshot writer creates it"
     assert path.parent == tmp_path
+    assert path.name == f"specextend-metrics-{os.getpid()}"
     # Inherited by child processes through the environment, stable afterwards.
     assert os.environ[METRICS_DIR_ENV] == str(path)
     assert metrics.metrics_dir() == path
@@ -181,6 +184,7 @@ def test_collector_sums_workers(metrics_env):
 
 def test_collector_with_reporters_end_to_end(metrics_env, monkeypatch):
     s1, s2 = SpecExtendStats(), SpecExtendStats()
+    monkeypatch.setattr(metrics, "_alive", lambda pid: pid in (111, 222))
     monkeypatch.setattr(metrics.os, "getpid", lambda: 111)
     r1 = StatsReporter(s1, 0.0, lambda s: None)
     monkeypatch.setattr(metrics.os, "getpid", lambda: 222)
@@ -196,6 +200,14 @@ def test_collector_with_reporters_end_to_end(metrics_env, monkeypatch):
     assert _families(collector)["vllm:spec_extend_retrievals"].samples[0].value == 6
     r2.close()
     assert collector.read() == dict.fromkeys([*COUNTERS, *GAUGES], 0)
+
+
+def test_collector_skips_dead_workers(tmp_path):
+    (tmp_path / f"worker-{os.getpid()}.json").write_text(json.dumps({"retrievals": 2}))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f"worker-{dead.pid}.json").write_text(json.dumps({"retrievals": 5}))
+    assert SnapshotCollector(tmp_path).read()["retrievals"] == 2
 
 
 def test_collector_empty_dir(tmp_path):

