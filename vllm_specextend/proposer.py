@@ -193,7 +193,6 @@ class SpecExtendProposer(compat.DraftModelProposer):
         self._step += 1
         if to_score:
             self._retrieve(cad, token_indices_to_sample, num_rejected, seq, to_score)
-        self.stats.tracked_requests = len(self.store)
         return self._build(cad, req_ids, num_prompt, q_start, seq)
 
     def _plan(self, r: int, req_id: str, anchor: int, to_score: list) -> None:

@@ -20,7 +20,7 @@ LENGTHS = [1500, 90, 1000, 400, 700]  # CMR applies to some rows only
 MAX_TOKENS = 48
 
 
-def make_llm(target, draft=None, spec_extend=None, **overrides):
+def make_llm(target, draft=None, spec_extend=None, num_spec_tokens=4, **overrides):
     from vllm import LLM
 
     kwargs = dict(
@@ -37,7 +37,7 @@ def make_llm(target, draft=None, spec_extend=None, **overrides):
         kwargs["speculative_config"] = {
             "method": "draft_model",
             "model": draft,
-            "num_speculative_tokens": 4,
+            "num_speculative_tokens": num_spec_tokens,
         }
     if spec_extend is not None:
         kwargs["additional_config"] = {"spec_extend": spec_extend}
