@@ -26,10 +26,13 @@ case "$1" in
       --draft-config $M/llama32_1b --modes draft_model spec_extend \
       --out "$OUT/decode_1b.json" > "$OUT/decode_1b.log" 2>&1
     grep '^{' "$OUT/decode_1b.log" | cut -c1-220; grep -m3 -i "error" "$OUT/decode_1b.log" ;;
+  capture)
+    timeout 500 python3 -m pytest tests/kernels/test_capture_gpu.py -q -x -p no:cacheprovider \
+      > "$OUT/capture.txt" 2>&1; grep -E "passed|failed|Error|assert" "$OUT/capture.txt" | tail -8 ;;
   profile-68m)
     timeout 560 python3 benchmarks/bench_decode.py --target-config $M/llama31_8b \
       --draft-config $M/llama_68m --modes draft_model spec_extend --contexts 4096 32768 \
       --profile --out "$OUT/profile_68m.json" > "$OUT/profile_68m.log" 2>&1
     grep '^{' "$OUT/profile_68m.log" | cut -c1-220 ;;
-  *) echo "usage: host_run.sh kernels|decode-68m|decode-1b|profile-68m" >&2; exit 2 ;;
+  *) echo "usage: host_run.sh kernels|capture|decode-68m|decode-1b|profile-68m" >&2; exit 2 ;;
 esac
