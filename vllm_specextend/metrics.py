@@ -111,7 +111,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # alive, owned by another user
     return True
 
 
@@ -128,10 +128,13 @@ class StatsReporter:
         self._last_time = time.monotonic()
         self._last = stats.snapshot()
 
+    def due(self) -> bool:
+        return time.monotonic() - self._last_time >= self.interval_s
+
     def maybe_report(self, force: bool = False) -> None:
-        now_t = time.monotonic()
-        if not force and now_t - self._last_time < self.interval_s:
+        if not force and not self.due():
             return
+        now_t = time.monotonic()
         now = self.stats.snapshot()
         delta = {k: now[k] - self._last[k] for k in COUNTERS}
         if delta["decode_rows"] or delta["retrievals"]:

@@ -307,7 +307,8 @@ class SpecExtendProposer(compat.DraftModelProposer):
         return view_bt, offsets_cpu.to(self.device, non_blocking=True), offsets_cpu
 
     def _report(self) -> None:
-        if self.reporter is not None:
+        # The sweep is a backstop, not a per-step cost: run it when reporting.
+        if self.reporter is not None and self.reporter.due():
             self.store.sweep(compat.live_req_ids(self.runner))
             self.stats.tracked_requests = len(self.store)
-            self.reporter.maybe_report()
+            self.reporter.maybe_report(force=True)
