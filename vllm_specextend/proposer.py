@@ -85,6 +85,13 @@ class SpecExtendProposer(compat.DraftModelProposer):
         n = min(query.shape[0], buf.shape[0])
         buf[:n].copy_(query[:n].view(n, buf.shape[1], buf.shape[2]))
 
+    def reconfigure(self, cfg: SpecExtendConfig) -> None:
+        """Switch policy or parameters between runs (benchmarks reuse one
+        engine); selections made under the old config are dropped."""
+        self.cfg = cfg
+        self.store.drop(list(self.store))
+        self._step = 0
+
     def on_requests_done(self, req_ids) -> None:
         """Finished, aborted or preempted: their selection is stale."""
         self.store.drop(req_ids)
