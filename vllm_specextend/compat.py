@@ -20,6 +20,7 @@ vLLM symbol                                      how         why
 ``Attention.impl.forward`` (one instance)       wrap        capture the final-layer query
 ``Attention.kv_cache`` / ``impl.scale``         read        paged keys for scoring
 ``ops.cpu_attn_reshape_and_cache``              call        learn the CPU key page order
+``distributed`` TP rank, all-reduce, broadcast  call        one chunk choice across TP ranks
 ==============================================  ==========  =====================================
 
 Heavy symbols (worker and proposer classes) load lazily through module
@@ -328,6 +329,28 @@ def cpu_key_order(layer, block_size: int, dtype: torch.dtype) -> torch.Tensor:
     if not torch.equal(torch.sort(where).values, torch.arange(num_elems)):
         raise RuntimeError("CPU KV page is not a permutation of the keys.")
     return order
+
+
+def tp_rank_and_size() -> tuple[int, int]:
+    from vllm.distributed import (
+        get_tensor_model_parallel_rank,
+        get_tensor_model_parallel_world_size,
+    )
+
+    return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+
+
+def tp_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
+    from vllm.distributed import tensor_model_parallel_all_reduce
+
+    return tensor_model_parallel_all_reduce(tensor)
+
+
+def tp_broadcast(tensor: torch.Tensor) -> torch.Tensor:
+    """From the TP group's first rank to the others (in place)."""
+    from vllm.distributed import get_tp_group
+
+    return get_tp_group().broadcast(tensor, src=0)
 
 
 def is_cpu_platform() -> bool:

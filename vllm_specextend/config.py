@@ -149,9 +149,8 @@ def validate_engine(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
             f"block size {facts.block_size}; pass --block-size {cfg.chunk_size} or "
             f"a chunk_size that is a multiple of {facts.block_size}."
         )
-    if facts.tensor_parallel_size != 1 or facts.pipeline_parallel_size != 1:
+    if facts.pipeline_parallel_size != 1:
         raise SpecExtendConfigError(
-            "--spec-extend runs with tensor and pipeline parallel size 1 "
-            f"(got TP={facts.tensor_parallel_size}, "
-            f"PP={facts.pipeline_parallel_size})."
+            "--spec-extend runs with pipeline parallel size 1 (got "
+            f"PP={facts.pipeline_parallel_size}); use --tensor-parallel-size instead."
         )

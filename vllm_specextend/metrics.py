@@ -116,15 +116,22 @@ def _alive(pid: int) -> bool:
 
 
 class StatsReporter:
-    """Writes snapshots for /metrics and logs a line every interval."""
+    """Writes snapshots for /metrics and logs a line every interval.
 
-    def __init__(self, stats: SpecExtendStats, interval_s: float, log) -> None:
+    With ``publish=False`` (tensor-parallel ranks but the first, which see the
+    same rows) it only keeps the interval, so callers' periodic work still runs.
+    """
+
+    def __init__(
+        self, stats: SpecExtendStats, interval_s: float, log, publish: bool = True
+    ) -> None:
         self.stats = stats
         self.interval_s = interval_s
         self.log = log
-        self.path = metrics_dir() / f"worker-{os.getpid()}.json"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        atexit.register(self.close)
+        self.path = metrics_dir() / f"worker-{os.getpid()}.json" if publish else None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atexit.register(self.close)
         self._last_time = time.monotonic()
         self._last = stats.snapshot()
 
@@ -135,6 +142,9 @@ class StatsReporter:
         if not force and not self.due():
             return
         now_t = time.monotonic()
+        if self.path is None:
+            self._last_time = now_t
+            return
         now = self.stats.snapshot()
         delta = {k: now[k] - self._last[k] for k in COUNTERS}
         if delta["decode_rows"] or delta["retrievals"]:
@@ -145,7 +155,8 @@ class StatsReporter:
         self._last, self._last_time = now, now_t
 
     def close(self) -> None:
-        self.path.unlink(missing_ok=True)
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
 
 
 class SnapshotCollector:

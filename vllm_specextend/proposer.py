@@ -58,6 +58,7 @@ class SpecExtendProposer(compat.DraftModelProposer):
         self._score_layer = None
         self._key_order: torch.Tensor | None = None
         self._step = 0
+        self._tp_size = 1
 
     @override
     def load_model(self, target_model) -> None:
@@ -75,10 +76,13 @@ class SpecExtendProposer(compat.DraftModelProposer):
             device=self.device,
         )
         compat.wrap_query_capture(layer, self._capture_query)
+        tp_rank, self._tp_size = compat.tp_rank_and_size()
+        # TP ranks count the same rows: only the first one publishes.
         self.reporter = StatsReporter(
-            self.stats, compat.log_stats_interval(), logger.info
+            self.stats, compat.log_stats_interval(), logger.info, publish=tp_rank == 0
         )
-        logger.info("SpecExtend enabled: %s", self.cfg)
+        if tp_rank == 0:
+            logger.info("SpecExtend enabled: %s", self.cfg)
 
     def _capture_query(self, query: torch.Tensor) -> None:
         buf = self._query_buf
@@ -243,11 +247,18 @@ class SpecExtendProposer(compat.DraftModelProposer):
         )
         per_chunk = self._blocks_per_chunk()
         mass = chunk_mass(lse, per_chunk)
+        if self._tp_size > 1:
+            # Each rank holds tp_size-th of the heads: average over all of them.
+            mass = compat.tp_all_reduce(mass) / self._tp_size
         hi = torch.tensor([s // cfg.chunk_size for _, _, s in to_score])
         lo = torch.full_like(hi, cfg.sink_tokens // cfg.chunk_size)
         selected = select_chunks(
             mass, lo.to(self.device), hi.to(self.device), min(cfg.top_k, mass.shape[1])
         )
+        if self._tp_size > 1:
+            # Ranks must draft from the same view; do not rely on the reduction
+            # being bitwise equal everywhere.
+            selected = compat.tp_broadcast(selected.contiguous())
         for i, (_, req_id, start) in enumerate(to_score):
             self.store.put(
                 req_id,

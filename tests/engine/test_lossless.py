@@ -129,6 +129,48 @@ def test_streaming_policy_is_lossless(tiny_target, tiny_draft, prompts, plain_ou
     assert stats["view_rows"] > 0
 
 
+def _record_selections(worker):
+    """Runs in each TP worker: log every chunk selection the proposer stores."""
+    drafter = worker.model_runner.drafter
+    log = drafter.test_selections = []
+    put = drafter.store.put
+
+    def recording_put(req_id, entry):
+        if entry.selected_chunks is not None:
+            chunks = entry.selected_chunks[: entry.num_selected].tolist()
+            log.append((req_id, entry.window_start, chunks))
+        put(req_id, entry)
+
+    drafter.store.put = recording_put
+
+
+def _selections_and_stats(worker):
+    drafter = worker.model_runner.drafter
+    return drafter.test_selections, drafter.stats.snapshot()
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core per TP rank")
+def test_tensor_parallel_ranks_agree(tiny_target, tiny_draft, prompts, plain_outputs,
+                                     monkeypatch):
+    # Each rank scores its own KV heads; the reduced scores must give every rank
+    # the same chunks, or the ranks' draft shards would attend to different KV.
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    llm = make_llm(tiny_target, tiny_draft, CMR, tensor_parallel_size=2,
+                   distributed_executor_backend="mp")
+    llm.collective_rpc(_record_selections)
+    outputs = generate(llm, prompts)
+    per_rank = llm.collective_rpc(_selections_and_stats)
+    shutdown(llm)
+
+    assert outputs == plain_outputs
+    assert len(per_rank) == 2
+    (sel0, stats0), (sel1, stats1) = per_rank
+    assert sel0 and sel0 == sel1
+    assert stats0["view_rows"] > 0
+    stats0.pop("scoring_seconds"), stats1.pop("scoring_seconds")
+    assert stats0 == stats1
+
+
 def test_abort_frees_state(tiny_target, tiny_draft, prompts):
     from vllm import SamplingParams
 

@@ -270,7 +270,6 @@ def test_on_engine_config_rejects_foreign_worker():
         (dict(has_spec=False), "--speculative-model"),
         (dict(method="eagle"), "eagle"),
         (dict(block_size=64), "--block-size"),
-        (dict(tp=2), "TP=2"),
         (dict(padded_off=True), "disable_padded_drafter_batch"),
     ],
 )

@@ -261,9 +261,8 @@ def test_validate_engine_chunk_must_be_block_multiple(block_size, chunk):
     assert str(block_size) in msg
 
 
-def test_validate_engine_rejects_tensor_parallel():
-    with pytest.raises(SpecExtendConfigError, match="TP=2"):
-        validate_engine(SpecExtendConfig(), good_facts(tensor_parallel_size=2))
+def test_validate_engine_accepts_tensor_parallel():
+    validate_engine(SpecExtendConfig(), good_facts(tensor_parallel_size=2))
 
 
 def test_validate_engine_rejects_pipeline_parallel():

@@ -145,6 +145,18 @@ def test_reporter_interval_zero_reports_every_call(metrics_env):
     rep.close()
 
 
+def test_unpublished_reporter_keeps_interval_writes_nothing(metrics_env):
+    stats = SpecExtendStats(retrievals=3)
+    lines = []
+    rep = StatsReporter(stats, interval_s=0.0, log=lines.append, publish=False)
+    assert rep.due()
+    rep.maybe_report(force=True)
+    assert lines == [] and list(metrics_env.glob("*")) == []
+    rep.interval_s = 3600.0
+    assert not rep.due(), "the interval restarts even when nothing is published"
+    rep.close()
+
+
 def _families(collector):
     return {fam.name: fam for fam in collector.collect()}
 
