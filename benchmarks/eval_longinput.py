@@ -1,0 +1,453 @@
+"""Long-input evaluation of SpecExtend with real models, through vLLM in-process.
+
+Tasks (``run --tasks``, any subset; they share the engines):
+
+* ``eval``: GovReport / PG-19 summarization prompts at each input length;
+  per (dataset, length, mode) the mean accepted length, acceptance rate,
+  decode and end-to-end tokens/s, and greedy equality with plain decoding.
+* ``sweep``: CMR at one length over chunk size x top-k x retrieve_every.
+* ``needle``: a pass key at several depths of a PG-19 haystack; how often the
+  draft reproduces it under full KV, streaming and CMR, and whether the target
+  answered.
+* ``cost``: CMR's scoring time per retrieval and the draft step, full KV vs CMR,
+  at each length (from the eval runs when ``eval`` runs too).
+
+Modes: ``none`` (no speculation), ``draft_model`` (vLLM's draft model, full
+KV, plugin off), ``streaming`` and ``cmr`` (``--spec-extend`` policies). One
+engine per {none, draft_model, spec_extend}; the spec_extend engine switches
+policy and parameters between runs with ``drafter.reconfigure``.
+
+    python benchmarks/eval_longinput.py run --target T --draft D --out R.json
+    python benchmarks/eval_longinput.py run ... --tasks sweep needle cost
+    python benchmarks/eval_longinput.py report R1.json R2.json --out merged.json
+
+Writes R.json (rows + metadata) and R.md (tables) after every run, so a run
+cut short keeps what it finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+from longinput import acceptance, engine, inputs, needle, report  # noqa: E402
+
+TASKS = ("eval", "sweep", "needle", "cost")
+DEFAULT_SPEC_EXTEND = {"chunk_size": 32, "top_k": 32, "retrieve_every": 4,
+                       "sink_tokens": 32, "recent_tokens": 256, "min_context": 0}
+
+
+@dataclass
+class Run:
+    task: str
+    mode: str
+    dataset: str
+    length: int
+    prompts: list[list[int]]
+    max_new_tokens: int
+    batch_size: int
+    config: dict | None = None
+    depth: float | None = None
+    keys: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- #
+# planning
+# --------------------------------------------------------------------------- #
+def prompt_len(args, length: int, new_tokens: int) -> int:
+    """Input length used for ``length``: capped so prompt + output fit the
+    models' context (SmolLM2: 8192 positions, so "8K" is 8192 - 256 tokens)."""
+    return min(length, args.max_model_len - new_tokens)
+
+
+def spec_config(args, mode: str, **overrides) -> dict | None:
+    if mode not in engine.SPEC_EXTEND_MODES:
+        return None
+    return {**args.spec_extend, **overrides, "policy": mode}
+
+
+def plan(args, tokenizer) -> list[Run]:
+    runs: list[Run] = []
+    modes = args.modes
+    tasks = set(args.tasks)
+    if "eval" in tasks:
+        for dataset, length in itertools.product(args.datasets, args.lengths):
+            prompts = inputs.summary_prompts(
+                tokenizer, dataset, prompt_len(args, length, args.max_new_tokens),
+                args.num_prompts)
+            runs += [Run("eval", mode, dataset, length, prompts, args.max_new_tokens,
+                         args.batch_size, spec_config(args, mode)) for mode in modes]
+    if "cost" in tasks:
+        dataset = args.datasets[0]
+        for length in args.lengths:
+            for mode in [m for m in ("draft_model", "cmr") if m in modes]:
+                if any(r.task == "eval" and (r.dataset, r.length, r.mode)
+                       == (dataset, length, mode) for r in runs):
+                    continue  # the eval run measures it already
+                prompts = inputs.summary_prompts(
+                    tokenizer, dataset,
+                    prompt_len(args, length, args.max_new_tokens), args.cost_prompts)
+                runs.append(Run("cost", mode, dataset, length, prompts,
+                                args.max_new_tokens, args.batch_size,
+                                spec_config(args, mode)))
+    if "sweep" in tasks:
+        runs += sweep_runs(args, tokenizer)
+    if "needle" in tasks:
+        runs += needle_runs(args, tokenizer)
+    return runs
+
+
+def sweep_runs(args, tokenizer) -> list[Run]:
+    chunks = [c for c in args.sweep_chunk_sizes if c % args.block_size == 0]
+    skipped = sorted(set(args.sweep_chunk_sizes) - set(chunks))
+    if skipped:
+        print(f"sweep: chunk sizes {skipped} skipped (not multiples of the KV "
+              f"block size {args.block_size})", file=sys.stderr)
+    dataset = args.datasets[0]
+    prompts = inputs.summary_prompts(
+        tokenizer, dataset, prompt_len(args, args.sweep_length, args.max_new_tokens),
+        args.sweep_prompts)
+    sink = args.spec_extend["sink_tokens"]
+    runs = []
+    for chunk, top_k, every in itertools.product(
+        chunks, args.sweep_top_k, args.sweep_retrieve_every
+    ):
+        # Sinks are whole chunks: round them up to the chunk size.
+        config = spec_config(args, "cmr", chunk_size=chunk, top_k=top_k,
+                             retrieve_every=every, sink_tokens=-(-sink // chunk) * chunk)
+        runs.append(Run("sweep", "cmr", dataset, args.sweep_length, prompts,
+                        args.max_new_tokens, args.batch_size, config))
+    return runs
+
+
+def needle_runs(args, tokenizer) -> list[Run]:
+    def encode(text):
+        return inputs.encode(tokenizer, text)
+
+    runs = []
+    modes = [m for m in ("draft_model", "streaming", "cmr") if m in args.modes]
+    for length, depth in itertools.product(args.needle_lengths, args.needle_depths):
+        n = prompt_len(args, length, args.needle_new_tokens)
+        keys = [needle.pass_key(args.seed, i) for i in range(args.needle_prompts)]
+        prompts = [
+            needle.needle_prompt(encode, inputs.haystack(tokenizer, n, i), key, depth, n)
+            for i, key in enumerate(keys)
+        ]
+        runs += [Run("needle", mode, "pg19", length, prompts, args.needle_new_tokens,
+                     1, spec_config(args, mode), depth, keys) for mode in modes]
+    return runs
+
+
+# --------------------------------------------------------------------------- #
+# execution
+# --------------------------------------------------------------------------- #
+class Session:
+    """One engine and its instruments; runs ``Run``s and returns rows."""
+
+    def __init__(self, args, kind: str, runs: list[Run], tokenizer):
+        from bench_decode import ProposeTimer
+
+        self.args = args
+        self.kind = kind
+        self.tokenizer = tokenizer
+        first = next((r.config for r in runs if r.config), None)
+        self.llm = engine.build(settings(args), kind, first)
+        self.drafter = engine.drafter(self.llm) if kind != "none" else None
+        self.timer = ProposeTimer(self.drafter) if self.drafter else None
+        needs_recorder = any(r.task == "needle" for r in runs)
+        self.recorder = engine.DraftRecorder(self.llm) if needs_recorder else None
+        self.warm_up(runs)
+
+    def warm_up(self, runs: list[Run]) -> None:
+        """One short request on the longest prompt, CMR on where it applies:
+        kernels compile and caches fill before anything is timed."""
+        longest = max(runs, key=lambda r: len(r.prompts[0]))
+        cmr = next((r for r in runs if r.mode == "cmr"), longest)
+        self.configure(cmr)
+        engine.generate(self.llm, [longest.prompts[0]], self.params(8))
+
+    def params(self, max_tokens: int):
+        from vllm import SamplingParams
+
+        return SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                              ignore_eos=self.args.ignore_eos)
+
+    def configure(self, run: Run) -> None:
+        if self.kind == "spec_extend":
+            from vllm_specextend.config import SpecExtendConfig
+
+            self.drafter.reconfigure(SpecExtendConfig.from_dict(run.config))
+
+    def snapshot(self) -> dict:
+        return {
+            "counters": engine.spec_counters(self.llm) if self.drafter else None,
+            "stats": (self.drafter.stats.snapshot()
+                      if self.kind == "spec_extend" else None),
+        }
+
+    def delta(self, before: dict) -> dict:
+        after = self.snapshot()
+        counters = (acceptance.counter_delta(before["counters"], after["counters"])
+                    if self.drafter else None)
+        stats = ({k: after["stats"][k] - before["stats"][k]
+                  for k in after["stats"] if k != "tracked_requests"}
+                 if self.kind == "spec_extend" else None)
+        return {"counters": counters, "stats": stats}
+
+    def execute(self, run: Run, progress) -> list[dict]:
+        self.configure(run)
+        if run.task != "needle":
+            return [self.run_row(run, progress)]
+        rows = []
+        for i in range(len(run.prompts)):
+            rows.append(self.needle_row(run, i))
+            progress.update(1)
+        return rows
+
+    def run_row(self, run: Run, progress) -> dict:
+        before = self.snapshot()
+        if self.timer:
+            self.timer.take_ms()
+            self.timer.enabled = True
+        batches = []
+        for b in range(0, len(run.prompts), run.batch_size):
+            batch = run.prompts[b:b + run.batch_size]
+            batches.append(engine.generate(self.llm, batch, self.params(run.max_new_tokens)))
+            progress.update(1)
+        step_ms = self.timer.take_ms() if self.timer else []
+        if self.timer:
+            self.timer.enabled = False
+        delta = self.delta(before)
+        outputs = [out for batch in batches for out in batch.outputs]
+        decode_s = sum(b.decode_s for b in batches)
+        e2e_s = sum(b.e2e_s for b in batches)
+        decode_tokens = sum(b.decode_tokens for b in batches)
+        total = sum(map(len, outputs))
+        return {
+            **describe(run),
+            "output_tokens": total,
+            "decode_tokens": decode_tokens,
+            "decode_s": decode_s,
+            "e2e_s": e2e_s,
+            "decode_tok_s": decode_tokens / decode_s if decode_s else None,
+            "e2e_tok_s": total / e2e_s,
+            **acceptance.summarize(delta["counters"]),
+            "spec_decode": delta["counters"],
+            "draft_step_ms": statistics.median(step_ms) if step_ms else None,
+            "draft_steps": len(step_ms),
+            "spec_extend_stats": delta["stats"],
+            "prompt_hashes": [report.token_hash(p) for p in run.prompts],
+            "output_hashes": [report.token_hash(o) for o in outputs],
+        }
+
+    def needle_row(self, run: Run, i: int) -> dict:
+        before = self.snapshot()
+        batch = engine.generate(self.llm, [run.prompts[i]], self.params(run.max_new_tokens))
+        counters = self.delta(before)["counters"]
+        output = batch.outputs[0]
+        steps = acceptance.replay(self.recorder.take(batch.request_ids[0]), output)
+        status = acceptance.token_status(steps, len(output))
+        span = needle.key_tokens(self.tokenizer.decode, output, run.keys[i])
+        return {
+            **describe(run, [run.prompts[i]]),
+            "depth": run.depth,
+            "key": run.keys[i],
+            "answer": self.tokenizer.decode(output),
+            **needle.score(status, span),
+            **acceptance.summarize(counters),
+            # The replay must see what vLLM verified: same steps, same accepts.
+            "replay_consistent": (len(steps), sum(s.accepted for s in steps))
+            == (counters["drafts"], counters["accepted_tokens"]),
+            "prompt_hashes": [report.token_hash(run.prompts[i])],
+            "output_hashes": [report.token_hash(output)],
+        }
+
+    def close(self) -> None:
+        engine.shutdown(self.llm)
+
+
+def describe(run: Run, prompts=None) -> dict:
+    prompts = run.prompts if prompts is None else prompts
+    return {
+        "task": run.task, "dataset": run.dataset, "length": run.length,
+        "prompt_len": len(prompts[0]), "mode": run.mode, "config": run.config,
+        "num_prompts": len(prompts), "batch_size": run.batch_size,
+        "max_new_tokens": run.max_new_tokens,
+    }
+
+
+def settings(args) -> engine.EngineSettings:
+    tokens_per_step = args.batch_size * (args.num_spec_tokens + 1)
+    return engine.EngineSettings(
+        target=args.target,
+        draft=args.draft,
+        num_spec_tokens=args.num_spec_tokens,
+        dtype=args.dtype,
+        block_size=args.block_size,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.batch_size,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+        seed=args.seed,
+        # Decode steps verify batch * (K + 1) tokens: capture only those sizes.
+        cudagraph_sizes=sorted({*range(1, 9), *range(8, tokens_per_step + 8, 8)}),
+    )
+
+
+def model_info(path: str) -> dict:
+    config = json.loads((Path(path) / "config.json").read_text())
+    info = {"path": path, **{k: config.get(k) for k in (
+        "num_hidden_layers", "hidden_size", "max_position_embeddings", "dtype")}}
+    recipe = Path(path) / "recipe.json"
+    if recipe.is_file():
+        info["recipe"] = json.loads(recipe.read_text())
+    return info
+
+
+def cpu_model() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.machine()
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.machine()
+
+
+def metadata(args) -> dict:
+    import torch
+    from bench_decode import meta
+
+    info = meta(args)
+    device = info.pop("gpu")
+    info["hardware"] = {
+        "device": device if device != "cpu" else f"CPU ({cpu_model()})",
+        "cpu_count": os.cpu_count(),
+        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+    }
+    info["models"] = {"target": model_info(args.target), "draft": model_info(args.draft)}
+    return info
+
+
+def write(out: Path, result: dict) -> None:
+    report.count_mismatches(result["rows"])
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    out.with_suffix(".md").write_text(report.markdown(result))
+
+
+def run(args) -> int:
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    runs = plan(args, tokenizer)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = {"meta": metadata(args), "rows": []}
+    total = sum(len(r.prompts) if r.task == "needle" else -(-len(r.prompts) // r.batch_size)
+                for r in runs)
+    with tqdm(total=total, desc="eval", unit="batch") as progress:
+        for kind in ("none", "draft_model", "spec_extend"):
+            mine = [r for r in runs if engine.engine_kind(r.mode) == kind]
+            if not mine:
+                continue
+            progress.set_postfix_str(f"starting {kind} engine")
+            session = Session(args, kind, mine, tokenizer)
+            for r in mine:
+                progress.set_postfix_str(f"{r.task} {r.mode} {r.dataset} {r.length}")
+                result["rows"] += session.execute(r, progress)
+                write(out, result)
+            session.close()
+    print(out.with_suffix(".md").read_text())
+    mismatched = sum(r.get("mismatches") or 0 for r in result["rows"])
+    if mismatched:
+        print(f"{mismatched} greedy outputs differ from plain decoding "
+              "(bf16 near-ties can do this; fp32 must not)", file=sys.stderr)
+    return 0
+
+
+def merge_reports(args) -> int:
+    result = report.merge([json.loads(Path(p).read_text()) for p in args.files])
+    write(Path(args.out), result)
+    print(Path(args.out).with_suffix(".md").read_text())
+    return 0
+
+
+def model_limit(*paths: str) -> int:
+    return min(json.loads((Path(p) / "config.json").read_text())["max_position_embeddings"]
+               for p in paths)
+
+
+def parse_args(argv=None):
+    import torch
+
+    cuda = torch.cuda.is_available()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run the evaluation tasks")
+    r.add_argument("--target", required=True)
+    r.add_argument("--draft", required=True)
+    r.add_argument("--out", required=True, help="results JSON (tables: same stem, .md)")
+    r.add_argument("--tasks", nargs="+", choices=TASKS, default=["eval"])
+    r.add_argument("--modes", nargs="+", choices=engine.MODES, default=list(engine.MODES))
+    r.add_argument("--datasets", nargs="+", choices=inputs.DATASETS,
+                   default=["govreport", "pg19"])
+    r.add_argument("--lengths", nargs="+", type=int, default=[512, 1024, 2048, 4096, 8192])
+    r.add_argument("--num-prompts", type=int, default=20)
+    r.add_argument("--max-new-tokens", type=int, default=256)
+    r.add_argument("--batch-size", type=int, default=1,
+                   help="requests of one length run in batches of this size")
+    r.add_argument("--num-spec-tokens", "-K", type=int, default=4)
+    r.add_argument("--spec-extend", type=json.loads, default={},
+                   help=f"SpecExtend config for streaming/cmr over {DEFAULT_SPEC_EXTEND}")
+    r.add_argument("--ignore-eos", action="store_true",
+                   help="always generate --max-new-tokens (default: stop at EOS)")
+    r.add_argument("--cost-prompts", type=int, default=5)
+    r.add_argument("--sweep-length", type=int, default=8192)
+    r.add_argument("--sweep-prompts", type=int, default=5)
+    r.add_argument("--sweep-chunk-sizes", type=int, nargs="+", default=[16, 32, 64])
+    r.add_argument("--sweep-top-k", type=int, nargs="+", default=[8, 16, 32, 64])
+    r.add_argument("--sweep-retrieve-every", type=int, nargs="+", default=[1, 4, 8])
+    r.add_argument("--needle-lengths", type=int, nargs="+", default=[2048, 4096, 8192])
+    r.add_argument("--needle-depths", type=float, nargs="+",
+                   default=[0.1, 0.3, 0.5, 0.7, 0.9])
+    r.add_argument("--needle-prompts", type=int, default=4)
+    r.add_argument("--needle-new-tokens", type=int, default=16)
+    r.add_argument("--dtype", default="bfloat16" if cuda else "float32")
+    r.add_argument("--block-size", type=int, default=16 if cuda else 32)
+    r.add_argument("--max-model-len", type=int,
+                   help="default: the models' max_position_embeddings")
+    r.add_argument("--kv-cache-memory-bytes", type=int, default=(4 if cuda else 1) << 30)
+    r.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    r.add_argument("--enforce-eager", action="store_true", default=not cuda)
+    r.add_argument("--seed", type=int, default=0)
+    m = sub.add_parser("report", help="merge results files into one (JSON + .md)")
+    m.add_argument("files", nargs="+")
+    m.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        from vllm_specextend.config import SpecExtendConfig
+
+        args.spec_extend = {**DEFAULT_SPEC_EXTEND, **args.spec_extend}
+        SpecExtendConfig.from_dict(args.spec_extend)  # fail before any engine starts
+        args.max_model_len = args.max_model_len or model_limit(args.target, args.draft)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    return run(args) if args.command == "run" else merge_reports(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

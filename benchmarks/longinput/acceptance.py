@@ -1,0 +1,97 @@
+"""Acceptance arithmetic: vLLM's spec-decode counters and a greedy replay.
+
+Conventions (the same as vLLM's ``SpecDecoding metrics:`` line):
+
+* ``mean_accepted_length`` counts the bonus token: tokens emitted per target
+  forward, ``1 + accepted / drafts``, in [1, K + 1]. Plain decoding has 1.
+* ``accepted_per_draft`` does not: ``accepted / drafts``, in [0, K]. This is
+  the SpecExtend reference code's tau.
+* ``acceptance_rate``: accepted draft tokens / proposed draft tokens.
+
+The replay rebuilds which output token each draft proposal covered, from the
+proposals in order and the final greedy output, without vLLM internals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+}
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+def counter_delta(before: dict, after: dict) -> dict:
+    delta = {k: after[k] - before[k] for k in COUNTERS}
+    delta["accepted_per_pos"] = [
+        a - b for a, b in zip(after["accepted_per_pos"], before["accepted_per_pos"])
+    ]
+    return delta
+
+
+def summarize(delta: dict | None) -> dict:
+    """Acceptance figures of one run from its counter deltas (None: no drafts)."""
+    if delta is None:  # plain decoding: one token per target forward
+        return {"mean_accepted_length": 1.0, "accepted_per_draft": 0.0,
+                "acceptance_rate": None, "acceptance_per_pos": None}
+    drafts = delta["drafts"]
+    if not drafts:
+        raise ValueError("the run made no drafts: nothing to measure")
+    return {
+        "mean_accepted_length": 1.0 + delta["accepted_tokens"] / drafts,
+        "accepted_per_draft": delta["accepted_tokens"] / drafts,
+        "acceptance_rate": delta["accepted_tokens"] / delta["draft_tokens"],
+        "acceptance_per_pos": [n / drafts for n in delta["accepted_per_pos"]],
+    }
+
+
+@dataclass(frozen=True)
+class Step:
+    """One verification: ``proposal`` drafted output[start:], ``accepted`` kept."""
+
+    start: int
+    proposal: tuple[int, ...]
+    accepted: int
+
+
+def replay(proposals: list[list[int]], output: list[int]) -> list[Step]:
+    """Greedy verification of ``proposals`` (in order) against ``output``.
+
+    Output token 0 comes from the prefill; each step then keeps the longest
+    prefix of its proposal that matches the output plus one target token.
+    Proposals past the end of the output (the request finished) are dropped.
+    """
+    steps, pos = [], 1
+    for proposal in proposals:
+        if pos >= len(output):
+            break
+        accepted = 0
+        for token, expected in zip(proposal, output[pos:]):
+            if token != expected:
+                break
+            accepted += 1
+        steps.append(Step(pos, tuple(proposal), accepted))
+        pos += accepted + 1
+    return steps
+
+
+def token_status(steps: list[Step], num_output: int) -> list[str]:
+    """Per output token: ``prefill`` (token 0), ``accepted`` (the draft proposed
+    it), ``rejected`` (the draft proposed another token there) or ``bonus``
+    (after a fully accepted proposal: the draft made no guess), ``unverified``
+    past the last step."""
+    status = ["unverified"] * num_output
+    if num_output:
+        status[0] = "prefill"
+    for step in steps:
+        for j in range(step.accepted):
+            if step.start + j < num_output:
+                status[step.start + j] = "accepted"
+        last = step.start + step.accepted
+        if last < num_output:
+            full = step.accepted == len(step.proposal)
+            status[last] = "bonus" if full else "rejected"
+    return status

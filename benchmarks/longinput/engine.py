@@ -1,0 +1,186 @@
+"""In-process vLLM engines for the evaluation, and what is read from them.
+
+One engine per kind: ``none`` (no speculation), ``draft_model`` (vLLM's draft
+model with full KV, plugin off) and ``spec_extend`` (the same plus
+``--spec-extend``). The ``streaming`` and ``cmr`` modes share the spec_extend
+engine: between runs the live proposer is switched with
+``SpecExtendProposer.reconfigure``, so a policy or parameter change costs no
+engine start-up. Engines run in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) to reach the drafter.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import os
+import time
+from dataclasses import dataclass, field
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+from longinput.acceptance import COUNTERS, PER_POSITION  # noqa: E402
+
+MODES = ("none", "draft_model", "streaming", "cmr")
+SPEC_EXTEND_MODES = ("streaming", "cmr")
+_request_ids = itertools.count()
+
+
+def engine_kind(mode: str) -> str:
+    return "spec_extend" if mode in SPEC_EXTEND_MODES else mode
+
+
+@dataclass
+class EngineSettings:
+    target: str
+    draft: str
+    num_spec_tokens: int
+    dtype: str
+    block_size: int
+    max_model_len: int
+    max_num_seqs: int
+    kv_cache_memory_bytes: int
+    gpu_memory_utilization: float
+    enforce_eager: bool
+    seed: int = 0
+    cudagraph_sizes: list[int] = field(default_factory=list)
+
+
+def build(s: EngineSettings, kind: str, spec_extend: dict | None = None):
+    from vllm import LLM
+
+    kwargs = dict(
+        model=s.target,
+        dtype=s.dtype,
+        block_size=s.block_size,
+        max_model_len=s.max_model_len,
+        max_num_seqs=s.max_num_seqs,
+        kv_cache_memory_bytes=s.kv_cache_memory_bytes,
+        gpu_memory_utilization=s.gpu_memory_utilization,
+        enforce_eager=s.enforce_eager,
+        # Runs repeat prompts (modes, policies): a cache hit would skip prefill.
+        enable_prefix_caching=False,
+        seed=s.seed,
+        disable_log_stats=False,
+    )
+    if s.cudagraph_sizes and not s.enforce_eager:
+        kwargs["compilation_config"] = {"cudagraph_capture_sizes": s.cudagraph_sizes}
+    if kind != "none":
+        kwargs["speculative_config"] = {
+            "method": "draft_model",
+            "model": s.draft,
+            "num_speculative_tokens": s.num_spec_tokens,
+        }
+    if kind == "spec_extend":
+        kwargs["additional_config"] = {"spec_extend": spec_extend or {}}
+    return LLM(**kwargs)
+
+
+def model_runner(llm):
+    core = llm.llm_engine.engine_core.engine_core
+    return core.model_executor.driver_worker.worker.model_runner
+
+
+def drafter(llm):
+    return model_runner(llm).drafter
+
+
+def shutdown(llm) -> None:
+    from vllm.distributed import cleanup_dist_env_and_memory
+
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+    # Frees the device and the process group, so the next engine starts clean.
+    cleanup_dist_env_and_memory()
+
+
+def spec_counters(llm) -> dict:
+    """vLLM's cumulative spec-decode counters (summed over label sets)."""
+    values = {key: 0 for key in COUNTERS}
+    per_pos: list[int] = []
+    names = {name: key for key, name in COUNTERS.items()}
+    for metric in llm.get_metrics():
+        if metric.name in names:
+            values[names[metric.name]] += metric.value
+        elif metric.name == PER_POSITION:
+            per_pos = [a + b for a, b in itertools.zip_longest(per_pos, metric.values,
+                                                               fillvalue=0)]
+    values["accepted_per_pos"] = per_pos
+    return values
+
+
+@dataclass
+class Batch:
+    outputs: list[list[int]]
+    e2e_s: float
+    decode_s: float
+    decode_tokens: int
+    request_ids: list[str]
+
+
+def generate(llm, prompts: list[list[int]], params) -> Batch:
+    """Run one batch to completion, timing it from the engine loop.
+
+    Decode time starts once every request has its first token (prefill done)
+    and counts only the tokens produced after that.
+    """
+    engine = llm.llm_engine
+    start = time.perf_counter()
+    ids = [f"eval{next(_request_ids)}" for _ in prompts]
+    internal = [
+        engine.add_request(rid, {"prompt_token_ids": list(p)}, params)
+        for rid, p in zip(ids, prompts)
+    ]
+    tokens: dict[str, list[int]] = {}
+    decode_start = None
+    at_decode_start = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens[out.request_id] = list(out.outputs[0].token_ids)
+        if decode_start is None and len(tokens) == len(ids) and all(tokens.values()):
+            decode_start = time.perf_counter()
+            at_decode_start = sum(map(len, tokens.values()))
+    end = time.perf_counter()
+    outputs = [tokens[rid] for rid in ids]
+    total = sum(map(len, outputs))
+    return Batch(
+        outputs=outputs,
+        e2e_s=end - start,
+        decode_s=end - decode_start if decode_start is not None else 0.0,
+        decode_tokens=total - at_decode_start,
+        request_ids=internal,
+    )
+
+
+class DraftRecorder:
+    """Records every proposal of the drafter per request, in order.
+
+    Only rows whose prompt is fully computed count: during a chunked prefill
+    the drafter also runs (to fill its KV) but those proposals are dropped.
+    """
+
+    def __init__(self, llm):
+        from vllm_specextend import compat
+
+        runner = model_runner(llm)
+        proposer = runner.drafter
+        original = proposer.propose
+        self.proposals: dict[str, list[list[int]]] = {}
+
+        def recorded(*args, **kwargs):
+            drafts = original(*args, **kwargs)
+            num_reqs = drafts.shape[0]
+            req_ids = compat.batch_req_ids(runner, num_reqs)
+            seq = compat.batch_seq_lens_cpu(runner, num_reqs)
+            prompt = compat.batch_num_prompt_tokens(runner, num_reqs)
+            rows = drafts.tolist()
+            for r, req_id in enumerate(req_ids):
+                if seq[r] >= prompt[r]:
+                    self.proposals.setdefault(req_id, []).append(rows[r])
+            return drafts
+
+        proposer.propose = recorded
+
+    def take(self, request_id: str) -> list[list[int]]:
+        return self.proposals.pop(request_id, [])

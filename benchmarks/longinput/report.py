@@ -1,0 +1,203 @@
+"""Results files: merging, the lossless check, and markdown tables.
+
+A results file is ``{"meta": ..., "rows": [...]}``. Rows of the ``eval``,
+``cost`` and ``sweep`` tasks describe one run (a dataset, an input length, a
+mode and its SpecExtend config over several prompts); ``needle`` rows describe
+one prompt. Prompts and outputs are stored as short hashes, so files from
+separate runs (say one per dataset, or one per mode) can be merged and still
+checked against plain decoding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+
+MODE_ORDER = {"none": 0, "draft_model": 1, "streaming": 2, "cmr": 3}
+
+
+def token_hash(ids) -> str:
+    return hashlib.sha1(",".join(map(str, ids)).encode()).hexdigest()[:16]
+
+
+def merge(results: list[dict]) -> dict:
+    """One result from several files; the first file's meta, the others' under
+    ``merged``."""
+    meta = dict(results[0]["meta"])
+    if len(results) > 1:
+        meta["merged"] = [result["meta"] for result in results[1:]]
+    rows = [row for result in results for row in result["rows"]]
+    count_mismatches(rows)
+    return {"meta": meta, "rows": rows}
+
+
+def count_mismatches(rows: list[dict]) -> None:
+    """Set ``mismatches`` on every speculative run: how many of its greedy
+    outputs differ from plain decoding's (``none``) on the same prompt; None
+    where no plain run of any of its prompts exists."""
+    plain = {
+        prompt: output
+        for r in rows if r["mode"] == "none"
+        for prompt, output in zip(r["prompt_hashes"], r["output_hashes"])
+    }
+    for row in rows:
+        if row["mode"] == "none":
+            continue
+        pairs = [(out, plain[p]) for p, out in zip(row["prompt_hashes"],
+                                                    row["output_hashes"]) if p in plain]
+        row["mismatches"] = sum(a != b for a, b in pairs) if pairs else None
+
+
+def _fmt(value, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _table(header: list[str], lines: list[list]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(_fmt(v) for v in line) + " |" for line in lines]
+    return "\n".join(out)
+
+
+def _key(row) -> tuple:
+    return (row["dataset"], row["length"], MODE_ORDER[row["mode"]])
+
+
+def context_share(row) -> float | None:
+    stats = row.get("spec_extend_stats")
+    if not stats or not stats["full_context_tokens"]:
+        return None
+    return 100.0 * stats["draft_context_tokens"] / stats["full_context_tokens"]
+
+
+def eval_table(rows: list[dict]) -> str:
+    rows = sorted((r for r in rows if r["task"] == "eval"), key=_key)
+    plain = {(r["dataset"], r["length"]): r for r in rows if r["mode"] == "none"}
+    lines = []
+    for r in rows:
+        base = plain.get((r["dataset"], r["length"]))
+        speedup = r["decode_tok_s"] / base["decode_tok_s"] if base else None
+        lines.append([
+            r["dataset"], r["length"], r["prompt_len"], r["mode"],
+            r["mean_accepted_length"], r["acceptance_rate"], r["decode_tok_s"],
+            r["e2e_tok_s"], speedup, context_share(r), r.get("mismatches"),
+        ])
+    return _table(
+        ["dataset", "length", "prompt tokens", "mode", "accepted length",
+         "acceptance rate", "decode tok/s", "e2e tok/s", "decode speedup vs none",
+         "draft context %", "mismatches vs none"],
+        lines,
+    )
+
+
+def cost_table(rows: list[dict]) -> str:
+    """CMR's retrieval cost next to the draft step, full KV vs CMR."""
+    runs = [r for r in rows if r["task"] in ("eval", "cost")]
+    full = {(r["dataset"], r["length"]): r for r in runs if r["mode"] == "draft_model"}
+    lines = []
+    for r in sorted((r for r in runs if r["mode"] == "cmr"), key=_key):
+        stats = r["spec_extend_stats"]
+        steps, retrievals = stats["retrieval_steps"], stats["retrievals"]
+        ms = 1000.0 * stats["scoring_seconds"]
+        base = full.get((r["dataset"], r["length"]))
+        lines.append([
+            r["dataset"], r["length"], base["draft_step_ms"] if base else None,
+            r["draft_step_ms"], ms / steps if steps else None,
+            ms / retrievals if retrievals else None,
+            steps / stats["decode_rows"] if stats["decode_rows"] else None,
+            context_share(r),
+        ])
+    return _table(
+        ["dataset", "length", "draft step ms (full KV)", "draft step ms (CMR)",
+         "retrieval ms per scoring step", "ms per retrieval (one request)",
+         "scoring steps per draft row", "draft context %"],
+        lines,
+    )
+
+
+def sweep_table(rows: list[dict]) -> str:
+    runs = sorted(
+        (r for r in rows if r["task"] == "sweep"),
+        key=lambda r: (r["dataset"], r["length"], r["config"]["chunk_size"],
+                       r["config"]["top_k"], r["config"]["retrieve_every"]),
+    )
+    lines = [[
+        r["dataset"], r["length"], r["config"]["chunk_size"], r["config"]["top_k"],
+        r["config"]["retrieve_every"], r["mean_accepted_length"],
+        r["acceptance_rate"], r["decode_tok_s"], r["draft_step_ms"], context_share(r),
+        r.get("mismatches"),
+    ] for r in runs]
+    return _table(
+        ["dataset", "length", "chunk", "top-k", "retrieve every", "accepted length",
+         "acceptance rate", "decode tok/s", "draft step ms", "draft context %",
+         "mismatches vs none"],
+        lines,
+    )
+
+
+def needle_summary(rows: list[dict]) -> list[dict]:
+    """Per (length, depth, mode): target accuracy and the draft's scores on
+    the prompts the target answered."""
+    groups = defaultdict(list)
+    for r in rows:
+        if r["task"] == "needle":
+            groups[(r["length"], r["depth"], r["mode"])].append(r)
+    out = []
+    for (length, depth, mode), group in sorted(
+        groups.items(), key=lambda kv: (kv[0][0], kv[0][1], MODE_ORDER[kv[0][2]])
+    ):
+        answered = [r for r in group if r["target_correct"]]
+        proposed = sum(r["proposed"] for r in answered)
+        scored = [r for r in answered if r["all_matched"] is not None]
+        out.append({
+            "length": length, "depth": depth, "mode": mode, "prompts": len(group),
+            "target_accuracy": len(answered) / len(group),
+            "token_match_rate": (sum(r["matched"] for r in answered) / proposed
+                                 if proposed else None),
+            "all_digits_rate": (sum(r["all_matched"] for r in scored) / len(scored)
+                                if scored else None),
+            "replay_consistent": all(r["replay_consistent"] for r in group),
+        })
+    return out
+
+
+def needle_table(rows: list[dict]) -> str:
+    lines = [[s["length"], s["depth"], s["mode"], s["prompts"], s["target_accuracy"],
+              s["token_match_rate"], s["all_digits_rate"], s["replay_consistent"]]
+             for s in needle_summary(rows)]
+    return _table(
+        ["length", "depth", "mode", "prompts", "target correct", "draft token match",
+         "draft all digits", "replay = counters"],
+        lines,
+    )
+
+
+def markdown(result: dict) -> str:
+    meta = result["meta"]
+    rows = result["rows"]
+    tasks = {r["task"] for r in rows}
+    parts = []
+    if "hardware" in meta:
+        parts.append(
+            f"{meta['hardware']['device']}, vLLM {meta['vllm']}, torch {meta['torch']}, "
+            f"{meta['date_utc']}, commit {meta['git_commit']}; target "
+            f"`{meta['models']['target']['path']}`, draft "
+            f"`{meta['models']['draft']['path']}`; K={meta['config']['num_spec_tokens']}."
+        )
+    parts.append(
+        "Accepted length counts the bonus token (tokens per target forward, "
+        "1 + accepted / drafts; plain decoding: 1). Decode tok/s excludes the "
+        "prefill and first token; e2e tok/s includes them."
+    )
+    if "eval" in tasks:
+        parts += ["## Accepted length and speed", eval_table(rows)]
+    if tasks & {"eval", "cost"} and any(r["mode"] == "cmr" for r in rows):
+        parts += ["## CMR cost", cost_table(rows)]
+    if "sweep" in tasks:
+        parts += ["## Sweep (chunk size x top-k x retrieve every)", sweep_table(rows)]
+    if "needle" in tasks:
+        parts += ["## Passkey retrieval by the draft", needle_table(rows)]
+    return "\n\n".join(parts) + "\n"

@@ -1,0 +1,75 @@
+"""Acceptance arithmetic of the long-input evaluation (benchmarks/longinput)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from longinput.acceptance import (  # noqa: E402
+    Step,
+    counter_delta,
+    replay,
+    summarize,
+    token_status,
+)
+
+
+def test_summarize_counts_the_bonus_token_in_accepted_length():
+    delta = {"drafts": 10, "draft_tokens": 40, "accepted_tokens": 25,
+             "accepted_per_pos": [9, 8, 5, 3]}
+    got = summarize(delta)
+    assert got["mean_accepted_length"] == pytest.approx(3.5)
+    assert got["accepted_per_draft"] == pytest.approx(2.5)
+    assert got["acceptance_rate"] == pytest.approx(25 / 40)
+    assert got["acceptance_per_pos"] == pytest.approx([0.9, 0.8, 0.5, 0.3])
+
+
+def test_summarize_plain_decoding_and_empty_runs():
+    assert summarize(None)["mean_accepted_length"] == 1.0
+    assert summarize(None)["acceptance_rate"] is None
+    with pytest.raises(ValueError, match="no drafts"):
+        summarize({"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0,
+                   "accepted_per_pos": [0, 0]})
+
+
+def test_counter_delta_per_position():
+    before = {"drafts": 3, "draft_tokens": 12, "accepted_tokens": 5,
+              "accepted_per_pos": [3, 2, 0, 0]}
+    after = {"drafts": 7, "draft_tokens": 28, "accepted_tokens": 11,
+             "accepted_per_pos": [7, 4, 0, 0]}
+    assert counter_delta(before, after) == {
+        "drafts": 4, "draft_tokens": 16, "accepted_tokens": 6,
+        "accepted_per_pos": [4, 2, 0, 0],
+    }
+
+
+OUTPUT = [10, 11, 12, 13, 14, 15, 16]
+
+
+def test_replay_follows_greedy_verification():
+    # Step 1 drafts output[1:5], keeps 2 (11, 12) + target token 13.
+    # Step 2 starts at output[4], keeps 14, 15, 16 and runs past the end.
+    steps = replay([[11, 12, 99, 98], [14, 15, 16, 17], [1, 2, 3, 4]], OUTPUT)
+    assert steps == [Step(1, (11, 12, 99, 98), 2), Step(4, (14, 15, 16, 17), 3)]
+    assert token_status(steps, len(OUTPUT)) == [
+        "prefill", "accepted", "accepted", "rejected",
+        "accepted", "accepted", "accepted",
+    ]
+
+
+def test_full_acceptance_leaves_a_bonus_token_without_a_guess():
+    steps = replay([[11, 12, 13, 14], [16, 0, 0, 0]], OUTPUT)
+    assert [s.accepted for s in steps] == [4, 1]
+    status = token_status(steps, len(OUTPUT))
+    assert status[5] == "bonus"
+    assert status[6] == "accepted"
+
+
+def test_tokens_after_the_last_proposal_are_unverified():
+    steps = replay([[0, 0, 0, 0]], OUTPUT)
+    assert token_status(steps, len(OUTPUT)) == [
+        "prefill", "rejected", *["unverified"] * 5,
+    ]

@@ -1,0 +1,91 @@
+"""Passkey prompts and scoring of the long-input evaluation (benchmarks/longinput)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from longinput import needle  # noqa: E402
+
+
+def char_encode(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+HAYSTACK = list(range(100_000, 101_000))  # never collides with char codes
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.3, 1.0])
+def test_needle_prompt_has_exact_length_and_needle_at_depth(depth):
+    prompt = needle.needle_prompt(char_encode, HAYSTACK, "12345", depth, 600)
+    intro = char_encode(needle.INTRO)
+    text = char_encode(needle.NEEDLE.format(key="12345"))
+    question = char_encode(needle.QUESTION)
+    size = 600 - len(intro) - len(text) - len(question)
+
+    assert len(prompt) == 600
+    assert prompt[:len(intro)] == intro
+    assert prompt[-len(question):] == question
+    at = len(intro) + round(depth * size)
+    assert prompt[at:at + len(text)] == text
+    # The haystack is kept in order around the needle, none of it repeated.
+    hay = [t for t in prompt if t >= 100_000]
+    assert hay == HAYSTACK[:size]
+
+
+def test_needle_prompt_rejects_lengths_that_do_not_fit():
+    with pytest.raises(ValueError, match="cannot fit"):
+        needle.needle_prompt(char_encode, HAYSTACK, "12345", 0.5, 80)
+    with pytest.raises(ValueError, match="cannot fit"):
+        needle.needle_prompt(char_encode, HAYSTACK[:10], "12345", 0.5, 600)
+
+
+def test_pass_keys_are_deterministic_five_digit_numbers():
+    keys = [needle.pass_key(0, i) for i in range(20)]
+    assert keys == [needle.pass_key(0, i) for i in range(20)]
+    assert all(len(k) == 5 and k.isdigit() for k in keys)
+    assert len(set(keys)) > 15
+    assert needle.pass_key(1, 0) != needle.pass_key(0, 0)
+
+
+PIECES = {1: " The", 2: " pass", 3: " key", 4: " is", 5: " 4", 6: "82", 7: "13",
+          8: ".", 9: " 9"}
+
+
+def piece_decode(ids) -> str:
+    return "".join(PIECES[i] for i in ids)
+
+
+def test_key_tokens_cover_exactly_the_key():
+    output = [5, 6, 7, 8, 1]
+    assert needle.key_tokens(piece_decode, output, "48213") == range(0, 3)
+    output = [1, 2, 3, 4, 5, 6, 7, 8]
+    assert needle.key_tokens(piece_decode, output, "48213") == range(4, 7)
+    assert needle.key_tokens(piece_decode, [1, 9, 6, 7], "48213") is None
+
+
+def test_key_tokens_with_a_real_tokenizer(tiny_tokenizer):
+    key = "48213"
+    output = tiny_tokenizer(" The pass key is 48213. Remember", add_special_tokens=False)[
+        "input_ids"]
+    span = needle.key_tokens(tiny_tokenizer.decode, output, key)
+    assert span is not None
+    assert key in tiny_tokenizer.decode([output[i] for i in span])
+    # Minimal: dropping the span's first or last token loses part of the key.
+    assert key not in tiny_tokenizer.decode([output[i] for i in span[1:]])
+    assert key not in tiny_tokenizer.decode([output[i] for i in span[:-1]])
+
+
+def test_score_counts_only_tokens_the_draft_guessed():
+    status = ["prefill", "accepted", "accepted", "rejected", "bonus", "accepted"]
+    assert needle.score(status, range(1, 6)) == {
+        "target_correct": True, "proposed": 4, "matched": 3, "all_matched": False,
+    }
+    assert needle.score(status, range(4, 6))["all_matched"] is True
+    assert needle.score(status, range(0, 1))["all_matched"] is None  # no guess
+    assert needle.score(status, None) == {
+        "target_correct": False, "proposed": 0, "matched": 0, "all_matched": None,
+    }

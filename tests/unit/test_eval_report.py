@@ -1,0 +1,120 @@
+"""Results merging, the lossless check and tables of the long-input evaluation."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from longinput import report  # noqa: E402
+
+
+def run_row(mode, outputs, tok_s, dataset="pg19", length=2048, task="eval", **extra):
+    prompts = [[1, 2, 3], [4, 5, 6]]
+    row = {
+        "task": task, "dataset": dataset, "length": length, "prompt_len": length,
+        "mode": mode, "config": None, "mean_accepted_length": 1.0,
+        "acceptance_rate": None, "decode_tok_s": tok_s, "e2e_tok_s": tok_s / 2,
+        "draft_step_ms": None, "spec_extend_stats": None,
+        "prompt_hashes": [report.token_hash(p) for p in prompts],
+        "output_hashes": [report.token_hash(o) for o in outputs],
+    }
+    row.update(extra)
+    return row
+
+
+STATS = {"retrievals": 10, "retrieval_steps": 5, "view_rows": 40, "decode_rows": 50,
+         "draft_context_tokens": 25_000, "full_context_tokens": 100_000,
+         "scoring_seconds": 0.002}
+
+
+def test_token_hash_is_stable_and_order_sensitive():
+    assert report.token_hash([1, 2, 3]) == report.token_hash([1, 2, 3])
+    assert report.token_hash([1, 2, 3]) != report.token_hash([3, 2, 1])
+    assert report.token_hash([1, 23]) != report.token_hash([12, 3])
+
+
+def test_mismatches_count_outputs_that_differ_from_plain_decoding():
+    rows = [
+        run_row("none", [[7, 8], [9, 9]], 100.0),
+        run_row("draft_model", [[7, 8], [9, 9]], 150.0),
+        run_row("cmr", [[7, 8], [9, 0]], 180.0),
+        run_row("cmr", [[7, 8], [9, 9]], 180.0, dataset="govreport",
+                prompt_hashes=["aaaa", "bbbb"]),  # no plain run of these prompts
+    ]
+    report.count_mismatches(rows)
+    assert [r.get("mismatches") for r in rows] == [None, 0, 1, None]
+
+
+def test_merge_checks_runs_against_plain_decoding_from_another_file():
+    plain = {"meta": {"date_utc": "a"}, "rows": [run_row("none", [[1], [2]], 10.0)]}
+    spec = {"meta": {"date_utc": "b"}, "rows": [run_row("cmr", [[1], [3]], 20.0)]}
+    merged = report.merge([plain, spec])
+    assert [r["mode"] for r in merged["rows"]] == ["none", "cmr"]
+    assert merged["rows"][1]["mismatches"] == 1
+    assert merged["meta"]["date_utc"] == "a"
+    assert merged["meta"]["merged"] == [{"date_utc": "b"}]
+
+
+def table_rows(table: str) -> list[list[str]]:
+    lines = table.splitlines()[2:]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+
+
+def test_eval_table_orders_modes_and_computes_speedup_and_context_share():
+    rows = [
+        run_row("cmr", [[1], [2]], 150.0, spec_extend_stats=STATS,
+                mean_accepted_length=2.5, acceptance_rate=0.375),
+        run_row("none", [[1], [2]], 100.0),
+    ]
+    report.count_mismatches(rows)
+    got = table_rows(report.eval_table(rows))
+    assert [line[3] for line in got] == ["none", "cmr"]
+    # accepted length, acceptance rate, decode, e2e, speedup, context %, mismatches
+    assert got[1][4:] == ["2.50", "0.38", "150.00", "75.00", "1.50", "25.00", "0"]
+    assert got[0][8] == "1.00" and got[0][10] == "–"
+
+
+def test_cost_table_puts_cmr_next_to_full_kv():
+    rows = [
+        run_row("draft_model", [[1], [2]], 120.0, draft_step_ms=0.8),
+        run_row("cmr", [[1], [2]], 130.0, task="cost", draft_step_ms=0.6,
+                spec_extend_stats=STATS),
+    ]
+    got = table_rows(report.cost_table(rows))
+    assert got == [["pg19", "2048", "0.80", "0.60", "0.40", "0.20", "0.10", "25.00"]]
+
+
+def needle_row(mode, depth, correct, matched, proposed, consistent=True):
+    all_matched = (matched == proposed if proposed else None) if correct else None
+    return {"task": "needle", "length": 4096, "depth": depth, "mode": mode,
+            "target_correct": correct, "matched": matched, "proposed": proposed,
+            "all_matched": all_matched, "replay_consistent": consistent}
+
+
+def test_needle_summary_scores_the_draft_on_answered_prompts_only():
+    rows = [
+        needle_row("cmr", 0.5, True, 4, 4),
+        needle_row("cmr", 0.5, True, 1, 4),
+        needle_row("cmr", 0.5, False, 0, 0, consistent=False),
+        needle_row("streaming", 0.5, True, 0, 4),
+    ]
+    summary = report.needle_summary(rows)
+    assert [s["mode"] for s in summary] == ["streaming", "cmr"]
+    cmr = summary[1]
+    assert cmr["prompts"] == 3
+    assert cmr["target_accuracy"] == 2 / 3
+    assert cmr["token_match_rate"] == 5 / 8
+    assert cmr["all_digits_rate"] == 0.5
+    assert cmr["replay_consistent"] is False
+    assert summary[0]["all_digits_rate"] == 0.0
+
+
+def test_markdown_has_a_section_per_task_present():
+    rows = [run_row("none", [[1], [2]], 100.0),
+            run_row("cmr", [[1], [2]], 150.0, spec_extend_stats=STATS, draft_step_ms=1.0)]
+    text = report.markdown({"meta": {}, "rows": rows})
+    assert "## Accepted length and speed" in text
+    assert "## CMR cost" in text
+    assert "## Sweep" not in text and "## Passkey" not in text
+    assert "counts the bonus token" in text
