@@ -19,6 +19,7 @@ drafter; the same setting is used for every mode.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -45,6 +46,15 @@ def model_dir(config_dir: str, root: Path) -> str:
 def drafter_of(llm):
     core = llm.llm_engine.engine_core.engine_core
     return core.model_executor.driver_worker.worker.model_runner.drafter
+
+
+def _drafter_stats(worker):
+    return worker.model_runner.drafter.stats.snapshot()
+
+
+def spec_extend_stats(llm) -> dict:
+    """Rank 0's counters (TP ranks count the same rows); works across processes."""
+    return llm.collective_rpc(_drafter_stats)[0]
 
 
 class ProposeTimer:
@@ -89,6 +99,11 @@ class ProposeTimer:
         return times
 
 
+def _prompt_index(request_id: str) -> int:
+    # vLLM may suffix the id given to add_request.
+    return int(request_id.split("-")[0])
+
+
 def run_once(llm, prompts, output_len, timer):
     from vllm import SamplingParams
 
@@ -96,6 +111,7 @@ def run_once(llm, prompts, output_len, timer):
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     first: dict[str, float] = {}
     tokens: dict[str, int] = {}
+    finished: dict[str, list[int]] = {}
     start = time.perf_counter()
     for i, prompt in enumerate(prompts):
         engine.add_request(str(i), {"prompt_token_ids": prompt}, params)
@@ -108,6 +124,8 @@ def run_once(llm, prompts, output_len, timer):
             if n and out.request_id not in first:
                 first[out.request_id] = now
             tokens[out.request_id] = n
+            if out.finished:
+                finished[out.request_id] = list(out.outputs[0].token_ids)
         if decode_start is None and len(first) == len(prompts):
             decode_start = now
             if timer is not None:
@@ -123,6 +141,11 @@ def run_once(llm, prompts, output_len, timer):
         "decode_tokens": decode_tokens,
         "decode_tok_s": decode_tokens / (end - decode_start),
         "draft_ms": timer.take_ms() if timer is not None else [],
+        # Same prompts and greedy: equal digests mean token-identical outputs
+        # (with real rejection sampling, i.e. --acceptance-length 0).
+        "output_sha256": hashlib.sha256(
+            json.dumps([finished[k] for k in sorted(finished, key=_prompt_index)]).encode()
+        ).hexdigest(),
     }
 
 
@@ -131,7 +154,7 @@ def build_llm(args, mode, target, draft, max_len):
 
     kwargs = dict(
         model=target,
-        load_format="dummy",
+        load_format=args.load_format,
         skip_tokenizer_init=True,
         dtype=args.dtype,
         max_model_len=max_len,
@@ -140,6 +163,9 @@ def build_llm(args, mode, target, draft, max_len):
         gpu_memory_utilization=args.gpu_memory_utilization,
         block_size=args.block_size,
         enable_prefix_caching=False,
+        enforce_eager=args.enforce_eager,
+        tensor_parallel_size=args.tensor_parallel_size,
+        distributed_executor_backend=args.distributed_executor_backend,
         seed=0,
         disable_log_stats=False,
         # Verification batches are at most batch * (K + 1) tokens: capture only those.
@@ -205,6 +231,12 @@ def main() -> int:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--kv-cache-memory-bytes", type=int, help="CPU runs")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument(
+        "--load-format", default="dummy", help="'auto': the config dirs are checkpoints"
+    )
+    parser.add_argument("--distributed-executor-backend", choices=["mp", "ray"])
+    parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--profile", action="store_true", help="also write a torch.profiler table"
@@ -235,8 +267,12 @@ def main() -> int:
 def run_engine(args, mode: str, index: int) -> None:
 
     root = Path(tempfile.mkdtemp(prefix="bench-models-"))
-    target = model_dir(args.target_config, root)
-    draft = model_dir(args.draft_config[index], root) if index >= 0 else None
+    # Dummy weights differ with the TP degree (each rank draws its own shard),
+    # so comparing outputs across TP degrees needs real checkpoints.
+    dirs = [args.target_config] + ([args.draft_config[index]] if index >= 0 else [None])
+    if args.load_format == "dummy":
+        dirs = [d and model_dir(d, root) for d in dirs]
+    target, draft = dirs
     max_len = max(args.contexts) + args.output_len + 64
     vocab = json.loads(Path(target, "config.json").read_text())["vocab_size"]
     rng = random.Random(args.seed)
@@ -249,11 +285,13 @@ def run_engine(args, mode: str, index: int) -> None:
     t0 = time.perf_counter()
     llm = build_llm(args, mode, target, draft, max_len)
     startup = time.perf_counter() - t0
-    timer = ProposeTimer(drafter_of(llm)) if mode != "plain" else None
-    cpu_ms = wrap_cpu_timer(drafter_of(llm)) if mode == "spec_extend" else None
+    # The drafter is reachable in-process only without worker processes.
+    local = args.distributed_executor_backend is None and args.tensor_parallel_size == 1
+    timer = ProposeTimer(drafter_of(llm)) if mode != "plain" and local else None
+    cpu_ms = wrap_cpu_timer(drafter_of(llm)) if mode == "spec_extend" and local else None
     run_once(llm, prompts[(args.contexts[0], args.batch_sizes[0])], 8, timer)  # warm-up
     for (ctx, bs), batch in prompts.items():
-        before = drafter_of(llm).stats.snapshot() if mode == "spec_extend" else None
+        before = spec_extend_stats(llm) if mode == "spec_extend" else None
         row = run_once(llm, batch, args.output_len, timer)
         draft_ms = row.pop("draft_ms")
         row.update(
@@ -261,12 +299,14 @@ def run_engine(args, mode: str, index: int) -> None:
             draft=Path(draft).name if draft else None,
             context=ctx,
             batch=bs,
+            tensor_parallel_size=args.tensor_parallel_size,
+            executor=args.distributed_executor_backend,
             engine_startup_s=startup,
             draft_step_ms_median=statistics.median(draft_ms) if draft_ms else None,
             draft_steps=len(draft_ms),
         )
         if before is not None:
-            after = drafter_of(llm).stats.snapshot()
+            after = spec_extend_stats(llm)
             delta = {k: after[k] - before[k] for k in after}
             row["spec_extend"] = delta
             row["scoring_share_of_decode"] = delta["scoring_seconds"] / row["decode_s"]

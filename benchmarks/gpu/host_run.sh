@@ -3,7 +3,7 @@
 # into /root/vsite: install this plugin (and pytest) from carried wheels, then
 # run one phase, writing results and logs under $OUT.
 #
-#   bash benchmarks/gpu/host_run.sh kernels|decode-68m|decode-1b
+#   bash benchmarks/gpu/host_run.sh PHASE   (the phases are listed at the end)
 set -uo pipefail
 export PYTHONPATH=/root/vsite PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -34,5 +34,33 @@ case "$1" in
       --draft-config $M/llama_68m --modes draft_model spec_extend --contexts 4096 32768 \
       --profile --out "$OUT/profile_68m.json" > "$OUT/profile_68m.log" 2>&1
     grep '^{' "$OUT/profile_68m.log" | cut -c1-220 ;;
-  *) echo "usage: host_run.sh kernels|capture|decode-68m|decode-1b|profile-68m" >&2; exit 2 ;;
+  tp-lossless)
+    # Real random checkpoints: dummy weights differ with the TP degree.
+    python3 -c "from vllm_specextend.models import build_tiny_llama as b
+t = b('/root/m/tgt', seed=0, hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=8, max_position_embeddings=32768)
+b('/root/m/drf', seed=1, hidden_size=512, num_layers=2, num_heads=8, num_kv_heads=4, max_position_embeddings=32768, tokenizer_dir=t)"
+    for run in "1" "2 --distributed-executor-backend mp" "2 --distributed-executor-backend ray"; do
+      tag=$(echo "$run" | tr -cd '0-9a-z')
+      timeout 280 python3 benchmarks/bench_decode.py --target-config /root/m/tgt \
+        --draft-config /root/m/drf --modes plain spec_extend --load-format auto \
+        --dtype float32 --acceptance-length 0 --contexts 4096 16384 --batch-sizes 1 4 \
+        --output-len 64 --enforce-eager --tensor-parallel-size $run \
+        --out "$OUT/tp_lossless_$tag.json" > "$OUT/tp_lossless_$tag.log" 2>&1
+      echo "tp $run rc=$?"; grep -m3 -E "Error|error:" "$OUT/tp_lossless_$tag.log"
+    done
+    python3 - "$OUT" <<'PY'
+import json, sys, pathlib
+for f in sorted(pathlib.Path(sys.argv[1]).glob("tp_lossless_*.json")):
+    for r in json.loads(f.read_text())["results"]:
+        print(f.stem, r["mode"], r["context"], r["batch"], r["output_sha256"][:12],
+              (r.get("spec_extend") or {}).get("view_rows"))
+PY
+    ;;
+  tp-speed)
+    timeout 580 python3 benchmarks/bench_decode.py --target-config $M/llama31_8b \
+      --draft-config $M/llama32_1b --contexts 16384 32768 --tensor-parallel-size 2 \
+      --distributed-executor-backend mp --out "$OUT/decode_1b_tp2.json" \
+      > "$OUT/decode_1b_tp2.log" 2>&1
+    grep '^{' "$OUT/decode_1b_tp2.log" | cut -c1-200; grep -m3 -i "error" "$OUT/decode_1b_tp2.log" ;;
+  *) echo "usage: host_run.sh kernels|capture|decode-68m|decode-1b|profile-68m|tp-lossless|tp-speed" >&2; exit 2 ;;
 esac
