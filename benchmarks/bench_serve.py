@@ -20,9 +20,9 @@ Arguments after ``--`` go to every ``vllm serve`` (``--load-format dummy``,
 vLLM's bench metrics, acceptance, and the deltas of the server's
 ``vllm:spec_decode_*`` / ``vllm:spec_extend_*`` counters over the run),
 ``summary.md`` (the table), the datasets, and the bench results and logs of
-every run. Rows of modes not run again are kept, so modes can be run by
-separate invocations into one directory. ``benchmarks/plot_serve.py`` plots
-the results (it needs matplotlib).
+every run, and ``serve.png`` (``benchmarks/plot_serve.py``) where matplotlib
+is installed (the ``bench`` extra). Rows of modes not run again are kept, so
+modes can be run by separate invocations into one directory.
 
 Servers get ``VLLM_LOG_STATS_INTERVAL=1`` unless it is set: SpecExtend's
 counters reach ``/metrics`` once per interval while drafting, so they can lag
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -88,12 +89,13 @@ def stop(proc: subprocess.Popen, grace_s: float = 30) -> None:
 
 
 @contextlib.contextmanager
-def serve(args: list[str], log: Path, timeout_s: float):
+def serve(args: list[str], log: Path, timeout_s: float, env: dict | None = None):
     """Run ``vllm serve ARGS`` on a free local port until /health answers and
-    yield (URL, command); the server is stopped on exit, errors included."""
+    yield (URL, command); the server is stopped on exit, errors included.
+    ``env``: the server's environment (default: this process's)."""
     port = free_port()
     cmd = [*VLLM, "serve", *args, "--host", HOST, "--port", str(port)]
-    env = {"VLLM_LOG_STATS_INTERVAL": "1", **os.environ}
+    env = {"VLLM_LOG_STATS_INTERVAL": "1", **(os.environ if env is None else env)}
     with log.open("wb") as out:
         # Its own session: stop() signals the engine processes too.
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
@@ -120,16 +122,22 @@ def serve(args: list[str], log: Path, timeout_s: float):
 
 
 def scrape(base: str) -> dict[str, float]:
-    """Spec-decode and SpecExtend counters of ``/metrics``, summed over labels."""
+    """``/metrics`` as {name: value summed over label sets}."""
     with urllib.request.urlopen(f"{base}/metrics", timeout=30) as r:
         text = r.read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
-        head, _, value = line.rpartition(" ")
-        name = head.split("{", 1)[0]
-        if name.startswith(METRIC_PREFIXES) and name.endswith("_total"):
+        if line and not line.startswith("#"):
+            head, _, value = line.rpartition(" ")
+            name = head.split("{", 1)[0]
             out[name] = out.get(name, 0.0) + float(value)
     return out
+
+
+def counter_deltas(before: dict, after: dict) -> dict[str, float]:
+    """Spec-decode and SpecExtend counters: growth from ``before`` to ``after``."""
+    return {k: v - before.get(k, 0.0) for k, v in after.items()
+            if k.startswith(METRIC_PREFIXES) and k.endswith("_total")}
 
 
 def document_prompts(tokenizer: str, datasets: list[str], input_len: int,
@@ -150,7 +158,7 @@ def write_datasets(args) -> tuple[str, list[Path]]:
     texts = document_prompts(args.tokenizer, args.datasets, args.input_len,
                              1 + sum(args.num_prompts))
     paths, start = [], 1
-    for c, n in zip(args.concurrency, args.num_prompts):
+    for c, n in zip(args.concurrency, args.num_prompts, strict=True):
         path = args.out_dir / "datasets" / f"c{c}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         rows = [{"prompt": t, "output_tokens": args.output_len}
@@ -227,7 +235,8 @@ def run_mode(args, mode: str, warmup: str, datasets: list[Path]):
                        args.startup_timeout)
         with server as (base, serve_cmd):
             warm_up(base, args.target, warmup, args.run_timeout)
-            for c, n, dataset in zip(args.concurrency, args.num_prompts, datasets):
+            runs = zip(args.concurrency, args.num_prompts, datasets, strict=True)
+            for c, n, dataset in runs:
                 result = args.out_dir / "bench" / f"{mode}_c{c}.json"
                 cmd = bench_command(args, base, dataset, c, n, result)
                 row = {"mode": mode, "concurrency": c, "num_prompts": n,
@@ -242,7 +251,7 @@ def run_mode(args, mode: str, warmup: str, datasets: list[Path]):
                                             timeout=args.run_timeout).returncode
                     except subprocess.TimeoutExpired:
                         rc = "timeout"
-                delta = {k: v - before.get(k, 0.0) for k, v in scrape(base).items()}
+                delta = counter_deltas(before, scrape(base))
                 if rc != 0 or not result.exists():
                     yield {**row, "error": f"vllm bench serve: {rc}\n{tail(log)}"}
                     continue
@@ -316,8 +325,8 @@ def table(result: dict) -> str:
                     key=lambda r: (order.get(r["mode"], 9), r.get("concurrency", 0))):
         if "error" in r:
             first = r["error"].splitlines()[0]
-            lines.append(f"| {r['mode']} | {r.get('concurrency', '–')} | error: {first} "
-                         "| | | | | | | |")
+            lines.append(f"| {r['mode']} | {r.get('concurrency', '–')} "
+                         f"| error: {first} | | | | | | | |")
             continue
         m = r["server_metrics"]
         full = m.get("vllm:spec_extend_full_context_tokens_total", 0)
@@ -333,7 +342,8 @@ def table(result: dict) -> str:
         )
     meta, cfg = result["meta"], result["meta"]["config"]
     hw = meta["hardware"]
-    device = ", ".join(hw["gpus"]) if hw["gpus"] else f"{hw['cpu']} ({hw['cpu_count']} CPUs)"
+    device = (", ".join(hw["gpus"]) if hw["gpus"]
+              else f"{hw['cpu']} ({hw['cpu_count']} CPUs)")
     synthetic = (f"synthetic acceptance length {cfg['acceptance_length']}"
                  if cfg["acceptance_length"] > 0 else "real acceptance")
     lines.append(
@@ -358,7 +368,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "dataset (default: --target)")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16])
-    p.add_argument("--num-prompts", nargs="+", type=int, default=[8, 16, 48],
+    p.add_argument("--num-prompts", nargs="+", type=int, default=[8, 32, 64],
                    help="requests per run: one number, or one per concurrency")
     p.add_argument("--input-len", type=int, default=8192,
                    help="prompt tokens (before the server adds BOS)")
@@ -405,13 +415,17 @@ def main(argv: list[str] | None = None) -> int:
     warmup, datasets = write_datasets(args)
     for mode in args.modes:
         for row in run_mode(args, mode, warmup, datasets):
-            print(json.dumps({k: v for k, v in row.items()
+            print(json.dumps({k: v for k, v in row.items()  # noqa: T201
                               if not k.endswith("_command")}), flush=True)
             result["runs"].append(row)
             out.write_text(json.dumps(result, indent=1))
     summary = table(result)
     (args.out_dir / "summary.md").write_text(summary + "\n")
-    print(summary)
+    print(summary)  # noqa: T201
+    if importlib.util.find_spec("matplotlib"):
+        from plot_serve import plot
+
+        plot(result, args.out_dir / "serve.png")
     bad = [r for r in result["runs"] if r["mode"] in args.modes and (
         "error" in r or r["failed"] or r["completed"] != r["num_prompts"])]
     return 1 if bad else 0

@@ -72,7 +72,8 @@ async def worker_state(engine) -> tuple[list[str], int, dict]:
 
     def read(worker):  # nested, so cloudpickle ships it by value
         runner = worker.model_runner
-        return list(runner.requests), len(runner.drafter.store), runner.drafter.stats.snapshot()
+        drafter = runner.drafter
+        return list(runner.requests), len(drafter.store), drafter.stats.snapshot()
 
     (state,) = await engine.collective_rpc(read)
     return state
@@ -104,7 +105,7 @@ async def run_request(engine, req_id, prompt, max_tokens, kind, tokens: list[int
 async def load(engine, prompts):
     tokens = [[] for _ in REQUESTS]
     tasks = [asyncio.create_task(run_request(engine, f"r{i}", p, n, kind, tokens[i]))
-             for i, (p, (_, n, kind)) in enumerate(zip(prompts, REQUESTS))]
+             for i, (p, (_, n, kind)) in enumerate(zip(prompts, REQUESTS, strict=True))]
     reasons = await asyncio.gather(*tasks, return_exceptions=True)
     # Finished and aborted ids reach the worker with the next step; the probe
     # itself stays in the runner until the step after it.
@@ -121,7 +122,8 @@ def test_concurrent_mixed_load(tiny_target, tiny_draft, prompts, references):
         del engine
         gc.collect()
 
-    for (_, max_tokens, kind), reason, out, ref in zip(REQUESTS, reasons, tokens, references):
+    for (_, max_tokens, kind), reason, out, ref in zip(
+            REQUESTS, reasons, tokens, references, strict=True):
         if kind == "cancel":
             assert isinstance(reason, asyncio.CancelledError), repr(reason)
         else:

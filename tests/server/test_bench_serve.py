@@ -10,6 +10,7 @@ server drafted through views.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shlex
 import socket
@@ -52,7 +53,7 @@ def test_every_request_completes(run):
     out, rows = run
     assert [(r["mode"], r["concurrency"]) for r in rows] == [
         (m, c) for m in MODES for c in CONCURRENCY]
-    for r, n in zip(rows, NUM_PROMPTS * len(MODES)):
+    for r, n in zip(rows, NUM_PROMPTS * len(MODES), strict=True):
         assert "error" not in r, r["error"]
         assert (r["completed"], r["failed"], r["errors"]) == (n, 0, [])
         assert r["total_output_tokens"] == n * OUTPUT_LEN  # --ignore-eos
@@ -70,7 +71,8 @@ def test_acceptance_and_views(run):
     full = by_mode["draft_model"]
     assert min(r["acceptance_rate"] for r in full) >= 0.9
     views = by_mode["spec_extend"]
-    assert max(r["acceptance_rate"] for r in views) < min(r["acceptance_rate"] for r in full)
+    assert (max(r["acceptance_rate"] for r in views)
+            < min(r["acceptance_rate"] for r in full))
 
     def total(mode_rows, name):
         return sum(r["server_metrics"].get(f"vllm:spec_extend_{name}_total", 0)
@@ -80,7 +82,8 @@ def test_acceptance_and_views(run):
     assert total(full, "decode_rows") == total(full, "retrievals") == 0
     assert total(views, "retrievals") > 0
     assert total(views, "view_rows") > 0
-    assert 0 < total(views, "draft_context_tokens") < total(views, "full_context_tokens")
+    assert (0 < total(views, "draft_context_tokens")
+            < total(views, "full_context_tokens"))
 
 
 def test_commands_and_servers_stopped(run):
@@ -98,7 +101,7 @@ def test_commands_and_servers_stopped(run):
     assert [a for a in se if a not in strip][:-1] == dm[:-1]  # all but the port
 
 
-def test_summary(run):
+def test_summary_and_plot(run):
     out, rows = run
     lines = (out / "summary.md").read_text().splitlines()
     for r in rows:
@@ -106,6 +109,8 @@ def test_summary(run):
                     if ln.startswith(f"| {r['mode']} | {r['concurrency']} |"))
         assert f"| {r['completed']} / 0 |" in line
         assert f"{100 * r['acceptance_rate']:.1f}%" in line
+    if importlib.util.find_spec("matplotlib"):
+        assert (out / "serve.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_serve_args_per_mode():
@@ -121,4 +126,5 @@ def test_serve_args_per_mode():
                     "synthetic_acceptance_length": 3.0}
     assert "--spec-extend" not in draft_model
     assert spec_extend[:len(draft_model) - 2] == draft_model[:-2]
-    assert spec_extend[-4:] == ["--spec-extend", args.spec_extend, "--load-format", "dummy"]
+    assert spec_extend[-4:] == ["--spec-extend", args.spec_extend,
+                                "--load-format", "dummy"]

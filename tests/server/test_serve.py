@@ -5,23 +5,21 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from vllm_specextend.metrics import METRICS_DIR_ENV
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import bench_serve  # noqa: E402
+from bench_serve import VLLM, free_port, scrape  # noqa: E402
+
 pytestmark = pytest.mark.server
 
-_SCRIPT = Path(sys.executable).with_name("vllm")
-VLLM = ([str(_SCRIPT)] if _SCRIPT.exists()
-        else [sys.executable, "-m", "vllm.entrypoints.cli.main"])
 SPEC_EXTEND = '{"min_context": 128, "top_k": 2, "recent_tokens": 64}'
 COMMON = ["--block-size", "32", "--kv-cache-memory-bytes", "1G",
           "--max-model-len", "2048", "--dtype", "float32", "--enforce-eager",
@@ -32,16 +30,6 @@ ENV = {**os.environ, "VLLM_LOG_STATS_INTERVAL": "1",
 ENV.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
-def _tail(path: Path, n: int = 60) -> str:
-    return "".join(path.read_text(errors="replace").splitlines(True)[-n:])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spec_args(draft: str, spec_extend: str = SPEC_EXTEND) -> list[str]:
     return ["--speculative-model", draft, "--num-speculative-tokens", "3",
             "--spec-extend", spec_extend]
@@ -49,57 +37,19 @@ def _spec_args(draft: str, spec_extend: str = SPEC_EXTEND) -> list[str]:
 
 @contextlib.contextmanager
 def serve(model: str, extra: list[str], log: Path):
-    """Run ``vllm serve`` on a free port until /health answers; yield its URL."""
-    port = _free_port()
+    """``vllm serve`` with the CPU flags until /health answers; yield its URL.
+    A server that does not start fails the test."""
     # A fresh snapshot dir: stale worker files elsewhere must not leak in.
-    metrics = log.parent / f"metrics-{port}"
+    metrics = log.parent / f"metrics-{log.stem}"
     metrics.mkdir()
-    cmd = [*VLLM, "serve", model, *extra, *COMMON,
-           "--host", "127.0.0.1", "--port", str(port)]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL,
-                                env={**ENV, METRICS_DIR_ENV: str(metrics)},
-                                start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + STARTUP_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited ({proc.returncode}):\n{_tail(log)}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"vllm serve not healthy in {STARTUP_S} s:\n{_tail(log)}")
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            time.sleep(1)
-        yield base
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGINT)
+    with contextlib.ExitStack() as stack:
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # workers left in the group
-        proc.wait()
-
-
-def scrape(base: str) -> dict[str, float]:
-    """``/metrics`` as {name: value summed over label sets}."""
-    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            head, _, value = line.rpartition(" ")
-            name = head.split("{", 1)[0]
-            out[name] = out.get(name, 0.0) + float(value)
-    return out
+            base, _ = stack.enter_context(bench_serve.serve(
+                [model, *extra, *COMMON], log, STARTUP_S,
+                env={**ENV, METRICS_DIR_ENV: str(metrics)}))
+        except RuntimeError as e:
+            pytest.fail(str(e))
+        yield base
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +163,7 @@ def test_bad_config_fails_at_startup(tiny_target, tiny_draft, tmp_path,
     args = (_spec_args(tiny_draft, spec_extend) if draft
             else ["--spec-extend", spec_extend])
     proc = subprocess.run([*VLLM, "serve", tiny_target, *args, *COMMON,
-                           "--host", "127.0.0.1", "--port", str(_free_port())],
+                           "--host", "127.0.0.1", "--port", str(free_port())],
                           capture_output=True, text=True, timeout=180,
                           env={**ENV, METRICS_DIR_ENV: str(tmp_path)},
                           stdin=subprocess.DEVNULL, start_new_session=True)
