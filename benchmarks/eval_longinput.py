@@ -300,6 +300,7 @@ def settings(args) -> engine.EngineSettings:
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
         seed=args.seed,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         # Decode steps verify batch * (K + 1) tokens: capture only those sizes.
         cudagraph_sizes=sorted({*range(1, 9), *range(8, tokens_per_step + 8, 8)}),
     )
@@ -429,6 +430,8 @@ def parse_args(argv=None):
                    help="default: the models' max_position_embeddings")
     r.add_argument("--kv-cache-memory-bytes", type=int, default=(4 if cuda else 1) << 30)
     r.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    r.add_argument("--max-num-batched-tokens", type=int,
+                   help="prefill chunk size (default: vLLM's)")
     r.add_argument("--enforce-eager", action="store_true", default=not cuda)
     r.add_argument("--seed", type=int, default=0)
     m = sub.add_parser("report", help="merge results files into one (JSON + .md)")

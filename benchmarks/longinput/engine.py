@@ -43,6 +43,7 @@ class EngineSettings:
     gpu_memory_utilization: float
     enforce_eager: bool
     seed: int = 0
+    max_num_batched_tokens: int | None = None
     cudagraph_sizes: list[int] = field(default_factory=list)
 
 
@@ -63,6 +64,8 @@ def build(s: EngineSettings, kind: str, spec_extend: dict | None = None):
         seed=s.seed,
         disable_log_stats=False,
     )
+    if s.max_num_batched_tokens:
+        kwargs["max_num_batched_tokens"] = s.max_num_batched_tokens
     if s.cudagraph_sizes and not s.enforce_eager:
         kwargs["compilation_config"] = {"cudagraph_capture_sizes": s.cudagraph_sizes}
     if kind != "none":
@@ -158,6 +161,8 @@ class DraftRecorder:
 
     Only rows whose prompt is fully computed count: during a chunked prefill
     the drafter also runs (to fill its KV) but those proposals are dropped.
+    Lengths are read before the drafter runs, as SpecExtendProposer does:
+    drafting reuses the runner's buffers.
     """
 
     def __init__(self, llm):
@@ -169,15 +174,14 @@ class DraftRecorder:
         self.proposals: dict[str, list[list[int]]] = {}
 
         def recorded(*args, **kwargs):
-            drafts = original(*args, **kwargs)
-            num_reqs = drafts.shape[0]
+            num_reqs = runner.input_batch.num_reqs
             req_ids = compat.batch_req_ids(runner, num_reqs)
-            seq = compat.batch_seq_lens_cpu(runner, num_reqs)
-            prompt = compat.batch_num_prompt_tokens(runner, num_reqs)
-            rows = drafts.tolist()
-            for r, req_id in enumerate(req_ids):
-                if seq[r] >= prompt[r]:
-                    self.proposals.setdefault(req_id, []).append(rows[r])
+            done = (compat.batch_seq_lens_cpu(runner, num_reqs)
+                    >= compat.batch_num_prompt_tokens(runner, num_reqs))
+            drafts = original(*args, **kwargs)
+            for req_id, row, keep in zip(req_ids, drafts.tolist(), done):
+                if keep:
+                    self.proposals.setdefault(req_id, []).append(row)
             return drafts
 
         proposer.propose = recorded

@@ -67,8 +67,10 @@ def training_data(args, tokenizer, teacher, device, progress_cls):
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     pad = eos if pad is None else pad
     windows = distill.doc_windows(docs, args.seq_len, eos)
+    # Excerpts of 1/8 to 1/2 of the sequence: the rest is the teacher's.
     prompts = distill.excerpt_prompts(
-        docs, distill.prompt_templates(tokenizer), args.gen_prompts, rng
+        docs, distill.prompt_templates(tokenizer), args.gen_prompts, rng,
+        min_len=args.seq_len // 8, max_len=args.seq_len // 2,
     )
     with progress_cls(total=len(prompts), desc="teacher generation") as bar:
         generated = distill.greedy_continuations(

@@ -156,7 +156,7 @@ def doc_windows(docs: list[list[int]], seq_len: int, eos_id: int) -> list[list[i
 
 
 def excerpt_prompts(docs: list[list[int]], templates, num: int, rng: random.Random,
-                    min_len: int = 64, max_len: int = 256) -> list[list[int]]:
+                    min_len: int, max_len: int) -> list[list[int]]:
     """Short excerpts of random documents, each wrapped in the next template."""
     long_docs = [d for d in docs if len(d) >= min_len]
     prompts = []
@@ -185,11 +185,13 @@ def greedy_continuations(teacher, prompts: list[list[int]], seq_len: int,
         for row, i in enumerate(idx):  # left padding
             ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
             mask[row, width - len(prompts[i]):] = 1
-        gen = teacher.generate(
-            input_ids=ids.to(device), attention_mask=mask.to(device),
-            max_new_tokens=seq_len - width, do_sample=False,
-            pad_token_id=pad_id, eos_token_id=eos_id,
-        )[:, width:].tolist()
+        gen = [[] for _ in idx]
+        if width < seq_len:
+            gen = teacher.generate(
+                input_ids=ids.to(device), attention_mask=mask.to(device),
+                max_new_tokens=seq_len - width, do_sample=False,
+                pad_token_id=pad_id, eos_token_id=eos_id,
+            )[:, width:].tolist()
         for row, i in enumerate(idx):
             new = gen[row]
             if eos_id in new:
