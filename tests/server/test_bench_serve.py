@@ -128,3 +128,14 @@ def test_serve_args_per_mode():
     assert spec_extend[:len(draft_model) - 2] == draft_model[:-2]
     assert spec_extend[-4:] == ["--spec-extend", args.spec_extend,
                                 "--load-format", "dummy"]
+
+
+def test_acceptance_from_counters():
+    """Without vLLM bench's spec-decode fields, the server's counters count."""
+    delta = {"vllm:spec_decode_num_drafts_total": 10.0,
+             "vllm:spec_decode_num_draft_tokens_total": 40.0,
+             "vllm:spec_decode_num_accepted_tokens_total": 20.0}
+    assert bench_serve.acceptance({}, delta) == (0.5, 3.0)
+    bench = {"spec_decode_acceptance_rate": 25.0, "spec_decode_acceptance_length": 2.0}
+    assert bench_serve.acceptance(bench, delta) == (0.25, 2.0)
+    assert bench_serve.acceptance({}, {}) == (None, None)
