@@ -1,0 +1,89 @@
+"""What benchmarks/eval_longinput.py plans to run (no engine)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import eval_longinput  # noqa: E402
+from longinput import inputs, needle  # noqa: E402
+
+from vllm_specextend.config import SpecExtendConfigError  # noqa: E402
+
+
+@pytest.fixture
+def plan(tiny_target, tiny_tokenizer, long_prompts):
+    def make(*argv):
+        args = eval_longinput.parse_args(
+            ["run", "--target", tiny_target, "--draft", tiny_target, "--out", "x.json",
+             "--num-prompts", "2", *argv])
+        return args, eval_longinput.plan(args, tiny_tokenizer)
+
+    return make
+
+
+def test_eval_runs_every_mode_on_the_same_exact_length_prompts(plan, tiny_tokenizer):
+    args, runs = plan("--lengths", "512", "4096", "--spec-extend", '{"top_k": 8}')
+    assert args.max_model_len == 4096  # the tiny models' positions
+    assert len(runs) == 2 * 2 * 4
+    by_key = {}
+    for run in runs:
+        by_key.setdefault((run.dataset, run.length), []).append(run)
+        # 4096 + 256 new tokens would not fit: the prompt gives way.
+        want = 512 if run.length == 512 else 4096 - 256
+        assert all(len(p) == want for p in run.prompts)
+        assert run.config is None or run.config == {
+            **eval_longinput.DEFAULT_SPEC_EXTEND, "top_k": 8, "policy": run.mode}
+    for group in by_key.values():
+        assert [r.mode for r in group] == ["none", "draft_model", "streaming", "cmr"]
+        assert all(r.prompts == group[0].prompts for r in group)
+    head = inputs.encode(tiny_tokenizer, inputs.SUMMARY_HEAD)
+    tail = inputs.encode(tiny_tokenizer, inputs.SUMMARY_TAIL)
+    prompt = runs[0].prompts[0]
+    assert prompt[:len(head)] == head and prompt[-len(tail):] == tail
+    assert runs[0].prompts[0] != runs[0].prompts[1]
+
+
+def test_cost_reuses_eval_runs_and_otherwise_runs_full_kv_and_cmr(plan):
+    _, runs = plan("--tasks", "eval", "cost", "--lengths", "512")
+    assert not [r for r in runs if r.task == "cost"]
+    _, runs = plan("--tasks", "cost", "--lengths", "512", "1024", "--cost-prompts", "3")
+    assert [(r.mode, r.length, len(r.prompts)) for r in runs] == [
+        ("draft_model", 512, 3), ("cmr", 512, 3),
+        ("draft_model", 1024, 3), ("cmr", 1024, 3)]
+    assert {r.dataset for r in runs} == {"govreport"}
+
+
+def test_sweep_skips_chunks_that_are_not_whole_blocks(plan, capsys):
+    _, runs = plan("--tasks", "sweep", "--sweep-length", "2048",
+                   "--sweep-chunk-sizes", "16", "32", "64", "--sweep-top-k", "8", "16",
+                   "--sweep-retrieve-every", "1", "4")
+    assert "[16] skipped" in capsys.readouterr().err  # CPU block size 32
+    assert len(runs) == 2 * 2 * 2
+    configs = [r.config for r in runs]
+    assert {c["chunk_size"] for c in configs} == {32, 64}
+    assert all(c["sink_tokens"] % c["chunk_size"] == 0 for c in configs)
+    assert all(c["policy"] == "cmr" and r.mode == "cmr" for c, r in zip(configs, runs))
+
+
+def test_needle_runs_hold_the_key_at_each_depth(plan, tiny_tokenizer):
+    _, runs = plan("--tasks", "needle", "--modes", "none", "cmr",
+                   "--needle-lengths", "1024", "--needle-depths", "0.25", "0.75",
+                   "--needle-prompts", "2")
+    assert [(r.mode, r.depth) for r in runs] == [("cmr", 0.25), ("cmr", 0.75)]
+    for run in runs:
+        assert run.batch_size == 1 and run.max_new_tokens == 16
+        for prompt, key in zip(run.prompts, run.keys):
+            assert len(prompt) == 1024
+            assert key in tiny_tokenizer.decode(prompt)
+            assert tiny_tokenizer.decode(prompt).endswith(needle.QUESTION)
+        assert run.keys[0] != run.keys[1]
+
+
+def test_bad_spec_extend_fails_before_any_engine(tiny_target):
+    with pytest.raises(SpecExtendConfigError, match="top_k"):
+        eval_longinput.parse_args(["run", "--target", tiny_target, "--draft", tiny_target,
+                                   "--out", "x.json", "--spec-extend", '{"top_k": 0}'])

@@ -1,0 +1,56 @@
+"""benchmarks/plot_eval.py draws the PNGs a results file supports."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import plot_eval  # noqa: E402
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def eval_row(dataset, length, mode, accepted, tok_s):
+    return {"task": "eval", "dataset": dataset, "length": length, "mode": mode,
+            "mean_accepted_length": accepted, "decode_tok_s": tok_s,
+            "prompt_hashes": ["p"], "output_hashes": ["o"]}
+
+
+def needle_row(mode, depth, matched):
+    return {"task": "needle", "length": 4096, "depth": depth, "mode": mode,
+            "target_correct": True, "matched": matched, "proposed": 4,
+            "all_matched": matched == 4, "replay_consistent": True,
+            "prompt_hashes": ["n"], "output_hashes": ["o"]}
+
+
+def write(path: Path, rows) -> str:
+    path.write_text(json.dumps({"meta": {}, "rows": rows}))
+    return str(path)
+
+
+def test_plots_from_merged_files(tmp_path):
+    first = [eval_row(d, n, m, a, t) for d in ("govreport", "pg19")
+             for n in (512, 2048) for m, a, t in (("none", 1.0, 100.0),
+                                                  ("cmr", 2.4, 180.0))]
+    second = [needle_row(m, d, k) for m, k in (("streaming", 1), ("cmr", 4))
+              for d in (0.1, 0.9)]
+    files = [write(tmp_path / "a.json", first), write(tmp_path / "b.json", second)]
+    out = tmp_path / "plots"
+    assert plot_eval.main([*files, "--out-dir", str(out)]) == 0
+    for name in ("accepted_length.png", "decode_tok_s.png", "needle.png"):
+        assert (out / name).read_bytes().startswith(PNG), name
+
+
+def test_no_needle_plot_when_the_target_never_answered(tmp_path):
+    rows = [eval_row("pg19", 512, "none", 1.0, 10.0)]
+    rows.append({**needle_row("cmr", 0.5, 0), "target_correct": False,
+                 "proposed": 0, "all_matched": None})
+    out = tmp_path / "plots"
+    assert plot_eval.main([write(tmp_path / "r.json", rows), "--out-dir", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["accepted_length.png",
+                                                     "decode_tok_s.png"]
