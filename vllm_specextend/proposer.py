@@ -99,6 +99,8 @@ class SpecExtendProposer(compat.DraftModelProposer):
     def on_requests_done(self, req_ids) -> None:
         """Finished, aborted or preempted: their selection is stale."""
         self.store.drop(req_ids)
+        # Publish here too: once the last request ends no draft step follows.
+        self._report()
 
     @override
     def propose(

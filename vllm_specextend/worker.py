@@ -37,6 +37,16 @@ class _SpecExtendWorkerMixin:
         runner = self.model_runner
         runner.drafter = SpecExtendProposer(vllm_config, runner.device, runner=runner)
 
+    def specextend_state(self) -> dict:
+        """For ``collective_rpc("specextend_state")``: this rank's live request
+        ids, the requests holding selection state, and the plugin's counters."""
+        drafter = self.model_runner.drafter
+        return {
+            "live_requests": sorted(compat.live_req_ids(self.model_runner)),
+            "tracked_requests": len(drafter.store),
+            "stats": drafter.stats.snapshot(),
+        }
+
     @override
     def execute_model(self, scheduler_output):
         done = set(scheduler_output.finished_req_ids)

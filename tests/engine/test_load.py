@@ -4,21 +4,16 @@ once, some are cancelled mid-stream, and the rest must match plain greedy
 decoding token for token.
 
 ``AsyncLLM`` always runs its engine core in another process, so the drafter's
-state is read through ``collective_rpc`` with a function that runs in the worker
-(a callable crosses the engine-core boundary only with
-``VLLM_ALLOW_INSECURE_SERIALIZATION=1``).
+state is read through the plugin worker's ``specextend_state`` RPC.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
-import os
 
 import pytest
 from test_lossless import CMR, generate, make_llm, shutdown
-
-os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
 
 pytestmark = pytest.mark.engine
 
@@ -70,13 +65,8 @@ async def worker_state(engine) -> tuple[list[str], int, dict]:
     """(ids of the requests the model runner holds, requests in the drafter's
     selection store, drafter statistics)."""
 
-    def read(worker):  # nested, so cloudpickle ships it by value
-        runner = worker.model_runner
-        drafter = runner.drafter
-        return list(runner.requests), len(drafter.store), drafter.stats.snapshot()
-
-    (state,) = await engine.collective_rpc(read)
-    return state
+    (state,) = await engine.collective_rpc("specextend_state")
+    return state["live_requests"], state["tracked_requests"], state["stats"]
 
 
 async def run_request(engine, req_id, prompt, max_tokens, kind, tokens: list[int]):
