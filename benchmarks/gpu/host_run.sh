@@ -62,5 +62,20 @@ PY
       --distributed-executor-backend mp --out "$OUT/decode_1b_tp2.json" \
       > "$OUT/decode_1b_tp2.log" 2>&1
     grep '^{' "$OUT/decode_1b_tp2.log" | cut -c1-200; grep -m3 -i "error" "$OUT/decode_1b_tp2.log" ;;
-  *) echo "usage: host_run.sh kernels|capture|decode-68m|decode-1b|profile-68m|tp-lossless|tp-speed" >&2; exit 2 ;;
+  serve)
+    # Dummy 8B/1B weights, synthetic acceptance: .gpu/tokenizer is SmolLM2's.
+    timeout 570 python3 benchmarks/bench_serve.py --target $M/llama31_8b \
+      --draft $M/llama32_1b --tokenizer .gpu/tokenizer --input-len 8192 \
+      --output-len 128 --concurrency 1 4 16 --num-prompts 4 8 32 \
+      --acceptance-length 3.0 --spec-extend '{"top_k": 32, "recent_tokens": 256}' \
+      --startup-timeout 300 --run-timeout 150 --out-dir "$OUT/serve" \
+      -- --load-format dummy --dtype bfloat16 --max-model-len 8448 --max-num-seqs 16 \
+      --block-size 16 --gpu-memory-utilization 0.9 \
+      -cc '{"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 24, 32, 48, 64, 80]}' \
+      > "$OUT/serve.log" 2>&1
+    echo "serve rc=$?"; cat "$OUT/serve/summary.md"; grep -m5 -E "Error|error:" "$OUT/serve.log"
+    # At most 8 files come back: the key ones, and the rest as one archive.
+    cp "$OUT"/serve/{results.json,summary.md,serve.png} "$OUT"/ 2>/dev/null
+    tar -C "$OUT" -czf "$OUT/serve_all.tgz" serve && rm -rf "$OUT/serve" ;;
+  *) echo "usage: host_run.sh kernels|capture|decode-68m|decode-1b|profile-68m|tp-lossless|tp-speed|serve" >&2; exit 2 ;;
 esac
