@@ -124,7 +124,8 @@ def sweep_runs(args, tokenizer) -> list[Run]:
     ):
         # Sinks are whole chunks: round them up to the chunk size.
         config = spec_config(args, "cmr", chunk_size=chunk, top_k=top_k,
-                             retrieve_every=every, sink_tokens=-(-sink // chunk) * chunk)
+                             retrieve_every=every,
+                             sink_tokens=-(-sink // chunk) * chunk)
         runs.append(Run("sweep", "cmr", dataset, args.sweep_length, prompts,
                         args.max_new_tokens, args.batch_size, config))
     return runs
@@ -140,7 +141,8 @@ def needle_runs(args, tokenizer) -> list[Run]:
         n = prompt_len(args, length, args.needle_new_tokens)
         keys = [needle.pass_key(args.seed, i) for i in range(args.needle_prompts)]
         prompts = [
-            needle.needle_prompt(encode, inputs.haystack(tokenizer, n, i), key, depth, n)
+            needle.needle_prompt(encode, inputs.haystack(tokenizer, n, i), key,
+                                 depth, n)
             for i, key in enumerate(keys)
         ]
         runs += [Run("needle", mode, "pg19", length, prompts, args.needle_new_tokens,
@@ -219,10 +221,11 @@ class Session:
         if self.timer:
             self.timer.take_ms()
             self.timer.enabled = True
+        params = self.params(run.max_new_tokens)
         batches = []
         for b in range(0, len(run.prompts), run.batch_size):
             batch = run.prompts[b:b + run.batch_size]
-            batches.append(engine.generate(self.llm, batch, self.params(run.max_new_tokens)))
+            batches.append(engine.generate(self.llm, batch, params))
             progress.update(1)
         step_ms = self.timer.take_ms() if self.timer else []
         if self.timer:
@@ -252,7 +255,10 @@ class Session:
 
     def needle_row(self, run: Run, i: int) -> dict:
         before = self.snapshot()
-        batch = engine.generate(self.llm, [run.prompts[i]], self.params(run.max_new_tokens))
+        self.recorder.enabled = True
+        batch = engine.generate(self.llm, [run.prompts[i]],
+                                self.params(run.max_new_tokens))
+        self.recorder.enabled = False
         counters = self.delta(before)["counters"]
         output = batch.outputs[0]
         steps = acceptance.replay(self.recorder.take(batch.request_ids[0]), output)
@@ -321,7 +327,8 @@ def cpu_model() -> str:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return platform.machine()
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    names = [line.split(":", 1)[1].strip() for line in lines
+             if line.startswith("model name")]
     return names[0] if names else platform.machine()
 
 
@@ -336,7 +343,8 @@ def metadata(args) -> dict:
         "cpu_count": os.cpu_count(),
         "cuda": torch.version.cuda if torch.cuda.is_available() else None,
     }
-    info["models"] = {"target": model_info(args.target), "draft": model_info(args.draft)}
+    info["models"] = {"target": model_info(args.target),
+                      "draft": model_info(args.draft)}
     return info
 
 
@@ -355,8 +363,9 @@ def run(args) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"meta": metadata(args), "rows": []}
-    total = sum(len(r.prompts) if r.task == "needle" else -(-len(r.prompts) // r.batch_size)
-                for r in runs)
+    # Progress in batches; a needle prompt is a batch of its own.
+    total = sum(len(r.prompts) if r.task == "needle"
+                else -(-len(r.prompts) // r.batch_size) for r in runs)
     with tqdm(total=total, desc="eval", unit="batch") as progress:
         for kind in ("none", "draft_model", "spec_extend"):
             mine = [r for r in runs if engine.engine_kind(r.mode) == kind]
@@ -385,8 +394,8 @@ def merge_reports(args) -> int:
 
 
 def model_limit(*paths: str) -> int:
-    return min(json.loads((Path(p) / "config.json").read_text())["max_position_embeddings"]
-               for p in paths)
+    configs = [json.loads((Path(p) / "config.json").read_text()) for p in paths]
+    return min(c["max_position_embeddings"] for c in configs)
 
 
 def parse_args(argv=None):
@@ -400,17 +409,20 @@ def parse_args(argv=None):
     r.add_argument("--draft", required=True)
     r.add_argument("--out", required=True, help="results JSON (tables: same stem, .md)")
     r.add_argument("--tasks", nargs="+", choices=TASKS, default=["eval"])
-    r.add_argument("--modes", nargs="+", choices=engine.MODES, default=list(engine.MODES))
+    r.add_argument("--modes", nargs="+", choices=engine.MODES,
+                   default=list(engine.MODES))
     r.add_argument("--datasets", nargs="+", choices=inputs.DATASETS,
                    default=["govreport", "pg19"])
-    r.add_argument("--lengths", nargs="+", type=int, default=[512, 1024, 2048, 4096, 8192])
+    r.add_argument("--lengths", nargs="+", type=int,
+                   default=[512, 1024, 2048, 4096, 8192])
     r.add_argument("--num-prompts", type=int, default=20)
     r.add_argument("--max-new-tokens", type=int, default=256)
     r.add_argument("--batch-size", type=int, default=1,
                    help="requests of one length run in batches of this size")
     r.add_argument("--num-spec-tokens", "-K", type=int, default=4)
     r.add_argument("--spec-extend", type=json.loads, default={},
-                   help=f"SpecExtend config for streaming/cmr over {DEFAULT_SPEC_EXTEND}")
+                   help="SpecExtend config for streaming/cmr, over "
+                   f"{DEFAULT_SPEC_EXTEND}")
     r.add_argument("--ignore-eos", action="store_true",
                    help="always generate --max-new-tokens (default: stop at EOS)")
     r.add_argument("--cost-prompts", type=int, default=5)
@@ -428,7 +440,8 @@ def parse_args(argv=None):
     r.add_argument("--block-size", type=int, default=16 if cuda else 32)
     r.add_argument("--max-model-len", type=int,
                    help="default: the models' max_position_embeddings")
-    r.add_argument("--kv-cache-memory-bytes", type=int, default=(4 if cuda else 1) << 30)
+    r.add_argument("--kv-cache-memory-bytes", type=int,
+                   default=(4 if cuda else 1) << 30)
     r.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     r.add_argument("--max-num-batched-tokens", type=int,
                    help="prefill chunk size (default: vLLM's)")

@@ -36,11 +36,11 @@ def plot_eval(plt, rows: list[dict], out_dir: Path) -> list[Path]:
     written = []
     for name, (key, label) in METRICS.items():
         fig, axes = panels(plt, len(datasets))
-        for ax, dataset in zip(axes, datasets):
+        for ax, dataset in zip(axes, datasets, strict=True):
             for mode in modes:
                 points = sorted((r["length"], r[key]) for r in rows
                                 if r["dataset"] == dataset and r["mode"] == mode)
-                ax.plot(*zip(*points), marker="o", label=mode)
+                ax.plot(*zip(*points, strict=True), marker="o", label=mode)
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted({r["length"] for r in rows}))
             ax.set_xticklabels([f"{n // 1024}K" if n >= 1024 else str(n)
@@ -54,17 +54,18 @@ def plot_eval(plt, rows: list[dict], out_dir: Path) -> list[Path]:
 
 def plot_needle(plt, rows: list[dict], out_dir: Path) -> list[Path]:
     # The draft is scored only where the target found the key.
-    summary = [s for s in report.needle_summary(rows) if s["token_match_rate"] is not None]
+    summary = [s for s in report.needle_summary(rows)
+               if s["token_match_rate"] is not None]
     if not summary:
         return []
     lengths = sorted({s["length"] for s in summary})
     fig, axes = panels(plt, len(lengths))
-    for ax, length in zip(axes, lengths):
+    for ax, length in zip(axes, lengths, strict=True):
         here = [s for s in summary if s["length"] == length]
         for mode in sorted({s["mode"] for s in here}, key=report.MODE_ORDER.get):
             points = sorted((s["depth"], s["token_match_rate"]) for s in here
                             if s["mode"] == mode)
-            ax.plot(*zip(*points), marker="o", label=mode)
+            ax.plot(*zip(*points, strict=True), marker="o", label=mode)
         ax.set(title=f"{length} tokens", xlabel="passkey depth",
                ylabel="draft match on passkey tokens", ylim=(-0.05, 1.05))
         ax.grid(alpha=0.3)

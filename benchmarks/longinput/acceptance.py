@@ -27,7 +27,8 @@ PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 def counter_delta(before: dict, after: dict) -> dict:
     delta = {k: after[k] - before[k] for k in COUNTERS}
     delta["accepted_per_pos"] = [
-        a - b for a, b in zip(after["accepted_per_pos"], before["accepted_per_pos"])
+        a - b for a, b in zip(after["accepted_per_pos"], before["accepted_per_pos"],
+                             strict=True)
     ]
     return delta
 
@@ -69,7 +70,7 @@ def replay(proposals: list[list[int]], output: list[int]) -> list[Step]:
         if pos >= len(output):
             break
         accepted = 0
-        for token, expected in zip(proposal, output[pos:]):
+        for token, expected in zip(proposal, output[pos:], strict=False):
             if token != expected:
                 break
             accepted += 1

@@ -133,7 +133,7 @@ def generate(llm, prompts: list[list[int]], params) -> Batch:
     ids = [f"eval{next(_request_ids)}" for _ in prompts]
     internal = [
         engine.add_request(rid, {"prompt_token_ids": list(p)}, params)
-        for rid, p in zip(ids, prompts)
+        for rid, p in zip(ids, prompts, strict=True)
     ]
     tokens: dict[str, list[int]] = {}
     decode_start = None
@@ -162,7 +162,8 @@ class DraftRecorder:
     Only rows whose prompt is fully computed count: during a chunked prefill
     the drafter also runs (to fill its KV) but those proposals are dropped.
     Lengths are read before the drafter runs, as SpecExtendProposer does:
-    drafting reuses the runner's buffers.
+    drafting reuses the runner's buffers. Recording syncs the device on every
+    step, so it is off (``enabled``) while anything is timed.
     """
 
     def __init__(self, llm):
@@ -172,14 +173,17 @@ class DraftRecorder:
         proposer = runner.drafter
         original = proposer.propose
         self.proposals: dict[str, list[list[int]]] = {}
+        self.enabled = False
 
         def recorded(*args, **kwargs):
+            if not self.enabled:
+                return original(*args, **kwargs)
             num_reqs = runner.input_batch.num_reqs
             req_ids = compat.batch_req_ids(runner, num_reqs)
             done = (compat.batch_seq_lens_cpu(runner, num_reqs)
                     >= compat.batch_num_prompt_tokens(runner, num_reqs))
             drafts = original(*args, **kwargs)
-            for req_id, row, keep in zip(req_ids, drafts.tolist(), done):
+            for req_id, row, keep in zip(req_ids, drafts.tolist(), done, strict=False):
                 if keep:
                     self.proposals.setdefault(req_id, []).append(row)
             return drafts

@@ -22,7 +22,6 @@ SUMMARY_HEAD = (
 SUMMARY_TAIL = "\n\n### Summary:\n\n"
 
 DATASETS = text_data.DATASETS
-load_tokenizer = text_data._load_tokenizer
 
 
 def encode(tokenizer, text: str) -> list[int]:

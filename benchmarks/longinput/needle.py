@@ -26,7 +26,8 @@ def needle_prompt(encode, haystack: list[int], key: str, depth: float,
                   length: int) -> list[int]:
     """Exactly ``length`` tokens: intro, haystack with the needle at ``depth``
     (a fraction of the haystack), question. ``encode``: text -> token ids."""
-    intro, needle, question = encode(INTRO), encode(NEEDLE.format(key=key)), encode(QUESTION)
+    intro, question = encode(INTRO), encode(QUESTION)
+    needle = encode(NEEDLE.format(key=key))
     size = length - len(intro) - len(needle) - len(question)
     if size <= 0 or len(haystack) < size:
         raise ValueError(f"cannot fit a {length}-token passkey prompt")

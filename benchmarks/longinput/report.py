@@ -38,13 +38,15 @@ def count_mismatches(rows: list[dict]) -> None:
     plain = {
         prompt: output
         for r in rows if r["mode"] == "none"
-        for prompt, output in zip(r["prompt_hashes"], r["output_hashes"])
+        for prompt, output in zip(r["prompt_hashes"], r["output_hashes"],
+                                  strict=True)
     }
     for row in rows:
         if row["mode"] == "none":
             continue
         pairs = [(out, plain[p]) for p, out in zip(row["prompt_hashes"],
-                                                    row["output_hashes"]) if p in plain]
+                                                    row["output_hashes"], strict=True)
+                 if p in plain]
         row["mismatches"] = sum(a != b for a, b in pairs) if pairs else None
 
 
@@ -182,10 +184,12 @@ def markdown(result: dict) -> str:
     parts = []
     if "hardware" in meta:
         parts.append(
-            f"{meta['hardware']['device']}, vLLM {meta['vllm']}, torch {meta['torch']}, "
+            f"{meta['hardware']['device']}, vLLM {meta['vllm']}, "
+            f"torch {meta['torch']}, "
             f"{meta['date_utc']}, commit {meta['git_commit']}; target "
             f"`{meta['models']['target']['path']}`, draft "
-            f"`{meta['models']['draft']['path']}`; K={meta['config']['num_spec_tokens']}."
+            f"`{meta['models']['draft']['path']}`; "
+            f"K={meta['config']['num_spec_tokens']}."
         )
     parts.append(
         "Accepted length counts the bonus token (tokens per target forward, "

@@ -31,10 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 import distill
 import pydoc_corpus
+import torch
 
 TRAINED_FILE = "draft_trained.safetensors"
 
@@ -84,7 +83,7 @@ def training_data(args, tokenizer, teacher, device, progress_cls):
         "doc_tokens": sum(map(len, docs)),
         "doc_windows": len(windows),
         "generated_sequences": len(generated),
-        "generated_tokens": sum(len(g) - len(p) for g, p in zip(generated, prompts)),
+        "generated_tokens": sum(map(len, generated)) - sum(map(len, prompts)),
         "train_tokens": int(mask.sum()),
     }
     return ids, mask, stats
@@ -140,7 +139,8 @@ def train_draft(args) -> int:
         "eval_before": before,
         "eval_after": after,
         "train": log,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "device": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                   else "cpu"),
         "torch": torch.__version__,
         "elapsed_s": time.monotonic() - started,
     }
@@ -185,7 +185,8 @@ def main(argv=None) -> int:
     parser.add_argument("--from-trained", metavar="FILE",
                         help="re-assemble OUT/draft from a draft_trained.safetensors")
     parser.add_argument("--layers", type=int, nargs="+", default=[0, -1],
-                        help="target layers the draft starts from (negative: from the end)")
+                        help="target layers the draft starts from "
+                        "(negative: from the end)")
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=512)
@@ -195,10 +196,12 @@ def main(argv=None) -> int:
                         help="excerpts the target continues (sequence-level KD data)")
     parser.add_argument("--gen-batch-size", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device",
+                        default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--save-dtype", default="bfloat16",
                         choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--compile", action="store_true", help="torch.compile both models")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile both models")
     parser.add_argument("--time-limit-s", type=float, default=0.0,
                         help="stop training after this long (0: run all steps)")
     args = parser.parse_args(argv)

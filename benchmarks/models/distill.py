@@ -264,7 +264,7 @@ def train(student, teacher, ids, mask, *, steps: int, batch_size: int, lr: float
     order = torch.randperm(len(ids), generator=gen)
     pos, losses, start = 0, [], time.monotonic()
     student.train()
-    for step in range(steps):
+    for _ in range(steps):
         if pos + batch_size > len(order):
             order, pos = torch.randperm(len(ids), generator=gen), 0
         idx = order[pos:pos + batch_size]

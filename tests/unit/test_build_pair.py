@@ -72,7 +72,7 @@ def test_lr_schedule_warms_up_then_decays_to_a_tenth():
     assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
     assert factors[10] == pytest.approx(1.0)
     assert factors[-1] == pytest.approx(0.1, abs=1e-3)
-    assert all(a >= b for a, b in zip(factors[10:], factors[11:]))
+    assert all(a >= b for a, b in zip(factors[10:], factors[11:], strict=False))
 
 
 @pytest.fixture(scope="module")

@@ -69,8 +69,8 @@ def test_key_tokens_cover_exactly_the_key():
 
 def test_key_tokens_with_a_real_tokenizer(tiny_tokenizer):
     key = "48213"
-    output = tiny_tokenizer(" The pass key is 48213. Remember", add_special_tokens=False)[
-        "input_ids"]
+    text = " The pass key is 48213. Remember"
+    output = tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
     span = needle.key_tokens(tiny_tokenizer.decode, output, key)
     assert span is not None
     assert key in tiny_tokenizer.decode([output[i] for i in span])

@@ -66,7 +66,8 @@ def test_sweep_skips_chunks_that_are_not_whole_blocks(plan, capsys):
     configs = [r.config for r in runs]
     assert {c["chunk_size"] for c in configs} == {32, 64}
     assert all(c["sink_tokens"] % c["chunk_size"] == 0 for c in configs)
-    assert all(c["policy"] == "cmr" and r.mode == "cmr" for c, r in zip(configs, runs))
+    assert all(c["policy"] == "cmr" for c in configs)
+    assert all(r.mode == "cmr" for r in runs)
 
 
 def test_needle_runs_hold_the_key_at_each_depth(plan, tiny_tokenizer):
@@ -76,7 +77,7 @@ def test_needle_runs_hold_the_key_at_each_depth(plan, tiny_tokenizer):
     assert [(r.mode, r.depth) for r in runs] == [("cmr", 0.25), ("cmr", 0.75)]
     for run in runs:
         assert run.batch_size == 1 and run.max_new_tokens == 16
-        for prompt, key in zip(run.prompts, run.keys):
+        for prompt, key in zip(run.prompts, run.keys, strict=True):
             assert len(prompt) == 1024
             assert key in tiny_tokenizer.decode(prompt)
             assert tiny_tokenizer.decode(prompt).endswith(needle.QUESTION)
@@ -85,5 +86,6 @@ def test_needle_runs_hold_the_key_at_each_depth(plan, tiny_tokenizer):
 
 def test_bad_spec_extend_fails_before_any_engine(tiny_target):
     with pytest.raises(SpecExtendConfigError, match="top_k"):
-        eval_longinput.parse_args(["run", "--target", tiny_target, "--draft", tiny_target,
-                                   "--out", "x.json", "--spec-extend", '{"top_k": 0}'])
+        eval_longinput.parse_args(["run", "--target", tiny_target, "--draft",
+                                   tiny_target, "--out", "x.json",
+                                   "--spec-extend", '{"top_k": 0}'])

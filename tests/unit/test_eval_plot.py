@@ -51,6 +51,7 @@ def test_no_needle_plot_when_the_target_never_answered(tmp_path):
     rows.append({**needle_row("cmr", 0.5, 0), "target_correct": False,
                  "proposed": 0, "all_matched": None})
     out = tmp_path / "plots"
-    assert plot_eval.main([write(tmp_path / "r.json", rows), "--out-dir", str(out)]) == 0
+    path = write(tmp_path / "r.json", rows)
+    assert plot_eval.main([path, "--out-dir", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["accepted_length.png",
                                                      "decode_tok_s.png"]

@@ -112,7 +112,8 @@ def test_needle_summary_scores_the_draft_on_answered_prompts_only():
 
 def test_markdown_has_a_section_per_task_present():
     rows = [run_row("none", [[1], [2]], 100.0),
-            run_row("cmr", [[1], [2]], 150.0, spec_extend_stats=STATS, draft_step_ms=1.0)]
+            run_row("cmr", [[1], [2]], 150.0, spec_extend_stats=STATS,
+                    draft_step_ms=1.0)]
     text = report.markdown({"meta": {}, "rows": rows})
     assert "## Accepted length and speed" in text
     assert "## CMR cost" in text
