@@ -434,7 +434,8 @@ def parse_args(argv=None):
     r.add_argument("--needle-lengths", type=int, nargs="+", default=[2048, 4096, 8192])
     r.add_argument("--needle-depths", type=float, nargs="+",
                    default=[0.1, 0.3, 0.5, 0.7, 0.9])
-    r.add_argument("--needle-prompts", type=int, default=4)
+    r.add_argument("--needle-prompts", type=int, default=8,
+                   help="haystacks (and keys) per length and depth")
     r.add_argument("--needle-new-tokens", type=int, default=16)
     r.add_argument("--dtype", default="bfloat16" if cuda else "float32")
     r.add_argument("--block-size", type=int, default=16 if cuda else 32)

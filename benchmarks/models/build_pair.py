@@ -58,10 +58,9 @@ def target_digest(target: Path) -> str:
     return sha256(next(iter(sorted(target.glob("*.safetensors")))))
 
 
-def training_data(args, tokenizer, teacher, device, progress_cls):
+def training_data(args, texts, tokenizer, teacher, device, progress_cls):
     """Doc windows + the teacher's continuations, shuffled; (ids, mask, stats)."""
     rng = random.Random(args.seed)
-    texts = pydoc_corpus.python_docs()
     docs = [d for d in tokenizer(texts, add_special_tokens=False)["input_ids"] if d]
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     pad = eos if pad is None else pad
@@ -96,6 +95,7 @@ def train_draft(args) -> int:
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     started = time.monotonic()
+    texts = pydoc_corpus.python_docs()  # first: fails fast without pydoc_data
     target = target_dir(args)
     tokenizer = AutoTokenizer.from_pretrained(target)
     num_target_layers = json.loads((target / "config.json").read_text())[
@@ -110,7 +110,8 @@ def train_draft(args) -> int:
         teacher.forward = torch.compile(teacher.forward)
         student.forward = torch.compile(student.forward)
 
-    ids, mask, data_stats = training_data(args, tokenizer, teacher, device, tqdm)
+    ids, mask, data_stats = training_data(args, texts, tokenizer, teacher, device,
+                                          tqdm)
     held = max(1, min(64, len(ids) // 50))
     eval_ids, eval_mask = ids[:held], mask[:held]
     ids, mask = ids[held:], mask[held:]
