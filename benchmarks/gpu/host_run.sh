@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/gpu/host_run.sh PHASE   (the phases are listed at the end)
 set -uo pipefail
-export PYTHONPATH=/root/vsite PYTHONUNBUFFERED=1
+export PYTHONPATH=/root/vsite PYTHONUNBUFFERED=1 SPECEXTEND_DATA_DIR=$PWD/.gpu/data
 OUT=${OUT:-/tmp/out}
 M=.gpu/models
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
@@ -64,8 +64,10 @@ PY
     grep '^{' "$OUT/decode_1b_tp2.log" | cut -c1-200; grep -m3 -i "error" "$OUT/decode_1b_tp2.log" ;;
   serve)
     # Dummy 8B/1B weights, synthetic acceptance: .gpu/tokenizer is SmolLM2's.
-    timeout 570 python3 benchmarks/bench_serve.py --target $M/llama31_8b \
+    # A cold server start takes 1.5-3 min on the H100: one call fits two modes.
+    timeout 575 python3 benchmarks/bench_serve.py --target $M/llama31_8b \
       --draft $M/llama32_1b --tokenizer .gpu/tokenizer --input-len 8192 \
+      --modes ${SERVE_MODES:-plain draft_model spec_extend} \
       --output-len 128 --concurrency 1 4 16 --num-prompts 4 8 32 \
       --acceptance-length 3.0 --spec-extend '{"top_k": 32, "recent_tokens": 256}' \
       --startup-timeout 300 --run-timeout 150 --out-dir "$OUT/serve" \
