@@ -13,7 +13,7 @@ import asyncio
 import gc
 
 import pytest
-from test_lossless import CMR, generate, make_llm, shutdown
+from test_lossless import CMR, engine_kwargs, generate, make_llm, shutdown
 
 pytestmark = pytest.mark.engine
 
@@ -47,18 +47,7 @@ def make_async_llm(target, draft):
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    return AsyncLLM.from_engine_args(AsyncEngineArgs(
-        model=target,
-        dtype="float32",
-        enforce_eager=True,
-        block_size=32,
-        kv_cache_memory_bytes=1 << 30,
-        max_model_len=2048,
-        seed=0,
-        speculative_config={"method": "draft_model", "model": draft,
-                            "num_speculative_tokens": 4},
-        additional_config={"spec_extend": CMR},
-    ))
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(target, draft, CMR)))
 
 
 async def worker_state(engine) -> tuple[list[str], int, dict]:

@@ -20,9 +20,9 @@ LENGTHS = [1500, 90, 1000, 400, 700]  # CMR applies to some rows only
 MAX_TOKENS = 48
 
 
-def make_llm(target, draft=None, spec_extend=None, num_spec_tokens=4, **overrides):
-    from vllm import LLM
-
+def engine_kwargs(target, draft=None, spec_extend=None, num_spec_tokens=4,
+                  **overrides) -> dict:
+    """The CPU engine settings every engine test shares."""
     kwargs = dict(
         model=target,
         dtype="float32",
@@ -42,7 +42,13 @@ def make_llm(target, draft=None, spec_extend=None, num_spec_tokens=4, **override
     if spec_extend is not None:
         kwargs["additional_config"] = {"spec_extend": spec_extend}
     kwargs.update(overrides)
-    return LLM(**kwargs)
+    return kwargs
+
+
+def make_llm(target, draft=None, spec_extend=None, num_spec_tokens=4, **overrides):
+    from vllm import LLM
+
+    return LLM(**engine_kwargs(target, draft, spec_extend, num_spec_tokens, **overrides))
 
 
 def drafter(llm):
