@@ -209,6 +209,13 @@ def engine_facts(vllm_config) -> dict[str, Any]:
         disable_padded_drafter_batch=bool(
             spec is not None and spec.disable_padded_drafter_batch
         ),
+        max_model_len=vllm_config.model_config.max_model_len,
+        draft_max_model_len=(
+            None
+            if spec is None or spec.draft_model_config is None
+            else spec.draft_model_config.max_model_len
+        ),
+        num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens,
     )
 
 
