@@ -28,6 +28,7 @@ _CACHE_VERSION = 1
 TINY_TARGET_KWARGS = dict(seed=0)
 TINY_DRAFT_KWARGS = dict(seed=1, num_layers=1)
 TINY_SHORT_DRAFT_KWARGS = dict(seed=2, max_position_embeddings=256)
+TINY_SHORT_TARGET_KWARGS = dict(seed=0, max_position_embeddings=256)
 
 
 def pytest_configure(config):
@@ -83,6 +84,14 @@ def tiny_draft(model_cache_dir, tiny_target) -> str:
 def tiny_short_draft(model_cache_dir, tiny_target) -> str:
     """Tiny draft with only 256 positions (seed 2), same tokenizer as target."""
     return _build_tiny(model_cache_dir, "tiny_short_draft", TINY_SHORT_DRAFT_KWARGS,
+                       tiny_target)
+
+
+@pytest.fixture(scope="session")
+def tiny_short_target(model_cache_dir, tiny_target) -> str:
+    """``tiny_target``'s weights with only 256 positions: a draft that agrees
+    with the target where its context allows."""
+    return _build_tiny(model_cache_dir, "tiny_short_target", TINY_SHORT_TARGET_KWARGS,
                        tiny_target)
 
 

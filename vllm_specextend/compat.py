@@ -20,6 +20,13 @@ vLLM symbol                                      how         why
 ``Attention.impl.forward`` (one instance)       wrap        capture the final-layer query
 ``Attention.kv_cache`` / ``impl.scale``         read        paged keys for scoring
 ``ops.cpu_attn_reshape_and_cache``              call        learn the CPU key page order
+``Worker.initialize_from_config``               override    KV allocated: add scratch blocks
+``Attention.kv_cache`` / ``GPUModelRunner``     rebind      draft layers' KV with scratch blocks
+``  .kv_caches``
+``GPUModelRunner``                              write       drafting past the draft's length
+``  .effective_drafter_max_model_len``                      (compacted positions)
+``RotaryEmbedding`` / ``Llama3RotaryEmbedding``  read/write  draft RoPE: extend cos/sin cache,
+                                                            inverse frequencies for re-rotation
 ``distributed`` TP rank, all-reduce, broadcast  call        one chunk choice across TP ranks
 ==============================================  ==========  =====================================
 
@@ -101,6 +108,7 @@ _TOUCH_POINTS = {
     ),
     "DraftModelProposer.load_model": ("target_model",),
     "GPUWorkerBase.init_device": (),
+    "GPUWorkerBase.initialize_from_config": ("kv_cache_config",),
     "GPUWorkerBase.execute_model": ("scheduler_output",),
     "EngineArgs.add_cli_args": ("parser",),
     "EngineArgs.create_engine_config": ("usage_context",),
@@ -370,3 +378,106 @@ def log_stats_interval() -> float:
     from vllm import envs
 
     return envs.VLLM_LOG_STATS_INTERVAL
+
+
+# --- compacted positions --------------------------------------------------------
+
+
+def max_num_seqs(vllm_config) -> int:
+    return vllm_config.scheduler_config.max_num_seqs
+
+
+def allow_long_drafts(runner) -> None:
+    """Let the runner draft for contexts past the draft's max_model_len.
+
+    vLLM 0.26: ``_input_fits_in_drafter`` compares the batch's max_seq_len + K
+    with ``effective_drafter_max_model_len`` (set from the draft's
+    max_model_len) and zeroes the drafts when it does not fit.
+    """
+    runner.effective_drafter_max_model_len = runner.max_model_len
+
+
+def draft_ropes(model) -> list:
+    """The draft's rotary embeddings; only types whose cos/sin extend exactly.
+
+    Default and Llama-3 RoPE have position-independent inverse frequencies, so
+    a longer table and re-rotation by a delta are exact. Other types (YaRN,
+    dynamic NTK, ...) scale with the sequence length.
+    """
+    from vllm.model_executor.layers.rotary_embedding.base import (
+        RotaryEmbedding,
+        RotaryEmbeddingBase,
+    )
+    from vllm.model_executor.layers.rotary_embedding.llama3_rope import (
+        Llama3RotaryEmbedding,
+    )
+
+    from vllm_specextend.config import SpecExtendConfigError
+
+    ropes = {id(m): m for m in model.modules() if isinstance(m, RotaryEmbeddingBase)}
+    if not ropes:
+        raise SpecExtendConfigError(
+            "spec_extend.compact_positions needs a RoPE draft; this draft has no "
+            "rotary embedding. Set compact_positions to false."
+        )
+    for rope in ropes.values():
+        if type(rope) not in (RotaryEmbedding, Llama3RotaryEmbedding):
+            raise SpecExtendConfigError(
+                f"spec_extend.compact_positions supports default and llama3 RoPE, "
+                f"but the draft uses {type(rope).__name__}. Set compact_positions "
+                "to false and use a draft whose max_model_len covers the context."
+            )
+    return list(ropes.values())
+
+
+def extend_rope(rope, max_position: int) -> None:
+    """Grow a rotary embedding's cos/sin table to ``max_position`` positions."""
+    if rope.max_position_embeddings >= max_position:
+        return
+    old = rope.cos_sin_cache
+    rope.max_position_embeddings = max_position
+    rope.cos_sin_cache = rope._compute_cos_sin_cache().to(old.device, old.dtype)
+
+
+def rope_inv_freq(rope) -> torch.Tensor:
+    """[rotary_dim // 2] fp32 inverse frequencies (Llama-3 scaling included)."""
+    return rope._compute_inv_freq(rope.base)
+
+
+def add_kv_blocks(runner, vllm_config, layer_names, num_extra: int) -> int:
+    """Give each named attention layer ``num_extra`` KV blocks past the pool.
+
+    Allocates a larger tensor with the same physical layout (stride order) and
+    rebinds the layer and the runner's list entry to it; the scheduler never
+    hands out the extra block ids. Must run before CUDA-graph capture, which
+    bakes in tensor addresses. Returns the first extra block id.
+
+    vLLM 0.26: ``bind_kv_cache`` sets ``layer.kv_cache`` (static forward
+    context) and appends to ``runner.kv_caches``; all attention backends put
+    the block dimension first in the logical shape.
+    """
+    context = vllm_config.compilation_config.static_forward_context
+    first = None
+    for name in layer_names:
+        layer = context[name]
+        old = layer_kv_cache(layer)
+        if first is None:
+            first = old.shape[0]
+        elif old.shape[0] != first:
+            raise RuntimeError("vllm-specextend: draft layers differ in block count.")
+        order = sorted(range(old.dim()), key=lambda d: -old.stride(d))
+        shape = list(old.shape)
+        shape[0] += num_extra
+        new = torch.zeros(
+            [shape[d] for d in order], dtype=old.dtype, device=old.device
+        ).permute(*[order.index(d) for d in range(old.dim())])
+        new[: old.shape[0]].copy_(old)
+        layer.kv_cache = new
+        runner.kv_caches[:] = [new if t is old else t for t in runner.kv_caches]
+    if first is None:
+        raise RuntimeError("vllm-specextend found no draft attention layer.")
+    return first
+
+
+def attention_layer(vllm_config, name: str):
+    return vllm_config.compilation_config.static_forward_context[name]

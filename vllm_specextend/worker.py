@@ -37,6 +37,12 @@ class _SpecExtendWorkerMixin:
         runner = self.model_runner
         runner.drafter = SpecExtendProposer(vllm_config, runner.device, runner=runner)
 
+    @override
+    def initialize_from_config(self, kv_cache_config) -> None:
+        super().initialize_from_config(kv_cache_config)
+        # Before warm-up and graph capture, which bake in KV tensor addresses.
+        self.model_runner.drafter.add_scratch_blocks()
+
     def specextend_state(self) -> dict:
         """For ``collective_rpc("specextend_state")``: this rank's live request
         ids, the requests holding selection state, and the plugin's counters."""
