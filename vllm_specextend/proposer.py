@@ -1,4 +1,10 @@
-"""SpecExtendProposer: vLLM's draft_model proposer with Cross-model Retrieval.
+"""vLLM's draft_model and EAGLE proposers with Cross-model Retrieval.
+
+``SpecExtendMixin`` goes in front of a ``SpecDecodeBaseProposer`` subclass:
+``SpecExtendProposer`` (``DraftModelProposer``, method ``draft_model``) and
+``SpecExtendEagleProposer`` (``EagleProposer``, methods ``eagle``/``eagle3``).
+Both draft through the base class's loop and metadata funnel, so the view and
+compaction apply to an EAGLE head's KV as to a draft model's.
 
 Each step, before vLLM's own drafting runs (``super().propose``):
 
@@ -23,7 +29,7 @@ all KV writes, still use the real table, so the draft's KV stays complete and
 prefix caching, preemption and later full-context steps remain exact.
 
 No host-device sync: decisions use CPU lengths, selections stay on the device.
-Relies on compat's DraftModelProposer hooks and runner accessors.
+Relies on compat's proposer hooks and runner accessors.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ from vllm_specextend.view import compacted_view, prefix_shift, view_blocks
 logger = compat.logger
 
 
-class SpecExtendProposer(compat.DraftModelProposer):
+class SpecExtendMixin:
     def __init__(self, vllm_config, device: torch.device, runner=None):
         super().__init__(vllm_config, device, runner=runner)
         # The base class accepts the runner but does not keep it.
@@ -461,3 +467,18 @@ class SpecExtendProposer(compat.DraftModelProposer):
                 self.scratch.sweep(live)
             self.stats.tracked_requests = len(self.store)
             self.reporter.maybe_report(force=True)
+
+
+class SpecExtendProposer(SpecExtendMixin, compat.DraftModelProposer):
+    """``draft_model`` with Cross-model Retrieval."""
+
+
+class SpecExtendEagleProposer(SpecExtendMixin, compat.EagleProposer):
+    """``eagle`` / ``eagle3`` with Cross-model Retrieval."""
+
+
+PROPOSERS = {
+    "draft_model": SpecExtendProposer,
+    "eagle": SpecExtendEagleProposer,
+    "eagle3": SpecExtendEagleProposer,
+}

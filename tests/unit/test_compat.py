@@ -275,7 +275,7 @@ def test_on_engine_config_rejects_foreign_worker():
     "kwargs,needle",
     [
         (dict(has_spec=False), "--speculative-model"),
-        (dict(method="eagle"), "eagle"),
+        (dict(method="ngram"), "ngram"),
         (dict(block_size=64), "--block-size"),
         (dict(padded_off=True), "disable_padded_drafter_batch"),
     ],

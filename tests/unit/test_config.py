@@ -243,12 +243,17 @@ def test_validate_engine_needs_speculative_config():
         )
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3", "ngram", "mtp", None])
+@pytest.mark.parametrize("method", ["ngram", "mtp", "medusa", None])
 def test_validate_engine_rejects_other_methods(method):
     with pytest.raises(SpecExtendConfigError) as info:
         validate_engine(SpecExtendConfig(), good_facts(method=method))
     assert repr(method) in str(info.value)
-    assert "draft_model" in str(info.value)
+    assert "draft_model" in str(info.value) and "eagle3" in str(info.value)
+
+
+@pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3"])
+def test_validate_engine_accepts_draft_and_eagle_methods(method):
+    validate_engine(SpecExtendConfig(), good_facts(method=method))
 
 
 @pytest.mark.parametrize("block_size,chunk", [(64, 32), (48, 32), (16, 24)])
