@@ -12,6 +12,10 @@ num_prefix_blocks * block_size``: the window's tokens sit at the same distance
 from the row's end as in the real table, so bottom-right causal masking stays
 exact for every query, and all earlier (kept) blocks are fully visible.
 
+With compacted positions (``rope.py``) the prefix columns list the row's
+scratch blocks instead, holding copies whose keys sit at ``offset + view
+index``: the whole row then spans contiguous positions ending at the real one.
+
 KV writes never go through the view (slot mappings use the real table).
 Pure torch; no vLLM.
 """
