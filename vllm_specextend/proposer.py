@@ -395,8 +395,7 @@ class SpecExtendMixin:
                 if not entry.compacted:
                     # Now, not at retrieval: the draft KV of a prompt's last
                     # chunk is written by the first drafting step.
-                    to_compact.append(r)
-                    entry.compacted = True
+                    to_compact.append((r, entry))
             entry.steps_since_refresh += 1
             self.stats.view_rows += 1
             self.stats.draft_context_tokens += int(seq[r] - offsets[r])
@@ -436,11 +435,13 @@ class SpecExtendMixin:
         return view_bt, offsets_cpu.to(self.device, non_blocking=True), offsets_cpu
 
     def _compact(self, view_bt, logical, rows, first_scratch, prefix, offsets):
-        """Copy the rows' sink and chunk blocks (still real ids in ``view_bt``)
-        into their scratch blocks, keys re-rotated to just before the window."""
+        """Copy the sink and chunk blocks (still real ids in ``view_bt``) of
+        ``rows``, (row, selection) pairs, into their scratch blocks, keys
+        re-rotated to just before the window; marks the selections compacted."""
         timer = self.stats.start_timer(self.device)
         src, dst, delta = [], [], []
-        for r in rows:
+        for r, entry in rows:
+            entry.compacted = True
             n = int(prefix[r])
             src.append(view_bt[r, :n])
             dst.append(torch.arange(first_scratch[r], first_scratch[r] + n))
