@@ -28,6 +28,7 @@ _CACHE_VERSION = 1
 TINY_TARGET_KWARGS = dict(seed=0)
 TINY_DRAFT_KWARGS = dict(seed=1, num_layers=1)
 TINY_SHORT_DRAFT_KWARGS = dict(seed=2, max_position_embeddings=256)
+TINY_SHORT_TARGET_KWARGS = dict(seed=0, max_position_embeddings=256)
 
 
 def pytest_configure(config):
@@ -84,6 +85,35 @@ def tiny_short_draft(model_cache_dir, tiny_target) -> str:
     """Tiny draft with only 256 positions (seed 2), same tokenizer as target."""
     return _build_tiny(model_cache_dir, "tiny_short_draft", TINY_SHORT_DRAFT_KWARGS,
                        tiny_target)
+
+
+@pytest.fixture(scope="session")
+def tiny_short_target(model_cache_dir, tiny_target) -> str:
+    """``tiny_target``'s weights with only 256 positions: a draft that agrees
+    with the target where its context allows."""
+    return _build_tiny(model_cache_dir, "tiny_short_target", TINY_SHORT_TARGET_KWARGS,
+                       tiny_target)
+
+
+def _build_eagle3(cache: Path, name: str, target: str, **kwargs) -> str:
+    from vllm_specextend.models import build_tiny_eagle3
+
+    key = dict(kwargs, target=Path(target).name)
+    return str(build_tiny_eagle3(cache / _cache_name(name, key), target, **kwargs))
+
+
+@pytest.fixture(scope="session")
+def tiny_eagle3(model_cache_dir, tiny_target) -> str:
+    """Random EAGLE-3 head for ``tiny_target`` with 2048 positions (as the
+    published heads)."""
+    return _build_eagle3(model_cache_dir, "tiny_eagle3", tiny_target)
+
+
+@pytest.fixture(scope="session")
+def tiny_short_eagle3(model_cache_dir, tiny_target) -> str:
+    """The same kind of head with only 256 positions."""
+    return _build_eagle3(model_cache_dir, "tiny_short_eagle3", tiny_target,
+                         max_position_embeddings=256)
 
 
 @pytest.fixture(scope="session")

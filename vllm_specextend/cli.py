@@ -18,9 +18,11 @@ from vllm_specextend.config import (
 )
 
 HELP = (
-    "Enable SpecExtend Cross-model Retrieval for draft-model speculative decoding. "
+    "Enable SpecExtend Cross-model Retrieval for draft-model and EAGLE "
+    "speculative decoding. "
     "Optional JSON with keys policy (cmr|streaming|full), chunk_size, top_k, "
-    "retrieve_every, sink_tokens, recent_tokens, min_context. "
+    "retrieve_every, sink_tokens, recent_tokens, min_context, compact_positions "
+    "(auto|true|false). "
     "Example: --spec-extend '{\"top_k\": 64, \"retrieve_every\": 4}'."
 )
 

@@ -12,7 +12,7 @@ vLLM symbol                                      how         why
 ``v1.worker.cpu_worker.CPUWorker``              subclass    install the proposer (CPU)
 ``Worker.init_device`` / ``.execute_model``     override    runner exists / finished req ids
 ``GPUModelRunner.drafter`` / ``.input_batch``   write/read  our proposer; row -> req_id
-``DraftModelProposer``                          subclass    the draft_model proposer
+``DraftModelProposer`` / ``EagleProposer``      subclass    draft_model / eagle(3) proposers
 ``  .propose``                                  override    retrieval + view per step
 ``  .build_per_group_and_layer_attn_metadata``  override    funnel of every draft forward
 ``  .load_model``                               override    hook the last target layer
@@ -20,6 +20,13 @@ vLLM symbol                                      how         why
 ``Attention.impl.forward`` (one instance)       wrap        capture the final-layer query
 ``Attention.kv_cache`` / ``impl.scale``         read        paged keys for scoring
 ``ops.cpu_attn_reshape_and_cache``              call        learn the CPU key page order
+``Worker.initialize_from_config``               override    KV allocated: add scratch blocks
+``Attention.kv_cache`` / ``GPUModelRunner``     rebind      draft layers' KV with scratch blocks
+``  .kv_caches``
+``GPUModelRunner``                              write       drafting past the draft's length
+``  .effective_drafter_max_model_len``                      (compacted positions)
+``RotaryEmbedding`` / ``Llama3RotaryEmbedding``  read/write  draft RoPE: extend cos/sin cache,
+                                                            inverse frequencies for re-rotation
 ``distributed`` TP rank, all-reduce, broadcast  call        one chunk choice across TP ranks
 ==============================================  ==========  =====================================
 
@@ -50,6 +57,7 @@ logger = init_logger("vllm.plugins.specextend")
 
 _LAZY = {
     "DraftModelProposer": ("vllm.v1.spec_decode.draft_model", "DraftModelProposer"),
+    "EagleProposer": ("vllm.v1.spec_decode.eagle", "EagleProposer"),
     "GPUWorkerBase": ("vllm.v1.worker.gpu_worker", "Worker"),
     "CPUWorkerBase": ("vllm.v1.worker.cpu_worker", "CPUWorker"),
     "CommonAttentionMetadata": ("vllm.v1.attention.backend", "CommonAttentionMetadata"),
@@ -100,7 +108,13 @@ _TOUCH_POINTS = {
         "draft_index",
     ),
     "DraftModelProposer.load_model": ("target_model",),
+    "EagleProposer.propose": ("common_attn_metadata", "num_rejected_tokens_gpu"),
+    "EagleProposer.build_per_group_and_layer_attn_metadata": (
+        "common_attn_metadata",
+        "draft_index",
+    ),
     "GPUWorkerBase.init_device": (),
+    "GPUWorkerBase.initialize_from_config": ("kv_cache_config",),
     "GPUWorkerBase.execute_model": ("scheduler_output",),
     "EngineArgs.add_cli_args": ("parser",),
     "EngineArgs.create_engine_config": ("usage_context",),
@@ -209,6 +223,13 @@ def engine_facts(vllm_config) -> dict[str, Any]:
         disable_padded_drafter_batch=bool(
             spec is not None and spec.disable_padded_drafter_batch
         ),
+        max_model_len=vllm_config.model_config.max_model_len,
+        draft_max_model_len=(
+            None
+            if spec is None or spec.draft_model_config is None
+            else spec.draft_model_config.max_model_len
+        ),
+        num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens,
     )
 
 
@@ -363,3 +384,106 @@ def log_stats_interval() -> float:
     from vllm import envs
 
     return envs.VLLM_LOG_STATS_INTERVAL
+
+
+# --- compacted positions --------------------------------------------------------
+
+
+def max_num_seqs(vllm_config) -> int:
+    return vllm_config.scheduler_config.max_num_seqs
+
+
+def allow_long_drafts(runner) -> None:
+    """Let the runner draft for contexts past the draft's max_model_len.
+
+    vLLM 0.26: ``_input_fits_in_drafter`` compares the batch's max_seq_len + K
+    with ``effective_drafter_max_model_len`` (set from the draft's
+    max_model_len) and zeroes the drafts when it does not fit.
+    """
+    runner.effective_drafter_max_model_len = runner.max_model_len
+
+
+def draft_ropes(model) -> list:
+    """The draft's rotary embeddings; only types whose cos/sin extend exactly.
+
+    Default and Llama-3 RoPE have position-independent inverse frequencies, so
+    a longer table and re-rotation by a delta are exact. Other types (YaRN,
+    dynamic NTK, ...) scale with the sequence length.
+    """
+    from vllm.model_executor.layers.rotary_embedding.base import (
+        RotaryEmbedding,
+        RotaryEmbeddingBase,
+    )
+    from vllm.model_executor.layers.rotary_embedding.llama3_rope import (
+        Llama3RotaryEmbedding,
+    )
+
+    from vllm_specextend.config import SpecExtendConfigError
+
+    ropes = {id(m): m for m in model.modules() if isinstance(m, RotaryEmbeddingBase)}
+    if not ropes:
+        raise SpecExtendConfigError(
+            "spec_extend.compact_positions needs a RoPE draft; this draft has no "
+            "rotary embedding. Set compact_positions to false."
+        )
+    for rope in ropes.values():
+        if type(rope) not in (RotaryEmbedding, Llama3RotaryEmbedding):
+            raise SpecExtendConfigError(
+                f"spec_extend.compact_positions supports default and llama3 RoPE, "
+                f"but the draft uses {type(rope).__name__}. Set compact_positions "
+                "to false and use a draft whose max_model_len covers the context."
+            )
+    return list(ropes.values())
+
+
+def extend_rope(rope, max_position: int) -> None:
+    """Grow a rotary embedding's cos/sin table to ``max_position`` positions."""
+    if rope.max_position_embeddings >= max_position:
+        return
+    old = rope.cos_sin_cache
+    rope.max_position_embeddings = max_position
+    rope.cos_sin_cache = rope._compute_cos_sin_cache().to(old.device, old.dtype)
+
+
+def rope_inv_freq(rope) -> torch.Tensor:
+    """[rotary_dim // 2] fp32 inverse frequencies (Llama-3 scaling included)."""
+    return rope._compute_inv_freq(rope.base)
+
+
+def add_kv_blocks(runner, vllm_config, layer_names, num_extra: int) -> int:
+    """Give each named attention layer ``num_extra`` KV blocks past the pool.
+
+    Allocates a larger tensor with the same physical layout (stride order) and
+    rebinds the layer and the runner's list entry to it; the scheduler never
+    hands out the extra block ids. Must run before CUDA-graph capture, which
+    bakes in tensor addresses. Returns the first extra block id.
+
+    vLLM 0.26: ``bind_kv_cache`` sets ``layer.kv_cache`` (static forward
+    context) and appends to ``runner.kv_caches``; all attention backends put
+    the block dimension first in the logical shape.
+    """
+    context = vllm_config.compilation_config.static_forward_context
+    first = None
+    for name in layer_names:
+        layer = context[name]
+        old = layer_kv_cache(layer)
+        if first is None:
+            first = old.shape[0]
+        elif old.shape[0] != first:
+            raise RuntimeError("vllm-specextend: draft layers differ in block count.")
+        order = sorted(range(old.dim()), key=lambda d: -old.stride(d))
+        shape = list(old.shape)
+        shape[0] += num_extra
+        new = torch.zeros(
+            [shape[d] for d in order], dtype=old.dtype, device=old.device
+        ).permute(*[order.index(d) for d in range(old.dim())])
+        new[: old.shape[0]].copy_(old)
+        layer.kv_cache = new
+        runner.kv_caches[:] = [new if t is old else t for t in runner.kv_caches]
+    if first is None:
+        raise RuntimeError("vllm-specextend found no draft attention layer.")
+    return first
+
+
+def attention_layer(vllm_config, name: str):
+    return vllm_config.compilation_config.static_forward_context[name]

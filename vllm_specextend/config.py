@@ -19,6 +19,7 @@ from typing import Any
 
 ADDITIONAL_CONFIG_KEY = "spec_extend"
 POLICIES = ("cmr", "streaming", "full")
+METHODS = ("draft_model", "eagle", "eagle3")
 
 
 class SpecExtendConfigError(ValueError):
@@ -41,6 +42,10 @@ class SpecExtendConfig:
     sink_tokens: int = 32
     recent_tokens: int = 256
     min_context: int = 2048
+    compact_positions: bool | str = "auto"
+    """Renumber the draft's working set to contiguous positions (``rope.py``),
+    so a draft with fewer positions than the target can still draft. ``auto``:
+    on when the draft's max_model_len is below the target's."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -60,6 +65,13 @@ class SpecExtendConfig:
                 raise SpecExtendConfigError(
                     f"spec_extend.{name}={value!r} must be an integer >= {low}."
                 )
+        if not isinstance(self.compact_positions, bool) and (
+            self.compact_positions != "auto"
+        ):
+            raise SpecExtendConfigError(
+                f"spec_extend.compact_positions={self.compact_positions!r} must be "
+                '"auto", true or false.'
+            )
         if self.sink_tokens % self.chunk_size:
             raise SpecExtendConfigError(
                 f"spec_extend.sink_tokens={self.sink_tokens} must be a multiple of "
@@ -106,6 +118,31 @@ class SpecExtendConfig:
         """Context tokens the draft keeps besides its recent window."""
         return self.sink_tokens + self.top_k * self.chunk_size
 
+    def working_set_tokens(self, num_spec_tokens: int) -> int:
+        """Most positions the draft spans through a view: sinks, selected chunks,
+        the recent window (chunk-aligned, so up to one chunk longer), the
+        tokens added until the next refresh, and the step's own drafts."""
+        growth = self.retrieve_every * (num_spec_tokens + 1)
+        return (
+            self.sink_tokens
+            + self.top_k * self.chunk_size
+            + self.recent_tokens
+            + growth
+            + self.chunk_size
+            + 2 * num_spec_tokens
+        )
+
+    def min_view_context(self, draft_max_len: int | None, num_spec_tokens: int) -> int:
+        """Context length from which a row must draft through a view.
+
+        With compaction the draft cannot see a context longer than its own
+        positions, so ``min_context`` is lowered to keep every row that could
+        outgrow them this step (prompt or decode) on a view.
+        """
+        if draft_max_len is None:
+            return self.min_context
+        return max(0, min(self.min_context, draft_max_len - 2 * num_spec_tokens - 1))
+
     @property
     def window_tokens(self) -> int:
         """Recent window length; ``streaming`` spends the top-k budget on it."""
@@ -124,6 +161,18 @@ class EngineFacts:
     tensor_parallel_size: int
     pipeline_parallel_size: int
     disable_padded_drafter_batch: bool = False
+    max_model_len: int | None = None
+    draft_max_model_len: int | None = None
+    """The draft's max_model_len after vLLM caps it at the target's."""
+    num_speculative_tokens: int = 0
+
+
+def compaction_on(cfg: SpecExtendConfig, facts: EngineFacts) -> bool:
+    if cfg.compact_positions != "auto":
+        return bool(cfg.compact_positions)
+    if facts.draft_max_model_len is None or facts.max_model_len is None:
+        return False
+    return facts.draft_max_model_len < facts.max_model_len
 
 
 def validate_engine(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
@@ -133,9 +182,9 @@ def validate_engine(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
             "--spec-extend needs a draft model: add --speculative-model DRAFT "
             "(alias of --spec-model) and --num-speculative-tokens K."
         )
-    if facts.method != "draft_model":
+    if facts.method not in METHODS:
         raise SpecExtendConfigError(
-            f"--spec-extend supports the 'draft_model' speculative method, got "
+            f"--spec-extend supports the speculative methods {METHODS}, got "
             f"{facts.method!r}. Pass a draft checkpoint with --speculative-model."
         )
     if facts.disable_padded_drafter_batch:
@@ -149,6 +198,16 @@ def validate_engine(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
             f"block size {facts.block_size}; pass --block-size {cfg.chunk_size} or "
             f"a chunk_size that is a multiple of {facts.block_size}."
         )
+    if compaction_on(cfg, facts) and facts.draft_max_model_len is not None:
+        need = cfg.working_set_tokens(facts.num_speculative_tokens)
+        if cfg.policy != "full" and need > facts.draft_max_model_len:
+            raise SpecExtendConfigError(
+                f"The draft's working set needs up to {need} positions (sink_tokens "
+                f"+ top_k*chunk_size + recent_tokens + retrieve_every*(K+1) + "
+                f"chunk_size + 2K) but the draft has {facts.draft_max_model_len}; "
+                "lower top_k, recent_tokens or retrieve_every, or use a draft with "
+                "more positions."
+            )
     if facts.pipeline_parallel_size != 1:
         raise SpecExtendConfigError(
             "--spec-extend runs with pipeline parallel size 1 (got "

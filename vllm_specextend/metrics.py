@@ -31,6 +31,8 @@ COUNTERS = {
     "draft_context_tokens": "Context tokens the draft attended to (decode rows).",
     "full_context_tokens": "Context tokens of the same rows in full.",
     "scoring_seconds": "Time spent scoring and selecting chunks.",
+    "compactions": "Rows whose sink and chunk blocks were re-rotated (compacted positions).",
+    "compaction_seconds": "Time spent copying and re-rotating those blocks.",
 }
 GAUGES = {"tracked_requests": "Requests holding SpecExtend selection state."}
 
@@ -44,6 +46,8 @@ class SpecExtendStats:
     draft_context_tokens: int = 0
     full_context_tokens: int = 0
     scoring_seconds: float = 0.0
+    compactions: int = 0
+    compaction_seconds: float = 0.0
     tracked_requests: int = 0
     _pending: list = field(default_factory=list, repr=False)
 
@@ -54,19 +58,20 @@ class SpecExtendStats:
             return start
         return time.perf_counter()
 
-    def stop_timer(self, start) -> None:
+    def stop_timer(self, start, counter: str = "scoring_seconds") -> None:
         if isinstance(start, float):
-            self.scoring_seconds += time.perf_counter() - start
+            setattr(self, counter, getattr(self, counter) + time.perf_counter() - start)
             return
         end = torch.cuda.Event(enable_timing=True)
         end.record()
         # Read later: elapsed_time now would stall the step on the GPU.
-        self._pending.append((start, end))
+        self._pending.append((start, end, counter))
 
     def resolve_timers(self) -> None:
-        for start, end in self._pending:
+        for start, end, counter in self._pending:
             end.synchronize()
-            self.scoring_seconds += start.elapsed_time(end) / 1000.0
+            seconds = start.elapsed_time(end) / 1000.0
+            setattr(self, counter, getattr(self, counter) + seconds)
         self._pending.clear()
 
     def snapshot(self) -> dict:
@@ -82,11 +87,18 @@ def format_line(delta: dict, now: dict) -> str:
         if delta["retrieval_steps"]
         else 0.0
     )
+    compaction = (
+        f"compaction: {1000.0 * delta['compaction_seconds'] / delta['compactions']:.3f}"
+        " ms/row, "
+        if delta.get("compactions")
+        else ""
+    )
     return (
         f"SpecExtend metrics: retrievals: {delta['retrievals']}, "
         f"view rows: {delta['view_rows']}/{delta['decode_rows']}, "
         f"draft context: {share:.1f}% of full, "
         f"scoring: {per:.3f} ms/step, "
+        f"{compaction}"
         f"tracked requests: {now['tracked_requests']}"
     )
 

@@ -19,6 +19,7 @@ CLI::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -28,6 +29,7 @@ from pathlib import Path
 __all__ = [
     "SMOLLM2_PACKAGE",
     "build_smollm2",
+    "build_tiny_eagle3",
     "build_tiny_llama",
     "find_smollm2_gguf",
     "is_built",
@@ -435,6 +437,94 @@ def build_tiny_llama(
         else:
             tokenizer.save_pretrained(tmp)
         gcfg.save_pretrained(tmp)
+    return out
+
+
+def build_tiny_eagle3(
+    out_dir: str | os.PathLike,
+    target_dir: str | os.PathLike,
+    *,
+    seed: int = 3,
+    max_position_embeddings: int = 2048,
+    aux_layer_ids: tuple[int, int, int] = (0, 1, 2),
+    initializer_range: float = 0.3,
+) -> Path:
+    """Write a random-weight EAGLE-3 head for the Llama checkpoint ``target_dir``.
+
+    The layout vLLM's ``Eagle3LlamaForCausalLM`` loads (``llama_eagle3.py``):
+    architecture ``LlamaForCausalLMEagle3``, one decoder layer stored as
+    ``midlayer.*`` whose q/k/v projections take ``2 * hidden_size`` (token
+    embedding and hidden state side by side), ``fc`` mapping three target
+    hidden states to one, its own ``norm`` and ``lm_head``, and ``d2t``/``t2d``
+    vocabulary maps (identity: ``draft_vocab_size`` equals the target's).
+    ``aux_layer_ids`` picks the target hidden states fed to ``fc`` (k: after k
+    layers, 0: the embeddings); vLLM's default (2, L // 2, L - 3) needs a
+    target deeper than the 2-layer tiny one.
+    No ``embed_tokens``: vLLM shares the target's. The target's tokenizer is
+    copied alongside. Idempotent like ``build_tiny_llama``.
+    """
+    out = Path(out_dir)
+    if is_built(out):
+        return out
+
+    import torch
+    from safetensors.torch import save_file
+
+    target = json.loads((Path(target_dir) / "config.json").read_text())
+    hidden = target["hidden_size"]
+    heads, kv_heads = target["num_attention_heads"], target["num_key_value_heads"]
+    head_dim = target.get("head_dim") or hidden // heads
+    inter = target["intermediate_size"]
+    vocab = target["vocab_size"]
+    config = {
+        key: target[key]
+        for key in (
+            "hidden_size", "intermediate_size", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "vocab_size", "rms_norm_eps",
+            "rope_parameters", "hidden_act", "bos_token_id", "eos_token_id",
+            "pad_token_id", "attention_bias", "mlp_bias", "tie_word_embeddings",
+            "dtype",
+        )
+        if key in target
+    }
+    config.update(
+        architectures=["LlamaForCausalLMEagle3"],
+        model_type="llama",
+        num_hidden_layers=1,
+        max_position_embeddings=max_position_embeddings,
+        draft_vocab_size=vocab,
+        target_hidden_size=hidden,
+        eagle_aux_hidden_state_layer_ids=list(aux_layer_ids),
+    )
+    shapes = {
+        "midlayer.self_attn.q_proj.weight": (heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": (kv_heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": (kv_heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": (hidden, heads * head_dim),
+        "midlayer.mlp.gate_proj.weight": (inter, hidden),
+        "midlayer.mlp.up_proj.weight": (inter, hidden),
+        "midlayer.mlp.down_proj.weight": (hidden, inter),
+        "fc.weight": (hidden, 3 * hidden),
+        "lm_head.weight": (vocab, hidden),
+    }
+    dtype = _torch_dtype(target.get("dtype", "float32"))
+    gen = torch.Generator().manual_seed(int(seed))
+    tensors = {
+        name: (torch.randn(shape, generator=gen) * initializer_range).to(dtype)
+        for name, shape in sorted(shapes.items())
+    }
+    for name in ("midlayer.input_layernorm", "midlayer.hidden_norm",
+                 "midlayer.post_attention_layernorm", "norm"):
+        tensors[f"{name}.weight"] = torch.ones(hidden, dtype=dtype)
+    tensors["d2t"] = torch.zeros(vocab, dtype=torch.int64)
+    tensors["t2d"] = torch.ones(vocab, dtype=torch.bool)
+
+    with _AtomicDir(out) as tmp:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        save_file(tensors, str(tmp / "model.safetensors"))
+        for name in _TOKENIZER_COPY_FILES:  # the target's, so is_built holds
+            if (Path(target_dir) / name).is_file():
+                shutil.copy2(Path(target_dir) / name, tmp / name)
     return out
 
 

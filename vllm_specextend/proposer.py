@@ -1,4 +1,10 @@
-"""SpecExtendProposer: vLLM's draft_model proposer with Cross-model Retrieval.
+"""vLLM's draft_model and EAGLE proposers with Cross-model Retrieval.
+
+``SpecExtendMixin`` goes in front of a ``SpecDecodeBaseProposer`` subclass:
+``SpecExtendProposer`` (``DraftModelProposer``, method ``draft_model``) and
+``SpecExtendEagleProposer`` (``EagleProposer``, methods ``eagle``/``eagle3``).
+Both draft through the base class's loop and metadata funnel, so the view and
+compaction apply to an EAGLE head's KV as to a draft model's.
 
 Each step, before vLLM's own drafting runs (``super().propose``):
 
@@ -8,6 +14,13 @@ Each step, before vLLM's own drafting runs (``super().propose``):
    against that layer's paged keys (``scoring``), then the top-k chunks are
    chosen (``selection``).
 2. A block-table view is built for every row with a selection (``view``).
+3. With compacted positions (a draft with fewer positions than the target), a
+   row's sink and chunk blocks are copied into its scratch blocks and their
+   keys re-rotated to sit right before the recent window (``rope``,
+   ``scratch``), the first time the row drafts through a new selection; the
+   view then lists the scratch blocks instead. The window and new tokens keep
+   their real positions, so the draft attends over contiguous positions whose
+   span never exceeds its own length.
 
 Every draft forward takes its attention metadata through
 ``build_per_group_and_layer_attn_metadata``; while a view is active that funnel
@@ -16,7 +29,7 @@ all KV writes, still use the real table, so the draft's KV stays complete and
 prefix caching, preemption and later full-context steps remain exact.
 
 No host-device sync: decisions use CPU lengths, selections stay on the device.
-Relies on compat's DraftModelProposer hooks and runner accessors.
+Relies on compat's proposer hooks and runner accessors.
 """
 
 from __future__ import annotations
@@ -26,7 +39,13 @@ import torch
 from typing_extensions import override
 
 from vllm_specextend import compat
-from vllm_specextend.config import ADDITIONAL_CONFIG_KEY, SpecExtendConfig
+from vllm_specextend.config import (
+    ADDITIONAL_CONFIG_KEY,
+    EngineFacts,
+    SpecExtendConfig,
+    SpecExtendConfigError,
+    compaction_on,
+)
 from vllm_specextend.metrics import SpecExtendStats, StatsReporter
 from vllm_specextend.scoring import block_lse
 from vllm_specextend.selection import (
@@ -36,13 +55,14 @@ from vllm_specextend.selection import (
     uses_view,
     window_start,
 )
+from vllm_specextend.scratch import ScratchBlocks, copy_shifted
 from vllm_specextend.state import RequestSelection, SelectionStore
-from vllm_specextend.view import build_view
+from vllm_specextend.view import compacted_view, prefix_shift, view_blocks
 
 logger = compat.logger
 
 
-class SpecExtendProposer(compat.DraftModelProposer):
+class SpecExtendMixin:
     def __init__(self, vllm_config, device: torch.device, runner=None):
         super().__init__(vllm_config, device, runner=runner)
         # The base class accepts the runner but does not keep it.
@@ -59,6 +79,20 @@ class SpecExtendProposer(compat.DraftModelProposer):
         self._key_order: torch.Tensor | None = None
         self._step = 0
         self._tp_size = 1
+        facts = EngineFacts(**compat.engine_facts(vllm_config))
+        self.compact = compaction_on(self.cfg, facts)
+        self._draft_len = facts.draft_max_model_len if self.compact else None
+        self._min_context = self.cfg.min_view_context(
+            self._draft_len, facts.num_speculative_tokens
+        )
+        self.scratch: ScratchBlocks | None = None
+        self._draft_kv: list[torch.Tensor] = []
+        self._draft_head_size = 0
+        self._draft_key_orders: list[torch.Tensor | None] = []
+        self._inv_freq: torch.Tensor | None = None
+        self._is_neox = True
+        if self.compact:
+            compat.allow_long_drafts(runner)
 
     @override
     def load_model(self, target_model) -> None:
@@ -76,6 +110,8 @@ class SpecExtendProposer(compat.DraftModelProposer):
             device=self.device,
         )
         compat.wrap_query_capture(layer, self._capture_query)
+        if self.compact:
+            self._extend_draft_rope()
         tp_rank, self._tp_size = compat.tp_rank_and_size()
         # TP ranks count the same rows: only the first one publishes.
         self.reporter = StatsReporter(
@@ -83,6 +119,57 @@ class SpecExtendProposer(compat.DraftModelProposer):
         )
         if tp_rank == 0:
             logger.info("SpecExtend enabled: %s", self.cfg)
+
+    def _extend_draft_rope(self) -> None:
+        # New tokens keep their real positions: the draft's RoPE table must
+        # cover the target's context even though distances stay short.
+        ropes = compat.draft_ropes(self.model)
+        for rope in ropes:
+            compat.extend_rope(rope, self.max_model_len)
+        inv_freq = compat.rope_inv_freq(ropes[0])
+        for rope in ropes[1:]:
+            same = rope.is_neox_style == ropes[0].is_neox_style
+            if not same or not torch.equal(compat.rope_inv_freq(rope), inv_freq):
+                raise SpecExtendConfigError(
+                    "spec_extend.compact_positions needs one RoPE setting across "
+                    "the draft's layers; set compact_positions to false."
+                )
+        self._inv_freq = inv_freq.to(self.device)
+        self._is_neox = ropes[0].is_neox_style
+
+    def add_scratch_blocks(self) -> None:
+        """After the KV cache exists: scratch blocks for compacted positions,
+        one run of sink + top_k chunk blocks per schedulable request."""
+        if not self.compact:
+            return
+        per_request = self._prefix_blocks(self.cfg)
+        num_runs = compat.max_num_seqs(self.vllm_config)
+        names = sorted(self._draft_attn_layer_names)
+        first = compat.add_kv_blocks(
+            self.runner, self.vllm_config, names, per_request * num_runs
+        )
+        self.scratch = ScratchBlocks(first, per_request, num_runs)
+        layers = [compat.attention_layer(self.vllm_config, n) for n in names]
+        self._draft_kv = [compat.layer_kv_cache(layer) for layer in layers]
+        self._draft_head_size = layers[0].head_size
+        self._draft_key_orders = [
+            compat.cpu_key_order(layer, kv.shape[2], kv.dtype)
+            if kv.device.type == "cpu"
+            else None
+            for layer, kv in zip(layers, self._draft_kv)
+        ]
+        nbytes = sum(kv[first:].numel() * kv.element_size() for kv in self._draft_kv)
+        logger.info(
+            "SpecExtend compacted positions: draft length %s, %d scratch blocks "
+            "per request x %d requests (%.1f MiB of draft KV).",
+            self._draft_len,
+            per_request,
+            num_runs,
+            nbytes / 2**20,
+        )
+
+    def _prefix_blocks(self, cfg: SpecExtendConfig) -> int:
+        return (cfg.sink_tokens + cfg.top_k * cfg.chunk_size) // self.block_size
 
     def _capture_query(self, query: torch.Tensor) -> None:
         buf = self._query_buf
@@ -99,6 +186,8 @@ class SpecExtendProposer(compat.DraftModelProposer):
     def on_requests_done(self, req_ids) -> None:
         """Finished, aborted or preempted: their selection is stale."""
         self.store.drop(req_ids)
+        if self.scratch is not None:
+            self.scratch.release(req_ids)
         # Publish here too: once the last request ends no draft step follows.
         self._report()
 
@@ -190,7 +279,7 @@ class SpecExtendProposer(compat.DraftModelProposer):
             if q_start[r] < num_prompt[r]:
                 # (Re)computing prompt tokens: new, resumed or reused request.
                 self.store.drop([req_id])
-                if seq[r] >= num_prompt[r] and seq[r] >= cfg.min_context:
+                if seq[r] >= num_prompt[r] and seq[r] >= self._min_context:
                     self._plan(r, req_id, int(seq[r]) - margin, to_score)
                 continue
             self.stats.decode_rows += 1
@@ -201,7 +290,7 @@ class SpecExtendProposer(compat.DraftModelProposer):
             due = self._step % cfg.retrieve_every == 0 and entry is not None
             if entry is None or (due and entry.steps_since_refresh > 0):
                 self.store.drop([req_id])
-                if q_start[r] >= cfg.min_context:
+                if q_start[r] >= self._min_context:
                     self._plan(r, req_id, int(q_start[r]) - margin, to_score)
         self._step += 1
         if to_score:
@@ -283,6 +372,8 @@ class SpecExtendProposer(compat.DraftModelProposer):
         num_selected = np.zeros(num_reqs, dtype=np.int64)
         window_block = np.full(num_reqs, sink_blocks, dtype=np.int64)
         offsets = np.zeros(num_reqs, dtype=np.int32)
+        first_scratch = np.full(num_reqs, -1, dtype=np.int64)
+        to_compact = []
         chunks = []
         empty = None
         for r, req_id in enumerate(req_ids):
@@ -299,6 +390,12 @@ class SpecExtendProposer(compat.DraftModelProposer):
                 sink_blocks + entry.num_selected * per_chunk
             ) * bs
             chunks.append(entry.selected_chunks)
+            if self.scratch is not None:
+                first_scratch[r] = self.scratch.run_of(req_id)
+                if not entry.compacted:
+                    # Now, not at retrieval: the draft KV of a prompt's last
+                    # chunk is written by the first drafting step.
+                    to_compact.append((r, entry))
             entry.steps_since_refresh += 1
             self.stats.view_rows += 1
             self.stats.draft_context_tokens += int(seq[r] - offsets[r])
@@ -316,19 +413,73 @@ class SpecExtendProposer(compat.DraftModelProposer):
             else torch.zeros(num_reqs, 0, dtype=torch.int32, device=self.device)
         )
         offsets_cpu = torch.from_numpy(offsets)
-        view_bt = build_view(
-            cad.block_table_tensor,
+        num_selected_t = torch.from_numpy(num_selected)
+        logical = view_blocks(
+            cad.block_table_tensor.shape,
             sink_blocks,
-            torch.from_numpy(num_selected).to(self.device, non_blocking=True),
+            num_selected_t.to(self.device, non_blocking=True),
             torch.from_numpy(window_block).to(self.device, non_blocking=True),
             selected,
             per_chunk,
         )
+        view_bt = torch.gather(cad.block_table_tensor, 1, logical)
+        if self.scratch is not None:
+            prefix = sink_blocks + num_selected_t * per_chunk
+            if to_compact:
+                self._compact(view_bt, logical, to_compact, first_scratch, prefix, offsets)
+            view_bt = compacted_view(
+                view_bt,
+                torch.from_numpy(first_scratch).to(self.device, non_blocking=True),
+                prefix.to(self.device, non_blocking=True),
+            )
         return view_bt, offsets_cpu.to(self.device, non_blocking=True), offsets_cpu
+
+    def _compact(self, view_bt, logical, rows, first_scratch, prefix, offsets):
+        """Copy the sink and chunk blocks (still real ids in ``view_bt``) of
+        ``rows``, (row, selection) pairs, into their scratch blocks, keys
+        re-rotated to just before the window; marks the selections compacted."""
+        timer = self.stats.start_timer(self.device)
+        src, dst, delta = [], [], []
+        for r, entry in rows:
+            entry.compacted = True
+            n = int(prefix[r])
+            src.append(view_bt[r, :n])
+            dst.append(torch.arange(first_scratch[r], first_scratch[r] + n))
+            delta.append(prefix_shift(logical[r, :n], int(offsets[r]), self.block_size))
+        copy_shifted(
+            self._draft_kv,
+            self._draft_key_orders,
+            torch.cat(src).long(),
+            torch.cat(dst).to(self.device, non_blocking=True),
+            torch.cat(delta),
+            self._inv_freq,
+            self._is_neox,
+            self._draft_head_size,
+        )
+        self.stats.compactions += len(rows)
+        self.stats.stop_timer(timer, "compaction_seconds")
 
     def _report(self) -> None:
         # The sweep is a backstop, not a per-step cost: run it when reporting.
         if self.reporter is not None and self.reporter.due():
-            self.store.sweep(compat.live_req_ids(self.runner))
+            live = compat.live_req_ids(self.runner)
+            self.store.sweep(live)
+            if self.scratch is not None:
+                self.scratch.sweep(live)
             self.stats.tracked_requests = len(self.store)
             self.reporter.maybe_report(force=True)
+
+
+class SpecExtendProposer(SpecExtendMixin, compat.DraftModelProposer):
+    """``draft_model`` with Cross-model Retrieval."""
+
+
+class SpecExtendEagleProposer(SpecExtendMixin, compat.EagleProposer):
+    """``eagle`` / ``eagle3`` with Cross-model Retrieval."""
+
+
+PROPOSERS = {
+    "draft_model": SpecExtendProposer,
+    "eagle": SpecExtendEagleProposer,
+    "eagle3": SpecExtendEagleProposer,
+}

@@ -25,6 +25,8 @@ class RequestSelection:
     selected_chunks: torch.Tensor | None = None
     """[k] int32 chunk ids on the device, the first ``num_selected`` valid."""
     steps_since_refresh: int = 0
+    compacted: bool = False
+    """Its scratch blocks hold this selection's re-rotated copies."""
 
 
 class SelectionStore:

@@ -12,6 +12,10 @@ num_prefix_blocks * block_size``: the window's tokens sit at the same distance
 from the row's end as in the real table, so bottom-right causal masking stays
 exact for every query, and all earlier (kept) blocks are fully visible.
 
+With compacted positions (``rope.py``) the prefix columns list the row's
+scratch blocks instead, holding copies whose keys sit at ``offset + view
+index``: the whole row then spans contiguous positions ending at the real one.
+
 KV writes never go through the view (slot mappings use the real table).
 Pure torch; no vLLM.
 """
@@ -29,18 +33,39 @@ def build_view(
     selected_chunks: torch.Tensor,
     blocks_per_chunk: int,
 ) -> torch.Tensor:
-    """Gather a view of ``block_table``.
+    """Gather a view of ``block_table`` ([R, B] int32, real table of kernel-block
+    ids) through ``view_blocks``; returns [R, B] int32."""
+    idx = view_blocks(
+        block_table.shape,
+        sink_blocks,
+        num_selected,
+        window_block,
+        selected_chunks,
+        blocks_per_chunk,
+    )
+    return torch.gather(block_table, 1, idx)
 
-    block_table:     [R, B] int32, real table (kernel-block ids).
+
+def view_blocks(
+    shape: torch.Size,
+    sink_blocks: int,
+    num_selected: torch.Tensor,
+    window_block: torch.Tensor,
+    selected_chunks: torch.Tensor,
+    blocks_per_chunk: int,
+) -> torch.Tensor:
+    """Logical block index behind each column of the view, [R, B] int64.
+
+    shape:           (R, B) of the real block table.
     num_selected:    [R] int, selected chunks per row (0: sinks + window only).
     window_block:    [R] int, first logical block of the recent window.
     selected_chunks: [R, K] int, chunk ids, the first ``num_selected`` valid.
-    Returns [R, B] int32. Rows with ``num_selected == 0`` and
-    ``window_block == sink_blocks`` come back unchanged (the full table).
+    Rows with ``num_selected == 0`` and ``window_block == sink_blocks`` map to
+    themselves (the full table).
     Entries past the row's view length are padding that kernels never read.
     """
-    num_rows, width = block_table.shape
-    j = torch.arange(width, device=block_table.device)[None, :]
+    num_rows, width = shape
+    j = torch.arange(width, device=num_selected.device)[None, :]
     prefix_end = sink_blocks + num_selected[:, None] * blocks_per_chunk
     in_selected = (j >= sink_blocks) & (j < prefix_end)
     rel = (j - sink_blocks).clamp(min=0)
@@ -52,8 +77,7 @@ def build_view(
         selected_idx = j.expand(num_rows, -1)
     window_idx = j - prefix_end + window_block[:, None]
     idx = torch.where(j < sink_blocks, j, torch.where(in_selected, selected_idx, window_idx))
-    idx = idx.clamp(0, width - 1)
-    return torch.gather(block_table, 1, idx.to(torch.int64))
+    return idx.clamp(0, width - 1).to(torch.int64)
 
 
 def view_offsets(
@@ -66,3 +90,28 @@ def view_offsets(
     """Tokens dropped before the window: ``seq_len_view = seq_len - offset``."""
     prefix_tokens = (sink_blocks + num_selected * blocks_per_chunk) * block_size
     return window_start - prefix_tokens
+
+
+def compacted_view(
+    view_table: torch.Tensor, first_scratch: torch.Tensor, prefix_blocks: torch.Tensor
+) -> torch.Tensor:
+    """Swap each row's first ``prefix_blocks`` columns (sinks and selected
+    chunks) for its run of scratch blocks starting at ``first_scratch`` (-1: the
+    row keeps its real blocks). All [R] int on the table's device."""
+    j = torch.arange(view_table.shape[1], device=view_table.device)[None, :]
+    swap = (first_scratch[:, None] >= 0) & (j < prefix_blocks[:, None])
+    return torch.where(swap, first_scratch[:, None] + j, view_table).to(view_table.dtype)
+
+
+def prefix_shift(
+    logical_blocks: torch.Tensor, offset: int, block_size: int
+) -> torch.Tensor:
+    """Position shift of each prefix block of one row under compaction.
+
+    View column j holds logical block ``logical_blocks[j]`` (first token at
+    ``logical_blocks[j] * block_size``); compacted, its first token sits at
+    ``offset + j * block_size``, right before the window. Never negative: the
+    prefix blocks are in document order and all before the window.
+    """
+    j = torch.arange(logical_blocks.shape[0], device=logical_blocks.device)
+    return offset + (j - logical_blocks) * block_size

@@ -1,8 +1,9 @@
-"""Workers that install SpecExtendProposer as the runner's drafter.
+"""Workers that install SpecExtend's proposer as the runner's drafter.
 
-vLLM 0.26 builds the model runner, and with it a plain DraftModelProposer,
-inside ``init_device``; the runner only type-checks its drafter with
-``isinstance``, so swapping in the subclass before ``load_model`` is enough.
+vLLM 0.26 builds the model runner, and with it a plain DraftModelProposer or
+EagleProposer, inside ``init_device``; the runner only type-checks its drafter
+with ``isinstance``, so swapping in our subclass of the same class before
+``load_model`` is enough.
 The worker also forwards finished and preempted request ids, so per-request
 state is freed when the scheduler lets go of a request, not when it is next
 missing from a batch. ``--spec-extend`` selects these classes itself.
@@ -32,10 +33,17 @@ class _SpecExtendWorkerMixin:
             compat.additional_config(vllm_config).get(ADDITIONAL_CONFIG_KEY)
         )
         validate_engine(cfg, EngineFacts(**compat.engine_facts(vllm_config)))
-        from vllm_specextend.proposer import SpecExtendProposer
+        from vllm_specextend.proposer import PROPOSERS
 
         runner = self.model_runner
-        runner.drafter = SpecExtendProposer(vllm_config, runner.device, runner=runner)
+        proposer = PROPOSERS[vllm_config.speculative_config.method]
+        runner.drafter = proposer(vllm_config, runner.device, runner=runner)
+
+    @override
+    def initialize_from_config(self, kv_cache_config) -> None:
+        super().initialize_from_config(kv_cache_config)
+        # Before warm-up and graph capture, which bake in KV tensor addresses.
+        self.model_runner.drafter.add_scratch_blocks()
 
     def specextend_state(self) -> dict:
         """For ``collective_rpc("specextend_state")``: this rank's live request

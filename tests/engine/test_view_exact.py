@@ -24,12 +24,16 @@ pytestmark = pytest.mark.engine
 CFG = {"top_k": 4, "recent_tokens": 64, "min_context": 256}
 
 
-def test_view_matches_dense_reference(tiny_draft, long_prompts):
+def _drafts_and_reference(tiny_draft, long_prompts, cfg):
+    """Run the model drafting for itself; return its view steps
+    ``(pos, window_start, chunks, proposed)`` and ``predicts(positions,
+    kept_positions, proposed)``: whether the dense model proposes the same
+    from the tokens at ``kept_positions`` given position ids ``positions``."""
     from test_lossless import drafter, generate, make_llm, shutdown
     from transformers import AutoModelForCausalLM
 
     prompt = long_prompts([1200])[0]
-    llm = make_llm(tiny_draft, tiny_draft, CFG, num_spec_tokens=1)
+    llm = make_llm(tiny_draft, tiny_draft, cfg, num_spec_tokens=1)
     proposer = drafter(llm)
     original = proposer.propose
     steps = []
@@ -47,28 +51,52 @@ def test_view_matches_dense_reference(tiny_draft, long_prompts):
 
     proposer.propose = record
     output = generate(llm, [prompt], max_tokens=40)[0]
+    compactions = proposer.stats.compactions
     shutdown(llm)
 
     sequence = prompt + output
     model = AutoModelForCausalLM.from_pretrained(tiny_draft, dtype=torch.float32).eval()
-    chunk = sink = 32
 
-    def predicts(kept, proposed):
+    def predicts(positions, kept, proposed):
         with torch.no_grad():
             ids = torch.tensor([[sequence[i] for i in kept]])
-            logits = model(ids, position_ids=torch.tensor([kept])).logits[0, -1]
+            logits = model(ids, position_ids=torch.tensor([positions])).logits[0, -1]
         return int(logits.argmax()) == proposed
 
     steps = [s for s in steps if s[0] < len(sequence)]
+    return steps, predicts, compactions
+
+
+def _kept(start, chunks, pos, chunk=32, sink=32):
+    retrieved = [t for c in chunks for t in range(c * chunk, (c + 1) * chunk)]
+    return list(range(sink)) + retrieved + list(range(start, pos + 1))
+
+
+def test_view_matches_dense_reference(tiny_draft, long_prompts):
+    steps, predicts, _ = _drafts_and_reference(tiny_draft, long_prompts, CFG)
     assert len(steps) >= 10
     hits = {"view": 0, "window one chunk earlier": 0, "full context": 0}
     for pos, start, chunks, proposed in steps:
-        retrieved = [t for c in chunks for t in range(c * chunk, (c + 1) * chunk)]
-        prefix = list(range(sink)) + retrieved
-        hits["view"] += predicts(prefix + list(range(start, pos + 1)), proposed)
-        hits["window one chunk earlier"] += predicts(
-            prefix + list(range(start - chunk, pos + 1)), proposed
-        )
-        hits["full context"] += predicts(list(range(pos + 1)), proposed)
+        kept = _kept(start, chunks, pos)
+        hits["view"] += predicts(kept, kept, proposed)
+        earlier = _kept(start - 32, chunks, pos)
+        hits["window one chunk earlier"] += predicts(earlier, earlier, proposed)
+        full = list(range(pos + 1))
+        hits["full context"] += predicts(full, full, proposed)
     assert hits["view"] >= 0.95 * len(steps), (hits, len(steps))
     assert max(hits["window one chunk earlier"], hits["full context"]) < hits["view"]
+
+
+def test_compacted_view_matches_positions_from_zero(tiny_draft, long_prompts):
+    """Forced compaction: the draft sees the kept tokens as if at positions
+    0..W-1 (RoPE is shift-invariant), not at their original positions."""
+    cfg = {**CFG, "compact_positions": True}
+    steps, predicts, compactions = _drafts_and_reference(tiny_draft, long_prompts, cfg)
+    assert len(steps) >= 10 and compactions > 0
+    hits = {"positions 0..W-1": 0, "original positions": 0}
+    for pos, start, chunks, proposed in steps:
+        kept = _kept(start, chunks, pos)
+        hits["positions 0..W-1"] += predicts(list(range(len(kept))), kept, proposed)
+        hits["original positions"] += predicts(kept, kept, proposed)
+    assert hits["positions 0..W-1"] >= 0.95 * len(steps), (hits, len(steps))
+    assert hits["original positions"] < hits["positions 0..W-1"]

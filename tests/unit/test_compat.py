@@ -219,15 +219,22 @@ def test_patched_add_cli_args_adds_flag_once():
 
 def _fake_vllm_config(spec_extend=None, method="draft_model", block_size=16, tp=1,
                       worker_cls="vllm.v1.worker.cpu_worker.CPUWorker",
-                      has_spec=True, padded_off=False):
+                      has_spec=True, padded_off=False, max_model_len=4096,
+                      draft_max_model_len=4096):
     spec = (
-        types.SimpleNamespace(method=method, disable_padded_drafter_batch=padded_off)
+        types.SimpleNamespace(
+            method=method,
+            disable_padded_drafter_batch=padded_off,
+            draft_model_config=types.SimpleNamespace(max_model_len=draft_max_model_len),
+            num_speculative_tokens=4,
+        )
         if has_spec else None
     )
     extra = {} if spec_extend is None else {"spec_extend": spec_extend}
     return types.SimpleNamespace(
         speculative_config=spec,
         cache_config=types.SimpleNamespace(block_size=block_size),
+        model_config=types.SimpleNamespace(max_model_len=max_model_len),
         parallel_config=types.SimpleNamespace(
             tensor_parallel_size=tp, pipeline_parallel_size=1, worker_cls=worker_cls
         ),
@@ -268,7 +275,7 @@ def test_on_engine_config_rejects_foreign_worker():
     "kwargs,needle",
     [
         (dict(has_spec=False), "--speculative-model"),
-        (dict(method="eagle"), "eagle"),
+        (dict(method="ngram"), "ngram"),
         (dict(block_size=64), "--block-size"),
         (dict(padded_off=True), "disable_padded_drafter_batch"),
     ],

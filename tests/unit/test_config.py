@@ -243,12 +243,17 @@ def test_validate_engine_needs_speculative_config():
         )
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3", "ngram", "mtp", None])
+@pytest.mark.parametrize("method", ["ngram", "mtp", "medusa", None])
 def test_validate_engine_rejects_other_methods(method):
     with pytest.raises(SpecExtendConfigError) as info:
         validate_engine(SpecExtendConfig(), good_facts(method=method))
     assert repr(method) in str(info.value)
-    assert "draft_model" in str(info.value)
+    assert "draft_model" in str(info.value) and "eagle3" in str(info.value)
+
+
+@pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3"])
+def test_validate_engine_accepts_draft_and_eagle_methods(method):
+    validate_engine(SpecExtendConfig(), good_facts(method=method))
 
 
 @pytest.mark.parametrize("block_size,chunk", [(64, 32), (48, 32), (16, 24)])
@@ -275,3 +280,47 @@ def test_validate_engine_rejects_unpadded_drafter_batch():
         validate_engine(
             SpecExtendConfig(), good_facts(disable_padded_drafter_batch=True)
         )
+
+
+# --- compacted positions ----------------------------------------------------------
+
+SHORT = dict(max_model_len=4096, draft_max_model_len=256, num_speculative_tokens=3)
+FITS = {"chunk_size": 32, "top_k": 2, "sink_tokens": 32, "recent_tokens": 64,
+        "retrieve_every": 2}
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None, "AUTO"])
+def test_compact_positions_rejects_bad_values(value):
+    with pytest.raises(SpecExtendConfigError, match="compact_positions"):
+        SpecExtendConfig(compact_positions=value)
+
+
+def test_compaction_auto_follows_draft_length():
+    from vllm_specextend.config import compaction_on
+
+    cfg = SpecExtendConfig()
+    assert compaction_on(cfg, good_facts(**SHORT))
+    assert not compaction_on(cfg, good_facts(max_model_len=4096,
+                                             draft_max_model_len=4096))
+    assert not compaction_on(cfg, good_facts())  # lengths unknown
+    assert compaction_on(SpecExtendConfig(compact_positions=True), good_facts())
+    assert not compaction_on(SpecExtendConfig(compact_positions=False),
+                             good_facts(**SHORT))
+
+
+def test_working_set_must_fit_the_draft():
+    cfg = SpecExtendConfig(**FITS)
+    # 32 + 2*32 + 64 + 2*4 + 32 + 6 = 206 <= 256
+    assert cfg.working_set_tokens(3) == 206
+    validate_engine(cfg, good_facts(**SHORT))
+    with pytest.raises(SpecExtendConfigError, match="256.*lower top_k"):
+        validate_engine(SpecExtendConfig(), good_facts(**SHORT))
+    # Compaction off: the draft keeps real positions, nothing to fit.
+    validate_engine(SpecExtendConfig(compact_positions=False), good_facts(**SHORT))
+
+
+def test_min_view_context_keeps_long_rows_on_a_view():
+    cfg = SpecExtendConfig(**FITS, min_context=2048)
+    assert cfg.min_view_context(None, 3) == 2048
+    assert cfg.min_view_context(4096, 3) == 2048
+    assert cfg.min_view_context(256, 3) == 256 - 7

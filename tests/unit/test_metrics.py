@@ -77,6 +77,13 @@ def test_format_line_content():
     assert "draft context: 25.0% of full" in line
     assert "scoring: 2.500 ms/step" in line
     assert "tracked requests: 7" in line
+    assert "compaction" not in line
+
+
+def test_format_line_compaction_cost():
+    line = format_line(_delta(compactions=4, compaction_seconds=0.006),
+                       {"tracked_requests": 1})
+    assert "compaction: 1.500 ms/row" in line
 
 
 def test_format_line_zero_division_safe():

@@ -84,3 +84,26 @@ def test_long_prompts_exact_lengths(long_prompts):
     many = long_prompts(64, num_prompts=50, dataset="govreport")
     assert len(many) == 50 and all(len(p) == 64 for p in many)
     assert len({tuple(p) for p in many}) == 50  # distinct, also after wrap-around
+
+
+def test_tiny_eagle3_head_layout(tiny_dir, tmp_path):
+    from safetensors import safe_open
+
+    from vllm_specextend.models import build_tiny_eagle3
+
+    head = build_tiny_eagle3(tmp_path / "eagle3", tiny_dir, max_position_embeddings=256)
+    assert is_built(head)
+    cfg = json.loads((head / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert cfg["num_hidden_layers"] == 1 and cfg["max_position_embeddings"] == 256
+    assert cfg["draft_vocab_size"] == cfg["vocab_size"] == 512
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    hidden = cfg["hidden_size"]
+    with safe_open(str(head / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        assert f.get_tensor("fc.weight").shape == (hidden, 3 * hidden)
+        q = f.get_tensor("midlayer.self_attn.q_proj.weight")
+        assert q.shape[1] == 2 * hidden
+        assert f.get_tensor("d2t").shape == (512,)
+    assert {"lm_head.weight", "norm.weight", "t2d", "midlayer.hidden_norm.weight"} <= names
+    assert not any("embed_tokens" in n for n in names)

@@ -1,0 +1,86 @@
+"""EAGLE-3 with ``--spec-extend`` (CPU, fp32): the head's KV goes through the
+same view, and through compacted positions when the head has fewer positions
+than the context. Random heads are rarely accepted; these tests check that the
+head drafts through views and that greedy output stays exact.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+pytestmark = pytest.mark.engine
+
+K = 3
+LENGTHS = [1900, 90, 1500]
+MAX_TOKENS = 32
+CMR = {"top_k": 4, "recent_tokens": 64, "min_context": 256}
+# Fits 256 positions: 32 + 2*32 + 64 + 2*(3+1) + 32 + 2*3 = 206.
+FITS = {"chunk_size": 32, "top_k": 2, "sink_tokens": 32, "recent_tokens": 64,
+        "retrieve_every": 2}
+
+
+@pytest.fixture(scope="module")
+def prompts(long_prompts):
+    return long_prompts(LENGTHS)
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(tiny_target, prompts):
+    from test_lossless import generate, make_llm, shutdown
+
+    llm = make_llm(tiny_target)
+    outputs = generate(llm, prompts, max_tokens=MAX_TOKENS)
+    shutdown(llm)
+    return outputs
+
+
+def run_eagle3(target, head, spec_extend, prompts):
+    from test_lossless import counter, drafter, generate, make_llm, shutdown
+
+    llm = make_llm(
+        target,
+        spec_extend=spec_extend,
+        speculative_config={
+            "method": "eagle3",
+            "model": head,
+            "num_speculative_tokens": K,
+        },
+    )
+    proposer = drafter(llm)
+    outputs = generate(llm, prompts, max_tokens=MAX_TOKENS)
+    result = dict(
+        outputs=outputs,
+        drafts=counter(llm, "vllm:spec_decode_num_drafts"),
+        stats=proposer.stats.snapshot(),
+        cls=type(proposer).__name__,
+        compact=proposer.compact,
+    )
+    shutdown(llm)
+    return result
+
+
+def test_eagle3_view_is_lossless(tiny_target, tiny_eagle3, prompts, plain_outputs):
+    run = run_eagle3(tiny_target, tiny_eagle3, CMR, prompts)
+    stats = run["stats"]
+
+    assert run["cls"] == "SpecExtendEagleProposer" and not run["compact"]
+    assert run["outputs"] == plain_outputs
+    assert run["drafts"] > 0 and stats["retrievals"] > 0
+    assert 0 < stats["view_rows"] < stats["decode_rows"], "CMR on some rows only"
+
+
+def test_short_eagle3_head_compacts(tiny_target, tiny_short_eagle3, prompts,
+                                    plain_outputs):
+    run = run_eagle3(tiny_target, tiny_short_eagle3, FITS, prompts)
+    stats = run["stats"]
+
+    assert run["compact"], "auto: the head has 256 positions, the target 2048"
+    assert run["outputs"] == plain_outputs
+    assert run["drafts"] > 0 and stats["compactions"] > 0
+    # Rows past the head's positions always draft through a view; the short
+    # prompt's row (90 + 32 tokens) fits and keeps its full KV.
+    assert 0 < stats["view_rows"] < stats["decode_rows"]
