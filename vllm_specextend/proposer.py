@@ -179,6 +179,14 @@ class SpecExtendMixin:
     def reconfigure(self, cfg: SpecExtendConfig) -> None:
         """Switch policy or parameters between runs (benchmarks reuse one
         engine); selections made under the old config are dropped."""
+        if self.scratch is not None:
+            needed = (cfg.sink_tokens + cfg.top_k * cfg.chunk_size) // self.block_size
+            if needed > self.scratch.blocks_per_request:
+                raise SpecExtendConfigError(
+                    f"spec_extend: sink_tokens + top_k * chunk_size needs {needed} "
+                    f"scratch blocks per request, the engine was started with "
+                    f"{self.scratch.blocks_per_request}; start a new engine."
+                )
         self.cfg = cfg
         self.store.drop(list(self.store))
         self._step = 0
