@@ -25,21 +25,6 @@ LENGTHS = [1900, 1500, 1700]  # every prompt exceeds the draft's 256 positions
 MAX_TOKENS = 40
 
 
-@pytest.fixture(scope="module")
-def prompts(long_prompts):
-    return long_prompts(LENGTHS)
-
-
-@pytest.fixture(scope="module")
-def plain_outputs(tiny_target, prompts):
-    from test_lossless import generate, make_llm, shutdown
-
-    llm = make_llm(tiny_target)
-    outputs = generate(llm, prompts, max_tokens=MAX_TOKENS)
-    shutdown(llm)
-    return outputs
-
-
 def test_vllm_alone_stops_drafting(tiny_target, tiny_short_draft, prompts,
                                    plain_outputs):
     """The baseline: vLLM 0.26 runs, but its draft model never runs for these

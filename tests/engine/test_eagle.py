@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from test_compaction import FITS
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
@@ -18,24 +19,6 @@ K = 3
 LENGTHS = [1900, 90, 1500]
 MAX_TOKENS = 32
 CMR = {"top_k": 4, "recent_tokens": 64, "min_context": 256}
-# Fits 256 positions: 32 + 2*32 + 64 + 2*(3+1) + 32 + 2*3 = 206.
-FITS = {"chunk_size": 32, "top_k": 2, "sink_tokens": 32, "recent_tokens": 64,
-        "retrieve_every": 2}
-
-
-@pytest.fixture(scope="module")
-def prompts(long_prompts):
-    return long_prompts(LENGTHS)
-
-
-@pytest.fixture(scope="module")
-def plain_outputs(tiny_target, prompts):
-    from test_lossless import generate, make_llm, shutdown
-
-    llm = make_llm(tiny_target)
-    outputs = generate(llm, prompts, max_tokens=MAX_TOKENS)
-    shutdown(llm)
-    return outputs
 
 
 def run_eagle3(target, head, spec_extend, prompts):

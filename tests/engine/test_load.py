@@ -13,7 +13,7 @@ import asyncio
 import gc
 
 import pytest
-from test_lossless import CMR, engine_kwargs, generate, make_llm, shutdown
+from test_lossless import CMR, engine_kwargs, plain_reference
 
 pytestmark = pytest.mark.engine
 
@@ -37,10 +37,7 @@ def prompts(long_prompts):
 
 @pytest.fixture(scope="module")
 def references(tiny_target, prompts):
-    llm = make_llm(tiny_target)
-    outputs = generate(llm, prompts, max_tokens=REFERENCE_TOKENS)
-    shutdown(llm)
-    return outputs
+    return plain_reference(tiny_target, prompts, REFERENCE_TOKENS)
 
 
 def make_async_llm(target, draft):

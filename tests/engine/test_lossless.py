@@ -82,12 +82,17 @@ def prompts(long_prompts):
     return batch
 
 
-@pytest.fixture(scope="module")
-def plain_outputs(tiny_target, prompts):
-    llm = make_llm(tiny_target)
-    outputs = generate(llm, prompts)
+def plain_reference(target, prompts, max_tokens=MAX_TOKENS):
+    """Greedy outputs of plain decoding: what every speculative run must match."""
+    llm = make_llm(target)
+    outputs = generate(llm, prompts, max_tokens=max_tokens)
     shutdown(llm)
     return outputs
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(tiny_target, prompts):
+    return plain_reference(tiny_target, prompts)
 
 
 @pytest.mark.parametrize("prefix_caching", [True, False])
