@@ -462,10 +462,9 @@ def add_kv_blocks(runner, vllm_config, layer_names, num_extra: int) -> int:
     context) and appends to ``runner.kv_caches``; all attention backends put
     the block dimension first in the logical shape.
     """
-    context = vllm_config.compilation_config.static_forward_context
     first = None
     for name in layer_names:
-        layer = context[name]
+        layer = attention_layer(vllm_config, name)
         old = layer_kv_cache(layer)
         if first is None:
             first = old.shape[0]

@@ -124,8 +124,7 @@ class SpecExtendConfig:
         tokens added until the next refresh, and the step's own drafts."""
         growth = self.retrieve_every * (num_spec_tokens + 1)
         return (
-            self.sink_tokens
-            + self.top_k * self.chunk_size
+            self.draft_budget_tokens
             + self.recent_tokens
             + growth
             + self.chunk_size

@@ -57,7 +57,7 @@ from vllm_specextend.selection import (
 )
 from vllm_specextend.scratch import ScratchBlocks, copy_shifted
 from vllm_specextend.state import RequestSelection, SelectionStore
-from vllm_specextend.view import compacted_view, prefix_shift, view_blocks
+from vllm_specextend.view import build_view, compacted_view, prefix_shift, view_offsets
 
 logger = compat.logger
 
@@ -169,7 +169,7 @@ class SpecExtendMixin:
         )
 
     def _prefix_blocks(self, cfg: SpecExtendConfig) -> int:
-        return (cfg.sink_tokens + cfg.top_k * cfg.chunk_size) // self.block_size
+        return cfg.draft_budget_tokens // self.block_size
 
     def _capture_query(self, query: torch.Tensor) -> None:
         buf = self._query_buf
@@ -180,7 +180,7 @@ class SpecExtendMixin:
         """Switch policy or parameters between runs (benchmarks reuse one
         engine); selections made under the old config are dropped."""
         if self.scratch is not None:
-            needed = (cfg.sink_tokens + cfg.top_k * cfg.chunk_size) // self.block_size
+            needed = self._prefix_blocks(cfg)
             if needed > self.scratch.blocks_per_request:
                 raise SpecExtendConfigError(
                     f"spec_extend: sink_tokens + top_k * chunk_size needs {needed} "
@@ -188,7 +188,7 @@ class SpecExtendMixin:
                     f"{self.scratch.blocks_per_request}; start a new engine."
                 )
         self.cfg = cfg
-        self.store.drop(list(self.store))
+        self.store.drop(self.store)
         self._step = 0
 
     def on_requests_done(self, req_ids) -> None:
@@ -394,9 +394,9 @@ class SpecExtendMixin:
                 continue
             num_selected[r] = entry.num_selected
             window_block[r] = entry.window_start // bs
-            offsets[r] = entry.window_start - (
-                sink_blocks + entry.num_selected * per_chunk
-            ) * bs
+            offsets[r] = view_offsets(
+                entry.window_start, sink_blocks, entry.num_selected, per_chunk, bs
+            )
             chunks.append(entry.selected_chunks)
             if self.scratch is not None:
                 first_scratch[r] = self.scratch.run_of(req_id)
@@ -422,15 +422,14 @@ class SpecExtendMixin:
         )
         offsets_cpu = torch.from_numpy(offsets)
         num_selected_t = torch.from_numpy(num_selected)
-        logical = view_blocks(
-            cad.block_table_tensor.shape,
+        view_bt, logical = build_view(
+            cad.block_table_tensor,
             sink_blocks,
             num_selected_t.to(self.device, non_blocking=True),
             torch.from_numpy(window_block).to(self.device, non_blocking=True),
             selected,
             per_chunk,
         )
-        view_bt = torch.gather(cad.block_table_tensor, 1, logical)
         if self.scratch is not None:
             prefix = sink_blocks + num_selected_t * per_chunk
             if to_compact:

@@ -56,10 +56,9 @@ def scatter_keys(
     num_kv_heads, block_size = kv_cache.shape[1], kv_cache.shape[2]
     flat = kv_cache.view(kv_cache.shape[0], num_kv_heads, -1)
     pages = flat.index_select(0, blocks)
-    page_of_key = torch.argsort(key_order)
-    pages[..., : block_size * head_size] = keys.reshape(
-        keys.shape[0], num_kv_heads, -1
-    ).index_select(-1, page_of_key)
+    pages[..., : block_size * head_size].index_copy_(
+        -1, key_order, keys.reshape(keys.shape[0], num_kv_heads, -1)
+    )
     flat.index_copy_(0, blocks, pages)
 
 

@@ -32,9 +32,10 @@ def build_view(
     window_block: torch.Tensor,
     selected_chunks: torch.Tensor,
     blocks_per_chunk: int,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Gather a view of ``block_table`` ([R, B] int32, real table of kernel-block
-    ids) through ``view_blocks``; returns [R, B] int32."""
+    ids) through ``view_blocks``; returns the view [R, B] int32 and the logical
+    block index behind each column [R, B] int64."""
     idx = view_blocks(
         block_table.shape,
         sink_blocks,
@@ -43,7 +44,7 @@ def build_view(
         selected_chunks,
         blocks_per_chunk,
     )
-    return torch.gather(block_table, 1, idx)
+    return torch.gather(block_table, 1, idx), idx
 
 
 def view_blocks(
@@ -81,13 +82,14 @@ def view_blocks(
 
 
 def view_offsets(
-    window_start: torch.Tensor,
+    window_start: torch.Tensor | int,
     sink_blocks: int,
-    num_selected: torch.Tensor,
+    num_selected: torch.Tensor | int,
     blocks_per_chunk: int,
     block_size: int,
-) -> torch.Tensor:
-    """Tokens dropped before the window: ``seq_len_view = seq_len - offset``."""
+) -> torch.Tensor | int:
+    """Tokens dropped before the window: ``seq_len_view = seq_len - offset``
+    (per row, as tensors or ints)."""
     prefix_tokens = (sink_blocks + num_selected * blocks_per_chunk) * block_size
     return window_start - prefix_tokens
 

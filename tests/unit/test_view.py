@@ -32,7 +32,7 @@ def test_selected_chunks_and_window_exact():
     # bs=4 tokens per block, chunk = 2 blocks, one sink block.
     width = 24
     bt = _table(1, width)
-    view = build_view(
+    view, _ = build_view(
         bt,
         sink_blocks=1,
         num_selected=_i(2),
@@ -49,7 +49,7 @@ def test_selected_chunks_and_window_exact():
 
 def test_identity_when_nothing_dropped():
     bt = _table(3, 10, seed=1)
-    view = build_view(
+    view, _ = build_view(
         bt,
         sink_blocks=2,
         num_selected=_i(0, 0, 0),
@@ -62,7 +62,7 @@ def test_identity_when_nothing_dropped():
 
 def test_identity_with_no_selected_column():
     bt = _table(2, 7, seed=2)
-    view = build_view(
+    view, _ = build_view(
         bt,
         sink_blocks=1,
         num_selected=_i(0, 0),
@@ -75,7 +75,7 @@ def test_identity_with_no_selected_column():
 
 def test_streaming_row():
     bt = _table(1, 16, seed=3)
-    view = build_view(
+    view, _ = build_view(
         bt,
         sink_blocks=2,
         num_selected=_i(0),
@@ -100,7 +100,7 @@ def test_multiple_rows_padded_selection():
         ],
         dtype=torch.int32,
     )
-    view = build_view(
+    view, _ = build_view(
         bt,
         sink_blocks=2,
         num_selected=_i(3, 1, 0),
@@ -166,7 +166,7 @@ def test_view_addresses_exactly_kept_tokens(seed):
     width = max(_cdiv(s, bs) for s in seq_lens) + rng.randint(0, 3)
     bt = _table(rows, width, seed=seed)
 
-    view = build_view(
+    view, _ = build_view(
         bt, sink_blocks, torch.tensor(nsel), torch.tensor(starts) // bs,
         torch.tensor(sel_rows, dtype=torch.int32), per_chunk,
     )
