@@ -1,4 +1,4 @@
-"""Decode speed of plain decoding, vLLM draft_model, and draft_model + SpecExtend.
+"""Decode speed of plain decoding, vLLM speculation, and the same + SpecExtend.
 
 Real model shapes with random weights (``load_format="dummy"``) and vLLM's
 synthetic rejection sampler at one fixed acceptance length, so every mode
@@ -8,9 +8,19 @@ same random token prompts. Per run it reports decode tokens/s (after every
 request has its first token), the draft's GPU time per step (CUDA events
 around ``propose``) and, with SpecExtend, the plugin's scoring time.
 
+``--method`` picks vLLM's speculation (``draft_model``, ``eagle``, ``eagle3``);
+the ``draft_model`` entry of ``--modes`` is that method without the plugin, and
+its rows record ``mode`` as the method's name. EAGLE-3 heads have 2048
+positions: past them vLLM alone never runs the head (``draft_steps`` 0) and
+verifies token-0 placeholders, which the synthetic sampler accepts at the set
+rate, so that row is the target's speed at that acceptance with no draft cost,
+not a drafting baseline (with real rejection sampling, ``acceptance_length`` 1).
+
     python benchmarks/bench_decode.py --target-config ../shared/gpu/models/llama31_8b \
         --draft-config ../shared/gpu/models/llama_68m --contexts 4096 16384 32768 \
         --batch-sizes 1 8 --out benchmarks/results/decode/<stamp>_h100.json
+    python benchmarks/bench_decode.py --target-config ../shared/gpu/models/llama31_8b \
+        --draft-config benchmarks/models/configs/llama31_8b_eagle3 --method eagle3 ...
 
 Runs the engine in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) to reach the
 drafter; the same setting is used for every mode.
@@ -50,6 +60,13 @@ def drafter_of(llm):
 
 def _drafter_stats(worker):
     return worker.model_runner.drafter.stats.snapshot()
+
+
+def spec_counts(llm) -> list[float]:
+    """vLLM's counters of drafts and accepted tokens (placeholders count too)."""
+    metrics = llm.get_metrics()
+    names = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens")
+    return [sum(m.value for m in metrics if m.name == n) for n in names]
 
 
 def spec_extend_stats(llm) -> dict:
@@ -175,7 +192,7 @@ def build_llm(args, mode, target, draft, max_len):
         kwargs["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
     if mode != "plain":
         kwargs["speculative_config"] = {
-            "method": "draft_model",
+            "method": args.method,
             "model": draft,
             "num_speculative_tokens": args.num_spec_tokens,
         }
@@ -214,7 +231,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target-config", required=True)
     parser.add_argument("--draft-config", nargs="+", required=True)
-    parser.add_argument("--modes", nargs="+", default=["plain", "draft_model", "spec_extend"])
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=["plain", "draft_model", "spec_extend"],
+        help="draft_model: --method without the plugin",
+    )
+    parser.add_argument(
+        "--method", choices=["draft_model", "eagle", "eagle3"], default="draft_model"
+    )
     parser.add_argument("--contexts", nargs="+", type=int, default=[4096, 16384, 32768])
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--output-len", type=int, default=128)
@@ -273,6 +298,8 @@ def run_engine(args, mode: str, index: int) -> None:
     if args.load_format == "dummy":
         dirs = [d and model_dir(d, root) for d in dirs]
     target, draft = dirs
+    # The no-plugin mode is named after its method, so eagle3 rows say eagle3.
+    label = args.method if mode == "draft_model" else mode
     max_len = max(args.contexts) + args.output_len + 64
     vocab = json.loads(Path(target, "config.json").read_text())["vocab_size"]
     rng = random.Random(args.seed)
@@ -292,10 +319,13 @@ def run_engine(args, mode: str, index: int) -> None:
     run_once(llm, prompts[(args.contexts[0], args.batch_sizes[0])], 8, timer)  # warm-up
     for (ctx, bs), batch in prompts.items():
         before = spec_extend_stats(llm) if mode == "spec_extend" else None
+        counts = spec_counts(llm)
         row = run_once(llm, batch, args.output_len, timer)
+        drafts, accepted = (b - a for a, b in zip(counts, spec_counts(llm)))
         draft_ms = row.pop("draft_ms")
         row.update(
-            mode=mode,
+            mode=label,
+            method=args.method if draft else None,
             draft=Path(draft).name if draft else None,
             context=ctx,
             batch=bs,
@@ -304,6 +334,7 @@ def run_engine(args, mode: str, index: int) -> None:
             engine_startup_s=startup,
             draft_step_ms_median=statistics.median(draft_ms) if draft_ms else None,
             draft_steps=len(draft_ms),
+            acceptance_length=1 + accepted / drafts if drafts else None,
         )
         if before is not None:
             after = spec_extend_stats(llm)
@@ -318,7 +349,7 @@ def run_engine(args, mode: str, index: int) -> None:
         result["results"].append(row)
         out.write_text(json.dumps(result, indent=1))
     if args.profile:
-        profile(llm, prompts[(args.contexts[0], max(args.batch_sizes))], out, mode)
+        profile(llm, prompts[(args.contexts[0], max(args.batch_sizes))], out, label)
 
 
 def wrap_cpu_timer(drafter) -> list[float]:

@@ -15,15 +15,17 @@ def table(result: dict) -> str:
     for r in result["results"]:
         rows[(r["draft"] or "", r["context"], r["batch"])][r["mode"]] = r
     plain = {(k[1], k[2]): v["plain"] for k, v in rows.items() if "plain" in v}
+    # The no-plugin speculative rows carry the method's name (older files: draft_model).
+    method = result["meta"]["config"].get("method", "draft_model")
     lines = [
-        "| draft | context | batch | plain tok/s | draft_model tok/s | +SpecExtend tok/s "
+        f"| draft | context | batch | plain tok/s | {method} tok/s | +SpecExtend tok/s "
         "| draft step ms (full KV → view) | draft context | scoring share |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for (draft, ctx, batch), modes in sorted(rows.items()):
         if not draft:
             continue
-        dm, se = modes.get("draft_model"), modes.get("spec_extend")
+        dm, se = modes.get(method), modes.get("spec_extend")
         base = plain.get((ctx, batch))
         stats = (se or {}).get("spec_extend") or {}
         share = stats.get("draft_context_tokens", 0) / max(1, stats.get("full_context_tokens", 0))
@@ -31,9 +33,14 @@ def table(result: dict) -> str:
         def tok(r):
             return f"{r['decode_tok_s']:.0f}" if r else "–"
 
+        def step(r):
+            # None: the drafter never ran (a head shorter than the context, vLLM alone).
+            ms = r["draft_step_ms_median"]
+            return "no draft" if ms is None else f"{ms:.2f}"
+
         lines.append(
             f"| {draft} | {ctx // 1024}K | {batch} | {tok(base)} | {tok(dm)} | {tok(se)} "
-            f"| {dm['draft_step_ms_median']:.2f} → {se['draft_step_ms_median']:.2f} "
+            f"| {step(dm)} → {step(se)} "
             f"| {100 * share:.1f}% | {100 * se['scoring_share_of_decode']:.1f}% |"
             if dm and se
             else f"| {draft} | {ctx // 1024}K | {batch} | {tok(base)} | {tok(dm)} | {tok(se)} | | | |"
