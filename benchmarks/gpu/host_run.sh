@@ -26,6 +26,18 @@ case "$1" in
       --draft-config $M/llama32_1b --modes draft_model spec_extend \
       --out "$OUT/decode_1b.json" > "$OUT/decode_1b.log" 2>&1
     grep '^{' "$OUT/decode_1b.log" | cut -c1-220; grep -m3 -i "error" "$OUT/decode_1b.log" ;;
+  eagle3)
+    # Dummy EAGLE-3 head (2048 positions, committed config) on the 8B shape. Past
+    # 2048 tokens vLLM alone never runs the head ("no draft"; the synthetic sampler
+    # still accepts its token-0 placeholders, so its tok/s is no baseline): its
+    # engine goes last, so spec_extend's rows come first if time runs out.
+    timeout 540 python3 benchmarks/bench_decode.py --target-config $M/llama31_8b \
+      --draft-config benchmarks/models/configs/llama31_8b_eagle3 --method eagle3 \
+      --modes plain spec_extend draft_model --contexts 4096 16384 32768 --batch-sizes 1 8 \
+      --output-len 128 --spec-extend '{"top_k": 32, "recent_tokens": 256}' \
+      --out "$OUT/decode_eagle3.json" > "$OUT/decode_eagle3.log" 2>&1
+    echo "eagle3 rc=$?"; python3 benchmarks/summarize_decode.py "$OUT/decode_eagle3.json"
+    grep -m3 -E "Error|error:" "$OUT/decode_eagle3.log" ;;
   capture)
     timeout 500 python3 -m pytest tests/kernels/test_capture_gpu.py -q -x -p no:cacheprovider \
       > "$OUT/capture.txt" 2>&1; grep -E "passed|failed|Error|assert" "$OUT/capture.txt" | tail -8 ;;
@@ -99,5 +111,5 @@ PY
       --draft /root/pair/draft --tasks sweep needle --datasets govreport \
       --out "$OUT/analyses.json" > "$OUT/analyses.log" 2>&1
     echo "analyses rc=$?"; cat "$OUT/analyses.md" ;;
-  *) echo "usage: host_run.sh kernels|capture|decode-68m|decode-1b|profile-68m|tp-lossless|tp-speed|serve|pair|eval|analyses" >&2; exit 2 ;;
+  *) echo "usage: host_run.sh kernels|capture|decode-68m|decode-1b|eagle3|profile-68m|tp-lossless|tp-speed|serve|pair|eval|analyses" >&2; exit 2 ;;
 esac
