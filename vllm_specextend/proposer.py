@@ -182,7 +182,8 @@ class SpecExtendMixin:
                 f"vllm-specextend: scratch KV takes {nbytes} bytes but "
                 f"{self.scratch_bytes()} were reserved from the KV cache budget."
             )
-        logger.info(
+        # The worker's reservation line already gave the amount at INFO.
+        logger.debug(
             "SpecExtend compacted positions: draft length %s, %d scratch blocks "
             "per request x %d requests (%.1f MiB of draft KV).",
             self._draft_len,

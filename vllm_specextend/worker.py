@@ -57,30 +57,30 @@ class _SpecExtendWorkerMixin:
         # vLLM's own check that one request fits what is left names only its
         # knobs; fail here first, naming ours.
         one_request = compat.one_request_kv_bytes(self.model_runner, self.vllm_config)
+        cfg, num_seqs = drafter.cfg, compat.max_num_seqs(self.vllm_config)
         left = available - scratch
         if left <= 0 or (one_request is not None and left < one_request):
-            cfg = drafter.cfg
             need = "" if one_request is None else (
-                f" plus {one_request / 2**30:.2f} GiB for one request of "
-                "max_model_len"
+                f" plus {_size(one_request)} for one request of max_model_len"
             )
             raise SpecExtendConfigError(
                 f"spec_extend.compact_positions: the draft's scratch KV needs "
-                f"{scratch / 2**30:.2f} GiB (max_num_seqs="
-                f"{compat.max_num_seqs(self.vllm_config)} requests x (sink_tokens="
-                f"{cfg.sink_tokens} + top_k={cfg.top_k} x chunk_size="
-                f"{cfg.chunk_size}) tokens){need}, but the KV cache budget is "
-                f"{available / 2**30:.2f} GiB. Lower max_num_seqs, top_k, "
-                "chunk_size or sink_tokens, or raise gpu_memory_utilization / "
-                "kv_cache_memory_bytes."
+                f"{_size(scratch)} (max_num_seqs={num_seqs} requests x "
+                f"(sink_tokens={cfg.sink_tokens} + top_k={cfg.top_k} x "
+                f"chunk_size={cfg.chunk_size}) tokens){need}, but the KV cache "
+                f"budget is {_size(available)}. Lower max_num_seqs, "
+                "top_k, chunk_size or sink_tokens, or raise "
+                "gpu_memory_utilization / kv_cache_memory_bytes."
             )
         logger.info(
-            "SpecExtend compacted positions: %.1f MiB of the %.2f GiB KV cache "
-            "budget reserved for the draft's scratch KV; KV cache memory reduced "
-            "to %.2f GiB.",
-            scratch / 2**20,
-            available / 2**30,
-            left / 2**30,
+            "SpecExtend compacted positions: the draft's scratch KV for %d "
+            "tokens per request x %d requests takes %s of the %s KV cache "
+            "budget; KV cache memory reduced to %s.",
+            cfg.draft_budget_tokens,
+            num_seqs,
+            _size(scratch),
+            _size(available),
+            _size(left),
         )
         return left
 
@@ -107,6 +107,12 @@ class _SpecExtendWorkerMixin:
         if done:
             self.model_runner.drafter.on_requests_done(done)
         return super().execute_model(scheduler_output)
+
+
+def _size(nbytes: int) -> str:
+    if nbytes >= 2**30:
+        return f"{nbytes / 2**30:.2f} GiB"
+    return f"{nbytes / 2**20:.1f} MiB"
 
 
 _BASES = {"GPUWorker": "GPUWorkerBase", "CPUWorker": "CPUWorkerBase"}

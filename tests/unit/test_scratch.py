@@ -209,7 +209,8 @@ def test_worker_takes_the_scratch_out_of_the_kv_budget(monkeypatch, caplog):
     with caplog.at_level("INFO", logger="vllm.plugins.specextend"):
         assert worker.determine_available_memory() == 7 << 30
     lines = [r.getMessage() for r in caplog.records if "scratch KV" in r.getMessage()]
-    assert len(lines) == 1 and "3072.0 MiB of the 10.00 GiB" in lines[0]
+    assert len(lines) == 1 and "3.00 GiB of the 10.00 GiB" in lines[0]
+    assert "288 tokens per request x 64 requests" in lines[0]
     # Without compaction the budget is vLLM's.
     assert _worker(10 << 30, 0, monkeypatch=monkeypatch).determine_available_memory() \
         == 10 << 30
