@@ -40,6 +40,18 @@ def kv_footprint(llm):
     )
 
 
+def scratch_footprint(llm, proposer):
+    """``kv_footprint`` with the scratch bytes reserved and allocated."""
+    return dict(
+        footprint=kv_footprint(llm),
+        scratch_bytes=proposer.scratch_bytes(),
+        scratch_allocated=sum(
+            kv[proposer.scratch.first_block :].numel() * kv.element_size()
+            for kv in proposer._draft_kv
+        ),
+    )
+
+
 def pool_fills(footprint, pool_bytes):
     """vLLM's pool is the most whole blocks that fit the reported budget."""
     num_blocks = footprint["num_blocks"]
@@ -92,12 +104,7 @@ def run_compacted(target, draft, prompts):
         draft_tokens=counter(llm, "vllm:spec_decode_num_draft_tokens"),
         stats=proposer.stats.snapshot(),
         compact=proposer.compact,
-        footprint=kv_footprint(llm),
-        scratch_bytes=proposer.scratch_bytes(),
-        scratch_allocated=sum(
-            kv[proposer.scratch.first_block :].numel() * kv.element_size()
-            for kv in proposer._draft_kv
-        ),
+        **scratch_footprint(llm, proposer),
     )
     generate(llm, [prompts[0][:16]], max_tokens=2)  # delivers the finished ids
     result["scratch_held"] = len(proposer.scratch)
@@ -143,3 +150,17 @@ def test_short_copy_of_the_target_is_accepted(tiny_target, tiny_short_target,
     assert run["outputs"] == plain_outputs
     assert run["draft_tokens"] > 0 and run["accepted"] > 0
     assert_scratch_within_budget(run)
+
+
+def test_budget_without_room_for_the_scratch_fails_at_startup(tiny_target,
+                                                              tiny_short_draft):
+    """16 MiB of kv_cache_memory_bytes cannot hold 256 requests x 96 tokens of
+    scratch (24 MiB): startup fails naming the knobs instead of allocating past
+    the budget."""
+    from test_lossless import make_llm
+
+    from vllm_specextend.config import SpecExtendConfigError
+
+    with pytest.raises(SpecExtendConfigError, match=r"max_num_seqs=256 .*top_k=2"):
+        make_llm(tiny_target, tiny_short_draft, FITS, num_spec_tokens=K,
+                 kv_cache_memory_bytes=16 << 20, max_num_seqs=256)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from test_compaction import FITS
+from test_compaction import FITS, assert_scratch_within_budget, scratch_footprint
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
@@ -43,6 +43,8 @@ def run_eagle(target, head, spec_extend, prompts, method="eagle3"):
         head=type(proposer.model).__name__,
         compact=proposer.compact,
     )
+    if proposer.compact:
+        result.update(scratch_footprint(llm, proposer))
     shutdown(llm)
     return result
 
@@ -79,3 +81,4 @@ def test_short_eagle3_head_compacts(tiny_target, tiny_short_eagle3, prompts,
     # Rows past the head's positions always draft through a view; the short
     # prompt's row (90 + 32 tokens) fits and keeps its full KV.
     assert 0 < stats["view_rows"] < stats["decode_rows"]
+    assert_scratch_within_budget(run)
