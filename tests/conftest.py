@@ -95,25 +95,32 @@ def tiny_short_target(model_cache_dir, tiny_target) -> str:
                        tiny_target)
 
 
-def _build_eagle3(cache: Path, name: str, target: str, **kwargs) -> str:
-    from vllm_specextend.models import build_tiny_eagle3
+def _build_head(cache: Path, name: str, target: str, builder: str, **kwargs) -> str:
+    from vllm_specextend import models
 
     key = dict(kwargs, target=Path(target).name)
-    return str(build_tiny_eagle3(cache / _cache_name(name, key), target, **kwargs))
+    build = getattr(models, builder)
+    return str(build(cache / _cache_name(name, key), target, **kwargs))
+
+
+@pytest.fixture(scope="session")
+def tiny_eagle(model_cache_dir, tiny_target) -> str:
+    """Random EAGLE-1 head for ``tiny_target`` with 2048 positions."""
+    return _build_head(model_cache_dir, "tiny_eagle", tiny_target, "build_tiny_eagle")
 
 
 @pytest.fixture(scope="session")
 def tiny_eagle3(model_cache_dir, tiny_target) -> str:
     """Random EAGLE-3 head for ``tiny_target`` with 2048 positions (as the
     published heads)."""
-    return _build_eagle3(model_cache_dir, "tiny_eagle3", tiny_target)
+    return _build_head(model_cache_dir, "tiny_eagle3", tiny_target, "build_tiny_eagle3")
 
 
 @pytest.fixture(scope="session")
 def tiny_short_eagle3(model_cache_dir, tiny_target) -> str:
     """The same kind of head with only 256 positions."""
-    return _build_eagle3(model_cache_dir, "tiny_short_eagle3", tiny_target,
-                         max_position_embeddings=256)
+    return _build_head(model_cache_dir, "tiny_short_eagle3", tiny_target,
+                       "build_tiny_eagle3", max_position_embeddings=256)
 
 
 @pytest.fixture(scope="session")

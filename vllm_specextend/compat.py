@@ -20,6 +20,9 @@ vLLM symbol                                      how         why
 ``Attention.impl.forward`` (one instance)       wrap        capture the final-layer query
 ``Attention.kv_cache`` / ``impl.scale``         read        paged keys for scoring
 ``ops.cpu_attn_reshape_and_cache``              call        learn the CPU key page order
+``Worker.determine_available_memory``           override    KV budget less the scratch blocks
+``Attention.get_kv_cache_spec``                 call        draft KV bytes per block
+``kv_cache_utils.max_memory_usage_bytes``       call        one request's KV (budget check)
 ``Worker.initialize_from_config``               override    KV allocated: add scratch blocks
 ``Attention.kv_cache`` / ``GPUModelRunner``     rebind      draft layers' KV with scratch blocks
 ``  .kv_caches``
@@ -114,6 +117,7 @@ _TOUCH_POINTS = {
         "draft_index",
     ),
     "GPUWorkerBase.init_device": (),
+    "GPUWorkerBase.determine_available_memory": (),
     "GPUWorkerBase.initialize_from_config": ("kv_cache_config",),
     "GPUWorkerBase.execute_model": ("scheduler_output",),
     "EngineArgs.add_cli_args": ("parser",),
@@ -448,6 +452,34 @@ def extend_rope(rope, max_position: int) -> None:
 def rope_inv_freq(rope) -> torch.Tensor:
     """[rotary_dim // 2] fp32 inverse frequencies (Llama-3 scaling included)."""
     return rope._compute_inv_freq(rope.base)
+
+
+def kv_block_bytes(vllm_config, layer_names) -> list[tuple[int, int]]:
+    """(bytes, tokens) of one KV block of each named layer, as vLLM budgets it.
+
+    vLLM 0.26: a layer's ``get_kv_cache_spec`` is what the runner collects
+    for sizing the pool; it works once the model is loaded, before the KV cache
+    exists.
+    """
+    pages = []
+    for name in layer_names:
+        spec = attention_layer(vllm_config, name).get_kv_cache_spec(vllm_config)
+        pages.append((spec.page_size_bytes, spec.block_size))
+    return pages
+
+
+def one_request_kv_bytes(runner, vllm_config) -> int | None:
+    """KV bytes vLLM requires for one request of max_model_len, None when it
+    fits max_model_len to the memory instead (``--max-model-len -1``).
+
+    vLLM 0.26: ``check_enough_kv_cache_memory`` raises below this, with a
+    message that only names gpu_memory_utilization and max_model_len.
+    """
+    from vllm.v1.core.kv_cache_utils import max_memory_usage_bytes
+
+    if vllm_config.model_config.original_max_model_len == -1:
+        return None
+    return max_memory_usage_bytes(vllm_config, runner.get_kv_cache_spec().values())
 
 
 def add_kv_blocks(runner, vllm_config, layer_names, num_extra: int) -> int:

@@ -5,6 +5,8 @@
   (safetensors + tokenizer + chat template) that vLLM loads directly.
 * :func:`build_tiny_llama` writes a tiny, deterministic, random-weight Llama
   with a small BPE tokenizer trained on a built-in English corpus.
+* :func:`build_tiny_eagle` / :func:`build_tiny_eagle3` write random EAGLE-1 /
+  EAGLE-3 heads for such a Llama.
 
 This module imports only the standard library at import time; torch,
 transformers and tokenizers are imported lazily inside the functions.  It does
@@ -29,6 +31,7 @@ from pathlib import Path
 __all__ = [
     "SMOLLM2_PACKAGE",
     "build_smollm2",
+    "build_tiny_eagle",
     "build_tiny_eagle3",
     "build_tiny_llama",
     "find_smollm2_gguf",
@@ -440,6 +443,85 @@ def build_tiny_llama(
     return out
 
 
+_HEAD_CONFIG_KEYS = (
+    "hidden_size", "intermediate_size", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "vocab_size", "rms_norm_eps",
+    "rope_parameters", "hidden_act", "bos_token_id", "eos_token_id",
+    "pad_token_id", "attention_bias", "mlp_bias", "tie_word_embeddings",
+    "dtype",
+)
+
+
+def _tiny_head(
+    target_dir: str | os.PathLike,
+    *,
+    architecture: str,
+    layer: str,
+    qkv_inputs: int,
+    fc_inputs: int,
+    norms: tuple[str, ...],
+    lm_head: bool,
+    seed: int,
+    max_position_embeddings: int,
+    initializer_range: float,
+) -> tuple[dict, dict]:
+    """Config and random weights of a one-layer EAGLE head for the Llama
+    checkpoint ``target_dir``, shared by the head builders.
+
+    The decoder layer is stored as ``layer.*``; its q/k/v projections take
+    ``qkv_inputs`` hidden-size vectors side by side and ``fc`` maps
+    ``fc_inputs`` of them to one. ``norms`` (weight names without
+    ``.weight``) are ones; ``lm_head`` adds the head's own output layer.
+    """
+    import torch
+
+    target = json.loads((Path(target_dir) / "config.json").read_text())
+    hidden = target["hidden_size"]
+    heads, kv_heads = target["num_attention_heads"], target["num_key_value_heads"]
+    head_dim = target.get("head_dim") or hidden // heads
+    inter = target["intermediate_size"]
+    config = {key: target[key] for key in _HEAD_CONFIG_KEYS if key in target}
+    config.update(
+        architectures=[architecture],
+        model_type="llama",
+        num_hidden_layers=1,
+        max_position_embeddings=max_position_embeddings,
+    )
+    shapes = {
+        f"{layer}.self_attn.q_proj.weight": (heads * head_dim, qkv_inputs * hidden),
+        f"{layer}.self_attn.k_proj.weight": (kv_heads * head_dim, qkv_inputs * hidden),
+        f"{layer}.self_attn.v_proj.weight": (kv_heads * head_dim, qkv_inputs * hidden),
+        f"{layer}.self_attn.o_proj.weight": (hidden, heads * head_dim),
+        f"{layer}.mlp.gate_proj.weight": (inter, hidden),
+        f"{layer}.mlp.up_proj.weight": (inter, hidden),
+        f"{layer}.mlp.down_proj.weight": (hidden, inter),
+        "fc.weight": (hidden, fc_inputs * hidden),
+    }
+    if lm_head:
+        shapes["lm_head.weight"] = (target["vocab_size"], hidden)
+    dtype = _torch_dtype(target.get("dtype", "float32"))
+    gen = torch.Generator().manual_seed(int(seed))
+    tensors = {
+        name: (torch.randn(shape, generator=gen) * initializer_range).to(dtype)
+        for name, shape in sorted(shapes.items())
+    }
+    for name in norms:
+        tensors[f"{name}.weight"] = torch.ones(hidden, dtype=dtype)
+    return config, tensors
+
+
+def _save_head(out: Path, target_dir, config: dict, tensors: dict) -> Path:
+    from safetensors.torch import save_file
+
+    with _AtomicDir(out) as tmp:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        save_file(tensors, str(tmp / "model.safetensors"))
+        for name in _TOKENIZER_COPY_FILES:  # the target's, so is_built holds
+            if (Path(target_dir) / name).is_file():
+                shutil.copy2(Path(target_dir) / name, tmp / name)
+    return out
+
+
 def build_tiny_eagle3(
     out_dir: str | os.PathLike,
     target_dir: str | os.PathLike,
@@ -468,64 +550,67 @@ def build_tiny_eagle3(
         return out
 
     import torch
-    from safetensors.torch import save_file
 
-    target = json.loads((Path(target_dir) / "config.json").read_text())
-    hidden = target["hidden_size"]
-    heads, kv_heads = target["num_attention_heads"], target["num_key_value_heads"]
-    head_dim = target.get("head_dim") or hidden // heads
-    inter = target["intermediate_size"]
-    vocab = target["vocab_size"]
-    config = {
-        key: target[key]
-        for key in (
-            "hidden_size", "intermediate_size", "num_attention_heads",
-            "num_key_value_heads", "head_dim", "vocab_size", "rms_norm_eps",
-            "rope_parameters", "hidden_act", "bos_token_id", "eos_token_id",
-            "pad_token_id", "attention_bias", "mlp_bias", "tie_word_embeddings",
-            "dtype",
-        )
-        if key in target
-    }
-    config.update(
-        architectures=["LlamaForCausalLMEagle3"],
-        model_type="llama",
-        num_hidden_layers=1,
+    config, tensors = _tiny_head(
+        target_dir,
+        architecture="LlamaForCausalLMEagle3",
+        layer="midlayer",
+        qkv_inputs=2,
+        fc_inputs=3,
+        norms=("midlayer.input_layernorm", "midlayer.hidden_norm",
+               "midlayer.post_attention_layernorm", "norm"),
+        lm_head=True,
+        seed=seed,
         max_position_embeddings=max_position_embeddings,
+        initializer_range=initializer_range,
+    )
+    vocab = config["vocab_size"]
+    config.update(
         draft_vocab_size=vocab,
-        target_hidden_size=hidden,
+        target_hidden_size=config["hidden_size"],
         eagle_aux_hidden_state_layer_ids=list(aux_layer_ids),
     )
-    shapes = {
-        "midlayer.self_attn.q_proj.weight": (heads * head_dim, 2 * hidden),
-        "midlayer.self_attn.k_proj.weight": (kv_heads * head_dim, 2 * hidden),
-        "midlayer.self_attn.v_proj.weight": (kv_heads * head_dim, 2 * hidden),
-        "midlayer.self_attn.o_proj.weight": (hidden, heads * head_dim),
-        "midlayer.mlp.gate_proj.weight": (inter, hidden),
-        "midlayer.mlp.up_proj.weight": (inter, hidden),
-        "midlayer.mlp.down_proj.weight": (hidden, inter),
-        "fc.weight": (hidden, 3 * hidden),
-        "lm_head.weight": (vocab, hidden),
-    }
-    dtype = _torch_dtype(target.get("dtype", "float32"))
-    gen = torch.Generator().manual_seed(int(seed))
-    tensors = {
-        name: (torch.randn(shape, generator=gen) * initializer_range).to(dtype)
-        for name, shape in sorted(shapes.items())
-    }
-    for name in ("midlayer.input_layernorm", "midlayer.hidden_norm",
-                 "midlayer.post_attention_layernorm", "norm"):
-        tensors[f"{name}.weight"] = torch.ones(hidden, dtype=dtype)
     tensors["d2t"] = torch.zeros(vocab, dtype=torch.int64)
     tensors["t2d"] = torch.ones(vocab, dtype=torch.bool)
+    return _save_head(out, target_dir, config, tensors)
 
-    with _AtomicDir(out) as tmp:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        save_file(tensors, str(tmp / "model.safetensors"))
-        for name in _TOKENIZER_COPY_FILES:  # the target's, so is_built holds
-            if (Path(target_dir) / name).is_file():
-                shutil.copy2(Path(target_dir) / name, tmp / name)
-    return out
+
+def build_tiny_eagle(
+    out_dir: str | os.PathLike,
+    target_dir: str | os.PathLike,
+    *,
+    seed: int = 4,
+    max_position_embeddings: int = 2048,
+    initializer_range: float = 0.3,
+) -> Path:
+    """Write a random-weight EAGLE-1 head for the Llama checkpoint ``target_dir``.
+
+    The layout of published EAGLE-1 Llama heads, which vLLM loads as
+    ``EagleLlamaForCausalLM`` (``llama_eagle.py``; method ``eagle`` prefixes
+    the architecture ``LlamaForCausalLM`` with ``Eagle``): one decoder layer
+    stored as ``layers.0.*`` without ``input_layernorm`` (vLLM replaces it
+    with the identity), and ``fc`` mapping the token embedding and the
+    target's last hidden state side by side to one. No final norm, no
+    ``embed_tokens`` and no ``lm_head``: vLLM shares the target's. The
+    target's tokenizer is copied alongside. Idempotent like
+    ``build_tiny_llama``.
+    """
+    out = Path(out_dir)
+    if is_built(out):
+        return out
+    config, tensors = _tiny_head(
+        target_dir,
+        architecture="LlamaForCausalLM",
+        layer="layers.0",
+        qkv_inputs=1,
+        fc_inputs=2,
+        norms=("layers.0.post_attention_layernorm",),
+        lm_head=False,
+        seed=seed,
+        max_position_embeddings=max_position_embeddings,
+        initializer_range=initializer_range,
+    )
+    return _save_head(out, target_dir, config, tensors)
 
 
 # --------------------------------------------------------------------------- #

@@ -55,7 +55,7 @@ from vllm_specextend.selection import (
     uses_view,
     window_start,
 )
-from vllm_specextend.scratch import ScratchBlocks, copy_shifted
+from vllm_specextend.scratch import ScratchBlocks, copy_shifted, scratch_nbytes
 from vllm_specextend.state import RequestSelection, SelectionStore
 from vllm_specextend.view import build_view, compacted_view, prefix_shift, view_offsets
 
@@ -137,6 +137,23 @@ class SpecExtendMixin:
         self._inv_freq = inv_freq.to(self.device)
         self._is_neox = ropes[0].is_neox_style
 
+    def scratch_bytes(self) -> int:
+        """Draft KV bytes ``add_scratch_blocks`` allocates; 0 without compaction.
+
+        From the draft layers' KV specs, so the worker can take them out of the
+        KV cache budget before vLLM sizes its pool. One run per schedulable
+        request: a request without one could not draft past the draft's
+        positions.
+        """
+        if not self.compact:
+            return 0
+        pages = compat.kv_block_bytes(
+            self.vllm_config, sorted(self._draft_attn_layer_names)
+        )
+        return scratch_nbytes(
+            pages, self.cfg.draft_budget_tokens, compat.max_num_seqs(self.vllm_config)
+        )
+
     def add_scratch_blocks(self) -> None:
         """After the KV cache exists: scratch blocks for compacted positions,
         one run of sink + top_k chunk blocks per schedulable request."""
@@ -159,7 +176,14 @@ class SpecExtendMixin:
             for layer, kv in zip(layers, self._draft_kv)
         ]
         nbytes = sum(kv[first:].numel() * kv.element_size() for kv in self._draft_kv)
-        logger.info(
+        if nbytes > self.scratch_bytes():
+            # The worker reserved scratch_bytes(); more would overrun the budget.
+            raise RuntimeError(
+                f"vllm-specextend: scratch KV takes {nbytes} bytes but "
+                f"{self.scratch_bytes()} were reserved from the KV cache budget."
+            )
+        # The worker's reservation line already gave the amount at INFO.
+        logger.debug(
             "SpecExtend compacted positions: draft length %s, %d scratch blocks "
             "per request x %d requests (%.1f MiB of draft KV).",
             self._draft_len,

@@ -6,7 +6,8 @@ caching shares them between requests, and later views (other chunks, other
 offsets) need them as cached. So every draft attention layer gets extra KV
 blocks past the pool the scheduler manages (``compat.add_kv_blocks``), and each
 live request owns a fixed run of them, freed like its selection when the
-request finishes, is aborted or is preempted.
+request finishes, is aborted or is preempted. Their bytes come out of vLLM's
+KV cache budget (``scratch_nbytes``, the worker's ``determine_available_memory``).
 
 Pure torch; no vLLM.
 """
@@ -55,6 +56,20 @@ class ScratchBlocks:
     def sweep(self, live_req_ids: Iterable[str]) -> None:
         live = set(live_req_ids)
         self.release([r for r in self._owner if r not in live])
+
+
+def scratch_nbytes(
+    pages: Iterable[tuple[int, int]], tokens_per_request: int, num_runs: int
+) -> int:
+    """Bytes of ``num_runs`` runs of ``tokens_per_request`` tokens in every layer.
+
+    ``pages`` holds each layer's (bytes, tokens) per KV block. Runs are rounded
+    up to whole blocks, so this bounds the allocation for any kernel block size
+    that divides the run.
+    """
+    return num_runs * sum(
+        -(-tokens_per_request // tokens) * nbytes for nbytes, tokens in pages
+    )
 
 
 def copy_shifted(

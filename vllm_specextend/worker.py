@@ -4,6 +4,9 @@ vLLM 0.26 builds the model runner, and with it a plain DraftModelProposer or
 EagleProposer, inside ``init_device``; the runner only type-checks its drafter
 with ``isinstance``, so swapping in our subclass of the same class before
 ``load_model`` is enough.
+With compacted positions the worker also takes the draft's scratch KV blocks,
+added after vLLM allocates its KV cache, out of the memory vLLM sizes that
+cache from, so both fit ``--gpu-memory-utilization`` / ``kv_cache_memory_bytes``.
 The worker also forwards finished and preempted request ids, so per-request
 state is freed when the scheduler lets go of a request, not when it is next
 missing from a batch. ``--spec-extend`` selects these classes itself.
@@ -18,8 +21,11 @@ from vllm_specextend.config import (
     ADDITIONAL_CONFIG_KEY,
     EngineFacts,
     SpecExtendConfig,
+    SpecExtendConfigError,
     validate_engine,
 )
+
+logger = compat.logger
 
 
 class _SpecExtendWorkerMixin:
@@ -38,6 +44,45 @@ class _SpecExtendWorkerMixin:
         runner = self.model_runner
         proposer = PROPOSERS[vllm_config.speculative_config.method]
         runner.drafter = proposer(vllm_config, runner.device, runner=runner)
+
+    @override
+    def determine_available_memory(self) -> int:
+        # Profiled, or kv_cache_memory_bytes as given: vLLM fills all of it with
+        # its pool, so the scratch blocks added after it must come out of it.
+        available = super().determine_available_memory()
+        drafter = self.model_runner.drafter
+        scratch = drafter.scratch_bytes()
+        if not scratch:
+            return available
+        # vLLM's own check that one request fits what is left names only its
+        # knobs; fail here first, naming ours.
+        one_request = compat.one_request_kv_bytes(self.model_runner, self.vllm_config)
+        cfg, num_seqs = drafter.cfg, compat.max_num_seqs(self.vllm_config)
+        left = available - scratch
+        if left <= 0 or (one_request is not None and left < one_request):
+            need = "" if one_request is None else (
+                f" plus {_size(one_request)} for one request of max_model_len"
+            )
+            raise SpecExtendConfigError(
+                f"spec_extend.compact_positions: the draft's scratch KV needs "
+                f"{_size(scratch)} (max_num_seqs={num_seqs} requests x "
+                f"(sink_tokens={cfg.sink_tokens} + top_k={cfg.top_k} x "
+                f"chunk_size={cfg.chunk_size}) tokens){need}, but the KV cache "
+                f"budget is {_size(available)}. Lower max_num_seqs, "
+                "top_k, chunk_size or sink_tokens, or raise "
+                "gpu_memory_utilization / kv_cache_memory_bytes."
+            )
+        logger.info(
+            "SpecExtend compacted positions: the draft's scratch KV for %d "
+            "tokens per request x %d requests takes %s of the %s KV cache "
+            "budget; KV cache memory reduced to %s.",
+            cfg.draft_budget_tokens,
+            num_seqs,
+            _size(scratch),
+            _size(available),
+            _size(left),
+        )
+        return left
 
     @override
     def initialize_from_config(self, kv_cache_config) -> None:
@@ -62,6 +107,12 @@ class _SpecExtendWorkerMixin:
         if done:
             self.model_runner.drafter.on_requests_done(done)
         return super().execute_model(scheduler_output)
+
+
+def _size(nbytes: int) -> str:
+    if nbytes >= 2**30:
+        return f"{nbytes / 2**30:.2f} GiB"
+    return f"{nbytes / 2**20:.1f} MiB"
 
 
 _BASES = {"GPUWorker": "GPUWorkerBase", "CPUWorker": "CPUWorkerBase"}

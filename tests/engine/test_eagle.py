@@ -1,7 +1,7 @@
-"""EAGLE-3 with ``--spec-extend`` (CPU, fp32): the head's KV goes through the
-same view, and through compacted positions when the head has fewer positions
-than the context. Random heads are rarely accepted; these tests check that the
-head drafts through views and that greedy output stays exact.
+"""EAGLE-1 and EAGLE-3 with ``--spec-extend`` (CPU, fp32): the head's KV goes
+through the same view, and through compacted positions when the head has fewer
+positions than the context. Random heads are rarely accepted; these tests check
+that the head drafts through views and that greedy output stays exact.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from test_compaction import FITS
+from test_compaction import FITS, assert_scratch_within_budget, scratch_footprint
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
@@ -21,14 +21,14 @@ MAX_TOKENS = 32
 CMR = {"top_k": 4, "recent_tokens": 64, "min_context": 256}
 
 
-def run_eagle3(target, head, spec_extend, prompts):
+def run_eagle(target, head, spec_extend, prompts, method="eagle3"):
     from test_lossless import counter, drafter, generate, make_llm, shutdown
 
     llm = make_llm(
         target,
         spec_extend=spec_extend,
         speculative_config={
-            "method": "eagle3",
+            "method": method,
             "model": head,
             "num_speculative_tokens": K,
         },
@@ -40,17 +40,31 @@ def run_eagle3(target, head, spec_extend, prompts):
         drafts=counter(llm, "vllm:spec_decode_num_drafts"),
         stats=proposer.stats.snapshot(),
         cls=type(proposer).__name__,
+        head=type(proposer.model).__name__,
         compact=proposer.compact,
     )
+    if proposer.compact:
+        result.update(scratch_footprint(llm, proposer))
     shutdown(llm)
     return result
 
 
-def test_eagle3_view_is_lossless(tiny_target, tiny_eagle3, prompts, plain_outputs):
-    run = run_eagle3(tiny_target, tiny_eagle3, CMR, prompts)
+@pytest.mark.parametrize(
+    "method, head, model_cls",
+    [
+        # EAGLE-1: one head layer over the token embedding and the target's
+        # last hidden state.
+        ("eagle", "tiny_eagle", "EagleLlamaForCausalLM"),
+        ("eagle3", "tiny_eagle3", "Eagle3LlamaForCausalLM"),
+    ],
+)
+def test_eagle_view_is_lossless(request, tiny_target, prompts, plain_outputs,
+                                method, head, model_cls):
+    run = run_eagle(tiny_target, request.getfixturevalue(head), CMR, prompts, method)
     stats = run["stats"]
 
-    assert run["cls"] == "SpecExtendEagleProposer" and not run["compact"]
+    assert run["cls"] == "SpecExtendEagleProposer" and run["head"] == model_cls
+    assert not run["compact"]
     assert run["outputs"] == plain_outputs
     assert run["drafts"] > 0 and stats["retrievals"] > 0
     assert 0 < stats["view_rows"] < stats["decode_rows"], "CMR on some rows only"
@@ -58,7 +72,7 @@ def test_eagle3_view_is_lossless(tiny_target, tiny_eagle3, prompts, plain_output
 
 def test_short_eagle3_head_compacts(tiny_target, tiny_short_eagle3, prompts,
                                     plain_outputs):
-    run = run_eagle3(tiny_target, tiny_short_eagle3, FITS, prompts)
+    run = run_eagle(tiny_target, tiny_short_eagle3, FITS, prompts)
     stats = run["stats"]
 
     assert run["compact"], "auto: the head has 256 positions, the target 2048"
@@ -67,3 +81,4 @@ def test_short_eagle3_head_compacts(tiny_target, tiny_short_eagle3, prompts,
     # Rows past the head's positions always draft through a view; the short
     # prompt's row (90 + 32 tokens) fits and keeps its full KV.
     assert 0 < stats["view_rows"] < stats["decode_rows"]
+    assert_scratch_within_budget(run)

@@ -107,3 +107,29 @@ def test_tiny_eagle3_head_layout(tiny_dir, tmp_path):
         assert f.get_tensor("d2t").shape == (512,)
     assert {"lm_head.weight", "norm.weight", "t2d", "midlayer.hidden_norm.weight"} <= names
     assert not any("embed_tokens" in n for n in names)
+
+
+def test_tiny_eagle_head_layout(tiny_dir, tmp_path):
+    """EAGLE-1: exactly the weights vLLM's EagleLlamaForCausalLM loads besides
+    the target's embedding and lm_head, which it shares."""
+    from safetensors import safe_open
+
+    from vllm_specextend.models import build_tiny_eagle
+
+    head = build_tiny_eagle(tmp_path / "eagle", tiny_dir)
+    assert is_built(head)
+    cfg = json.loads((head / "config.json").read_text())
+    # vLLM's method "eagle" turns this into EagleLlamaForCausalLM.
+    assert cfg["architectures"] == ["LlamaForCausalLM"]
+    assert cfg["num_hidden_layers"] == 1 and cfg["max_position_embeddings"] == 2048
+    hidden = cfg["hidden_size"]
+    layer = "layers.0."
+    with safe_open(str(head / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        assert f.get_tensor("fc.weight").shape == (hidden, 2 * hidden)
+        assert f.get_tensor(layer + "self_attn.q_proj.weight").shape[1] == hidden
+    projections = [f"self_attn.{p}_proj" for p in "qkvo"]
+    projections += [f"mlp.{p}_proj" for p in ("gate", "up", "down")]
+    expected = {layer + p for p in projections}
+    expected |= {"fc", layer + "post_attention_layernorm"}
+    assert names == {f"{name}.weight" for name in expected}

@@ -9,7 +9,7 @@ import torch
 
 from vllm_specextend.rope import shift_keys
 from vllm_specextend.scoring import gather_keys, scatter_keys
-from vllm_specextend.scratch import ScratchBlocks, copy_shifted
+from vllm_specextend.scratch import ScratchBlocks, copy_shifted, scratch_nbytes
 from vllm_specextend.view import compacted_view, prefix_shift, view_blocks
 
 H, BS, D = 2, 4, 8
@@ -104,3 +104,140 @@ def test_add_kv_blocks_keeps_layout_and_rebinds(permuted):
     order = lambda t: sorted(range(t.dim()), key=lambda d: -t.stride(d))  # noqa: E731
     assert order(new) == order(old)
     assert runner.kv_caches[0] is other and runner.kv_caches[1] is new
+
+
+def _spec(block_size, num_kv_heads, head_size, dtype):
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    return FullAttentionSpec(
+        block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size,
+        dtype=dtype,
+    )
+
+
+def _draft(spec, num_layers, max_num_seqs, compact=True, **cfg):
+    """A proposer with only what ``scratch_bytes`` reads: the config, the
+    draft's attention layers (each with ``spec``) and max_num_seqs."""
+    from vllm_specextend.config import SpecExtendConfig
+    from vllm_specextend.proposer import SpecExtendProposer
+
+    names = {f"draft.layers.{i}.self_attn.attn" for i in range(num_layers)}
+    layer = types.SimpleNamespace(get_kv_cache_spec=lambda vllm_config: spec)
+    proposer = object.__new__(SpecExtendProposer)  # no engine
+    proposer.compact = compact
+    proposer.cfg = SpecExtendConfig(**cfg)
+    proposer._draft_attn_layer_names = names
+    proposer.vllm_config = types.SimpleNamespace(
+        compilation_config=types.SimpleNamespace(
+            static_forward_context=dict.fromkeys(names, layer)
+        ),
+        scheduler_config=types.SimpleNamespace(max_num_seqs=max_num_seqs),
+    )
+    return proposer
+
+
+def test_scratch_bytes_of_a_llama_1b_shaped_draft():
+    # 16 layers, 8 KV heads of 64, bf16: 2 * 8 * 64 * 2 B = 2 KiB per token
+    # and layer. Defaults: 32 sink + 32 chunks of 32 = 1056 tokens per request.
+    spec = _spec(16, 8, 64, torch.bfloat16)
+    proposer = _draft(spec, num_layers=16, max_num_seqs=256)
+    assert proposer.scratch_bytes() == 256 * 1056 * 16 * 2048 == int(8.25 * 2**30)
+    # The knobs the startup error names scale it.
+    assert _draft(spec, 16, 128).scratch_bytes() == int(8.25 * 2**30) // 2
+    assert _draft(spec, 16, 256, top_k=15).scratch_bytes() == 256 * 512 * 16 * 2048
+    assert _draft(spec, 16, 256, compact=False).scratch_bytes() == 0
+
+
+def test_scratch_nbytes_rounds_runs_up_to_whole_blocks():
+    pages = [(512, 16), (1024, 32)]  # two layers, different blocks
+    assert scratch_nbytes(pages, 32, 3) == 3 * (2 * 512 + 1 * 1024)
+    assert scratch_nbytes(pages, 40, 3) == 3 * (3 * 512 + 2 * 1024)
+    assert scratch_nbytes([], 40, 3) == 0
+
+
+@pytest.mark.parametrize("kernel_bs", [BS, BS // 2])
+def test_reservation_bounds_the_added_blocks(kernel_bs):
+    """What the spec reserves covers what ``add_kv_blocks`` allocates in the CPU
+    attention layout [blocks, H, bs, 2D], also with kernel blocks smaller than
+    the scheduler's."""
+    from vllm_specextend import compat
+
+    tokens, runs = 3 * BS, 5
+    spec = _spec(BS, H, D, torch.float32)
+    reserved = scratch_nbytes([(spec.page_size_bytes, spec.block_size)], tokens, runs)
+    old = torch.zeros(6, H, kernel_bs, 2 * D)
+    layer = types.SimpleNamespace(kv_cache=old)
+    runner = types.SimpleNamespace(kv_caches=[old])
+    config = types.SimpleNamespace(
+        compilation_config=types.SimpleNamespace(static_forward_context={"d": layer})
+    )
+    first = compat.add_kv_blocks(runner, config, ["d"], tokens // kernel_bs * runs)
+    added = layer.kv_cache[first:]
+    assert added.numel() * added.element_size() == reserved
+
+
+class _Base:
+    """Stands in for vLLM's worker: reports ``available`` as its KV budget,
+    as the CPU worker returns kv_cache_memory_bytes unchanged."""
+
+    available = 0
+
+    def determine_available_memory(self):
+        return self.available
+
+
+def _worker(available, scratch, one_request=None, monkeypatch=None):
+    from vllm_specextend import compat
+    from vllm_specextend.config import SpecExtendConfig
+    from vllm_specextend.worker import _SpecExtendWorkerMixin
+
+    worker = type("W", (_SpecExtendWorkerMixin, _Base), {})()
+    worker.available = available
+    drafter = types.SimpleNamespace(
+        scratch_bytes=lambda: scratch, cfg=SpecExtendConfig(top_k=8)
+    )
+    worker.model_runner = types.SimpleNamespace(drafter=drafter)
+    worker.vllm_config = types.SimpleNamespace(
+        scheduler_config=types.SimpleNamespace(max_num_seqs=64)
+    )
+    monkeypatch.setattr(compat, "one_request_kv_bytes", lambda *_: one_request)
+    return worker
+
+
+def test_worker_takes_the_scratch_out_of_the_kv_budget(monkeypatch, caplog):
+    worker = _worker(10 << 30, 3 << 30, one_request=1 << 30, monkeypatch=monkeypatch)
+    with caplog.at_level("INFO", logger="vllm.plugins.specextend"):
+        assert worker.determine_available_memory() == 7 << 30
+    lines = [r.getMessage() for r in caplog.records if "scratch KV" in r.getMessage()]
+    assert len(lines) == 1 and "3.00 GiB of the 10.00 GiB" in lines[0]
+    assert "288 tokens per request x 64 requests" in lines[0]
+    # Without compaction the budget is vLLM's.
+    assert _worker(10 << 30, 0, monkeypatch=monkeypatch).determine_available_memory() \
+        == 10 << 30
+
+
+@pytest.mark.parametrize(
+    "available, scratch, one_request",
+    [
+        (3 << 30, 3 << 30, None),  # nothing left for the KV cache
+        (4 << 30, 3 << 30, 2 << 30),  # no room for one max_model_len request
+    ],
+)
+def test_worker_refuses_a_budget_without_room_for_the_scratch(
+    monkeypatch, available, scratch, one_request
+):
+    from vllm_specextend.config import SpecExtendConfigError
+
+    worker = _worker(available, scratch, one_request, monkeypatch=monkeypatch)
+    with pytest.raises(SpecExtendConfigError) as err:
+        worker.determine_available_memory()
+    message = str(err.value)
+    for knob in ("max_num_seqs=64", "top_k=8", "chunk_size", "sink_tokens",
+                 "gpu_memory_utilization", "kv_cache_memory_bytes"):
+        assert knob in message
+    assert ("one request of max_model_len" in message) == (one_request is not None)
+
+
+def test_worker_allows_a_budget_that_just_fits(monkeypatch):
+    worker = _worker(5 << 30, 3 << 30, one_request=2 << 30, monkeypatch=monkeypatch)
+    assert worker.determine_available_memory() == 2 << 30
