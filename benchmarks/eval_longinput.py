@@ -13,9 +13,11 @@ Tasks (``run --tasks``, any subset; they share the engines):
   at each length (from the eval runs when ``eval`` runs too).
 
 Modes: ``none`` (no speculation), ``draft_model`` (vLLM's draft model, full
-KV, plugin off), ``streaming`` and ``cmr`` (``--spec-extend`` policies). One
-engine per {none, draft_model, spec_extend}; the spec_extend engine switches
-policy and parameters between runs with ``drafter.reconfigure``.
+KV, plugin off), ``streaming`` and ``cmr`` (``--spec-extend`` policies), and on
+request ``streaming_compact`` / ``cmr_compact`` (the same with
+``compact_positions: true``). One engine per kind (``engine.KINDS``); a
+spec_extend engine switches policy and parameters between runs with
+``drafter.reconfigure``.
 
     python benchmarks/eval_longinput.py run --target T --draft D --out R.json
     python benchmarks/eval_longinput.py run ... --tasks sweep needle cost
@@ -73,7 +75,10 @@ def prompt_len(args, length: int, new_tokens: int) -> int:
 def spec_config(args, mode: str, **overrides) -> dict | None:
     if mode not in engine.SPEC_EXTEND_MODES:
         return None
-    return {**args.spec_extend, **overrides, "policy": mode}
+    config = {**args.spec_extend, **overrides, "policy": mode.removesuffix("_compact")}
+    if mode.endswith("_compact"):
+        config["compact_positions"] = True
+    return config
 
 
 def plan(args, tokenizer) -> list[Run]:
@@ -136,7 +141,7 @@ def needle_runs(args, tokenizer) -> list[Run]:
         return inputs.encode(tokenizer, text)
 
     runs = []
-    modes = [m for m in ("draft_model", "streaming", "cmr") if m in args.modes]
+    modes = [m for m in args.modes if m != "none"]
     for length, depth in itertools.product(args.needle_lengths, args.needle_depths):
         n = prompt_len(args, length, args.needle_new_tokens)
         keys = [needle.pass_key(args.seed, i) for i in range(args.needle_prompts)]
@@ -174,7 +179,7 @@ class Session:
         """One short request on the longest prompt, CMR on where it applies:
         kernels compile and caches fill before anything is timed."""
         longest = max(runs, key=lambda r: len(r.prompts[0]))
-        cmr = next((r for r in runs if r.mode == "cmr"), longest)
+        cmr = next((r for r in runs if r.mode.startswith("cmr")), longest)
         self.configure(cmr)
         engine.generate(self.llm, [longest.prompts[0]], self.params(8))
 
@@ -185,7 +190,7 @@ class Session:
                               ignore_eos=self.args.ignore_eos)
 
     def configure(self, run: Run) -> None:
-        if self.kind == "spec_extend":
+        if engine.is_spec_extend(self.kind):
             from vllm_specextend.config import SpecExtendConfig
 
             self.drafter.reconfigure(SpecExtendConfig.from_dict(run.config))
@@ -194,7 +199,7 @@ class Session:
         return {
             "counters": engine.spec_counters(self.llm) if self.drafter else None,
             "stats": (self.drafter.stats.snapshot()
-                      if self.kind == "spec_extend" else None),
+                      if engine.is_spec_extend(self.kind) else None),
         }
 
     def delta(self, before: dict) -> dict:
@@ -203,7 +208,7 @@ class Session:
                     if self.drafter else None)
         stats = ({k: after["stats"][k] - before["stats"][k]
                   for k in after["stats"] if k != "tracked_requests"}
-                 if self.kind == "spec_extend" else None)
+                 if engine.is_spec_extend(self.kind) else None)
         return {"counters": counters, "stats": stats}
 
     def execute(self, run: Run, progress) -> list[dict]:
@@ -262,7 +267,8 @@ class Session:
         counters = self.delta(before)["counters"]
         output = batch.outputs[0]
         steps = acceptance.replay(self.recorder.take(batch.request_ids[0]), output)
-        status = acceptance.token_status(steps, len(output))
+        status = needle.skip_first_step(acceptance.token_status(steps, len(output)),
+                                        steps)
         span = needle.key_tokens(self.tokenizer.decode, output, run.keys[i])
         return {
             **describe(run, [run.prompts[i]]),
@@ -271,9 +277,10 @@ class Session:
             "answer": self.tokenizer.decode(output),
             **needle.score(status, span),
             **acceptance.summarize(counters),
-            # The replay must see what vLLM verified: same steps, same accepts.
-            "replay_consistent": (len(steps), sum(s.accepted for s in steps))
-            == (counters["drafts"], counters["accepted_tokens"]),
+            "replay_consistent": acceptance.replay_agrees(steps, len(output), counters),
+            "spec_decode": counters,
+            "replay": {"steps": len(steps),
+                       "accepted": sum(s.accepted for s in steps)},
             "prompt_hashes": [report.token_hash(run.prompts[i])],
             "output_hashes": [report.token_hash(output)],
         }
@@ -367,7 +374,7 @@ def run(args) -> int:
     total = sum(len(r.prompts) if r.task == "needle"
                 else -(-len(r.prompts) // r.batch_size) for r in runs)
     with tqdm(total=total, desc="eval", unit="batch") as progress:
-        for kind in ("none", "draft_model", "spec_extend"):
+        for kind in engine.KINDS:
             mine = [r for r in runs if engine.engine_kind(r.mode) == kind]
             if not mine:
                 continue
@@ -410,7 +417,7 @@ def parse_args(argv=None):
     r.add_argument("--out", required=True, help="results JSON (tables: same stem, .md)")
     r.add_argument("--tasks", nargs="+", choices=TASKS, default=["eval"])
     r.add_argument("--modes", nargs="+", choices=engine.MODES,
-                   default=list(engine.MODES))
+                   default=list(engine.DEFAULT_MODES))
     r.add_argument("--datasets", nargs="+", choices=inputs.DATASETS,
                    default=["govreport", "pg19"])
     r.add_argument("--lengths", nargs="+", type=int,
@@ -436,7 +443,7 @@ def parse_args(argv=None):
                    default=[0.1, 0.3, 0.5, 0.7, 0.9])
     r.add_argument("--needle-prompts", type=int, default=8,
                    help="haystacks (and keys) per length and depth")
-    r.add_argument("--needle-new-tokens", type=int, default=16)
+    r.add_argument("--needle-new-tokens", type=int, default=24)
     r.add_argument("--dtype", default="bfloat16" if cuda else "float32")
     r.add_argument("--block-size", type=int, default=16 if cuda else 32)
     r.add_argument("--max-model-len", type=int,

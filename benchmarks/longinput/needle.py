@@ -4,6 +4,11 @@ A 5-digit pass key sits at a given depth of a PG-19 haystack, and the prompt
 ends with the question. The target answers (greedy); the draft is scored on the
 output tokens that spell the key: a token counts as reproduced when the draft
 proposed it given the correct prefix (``acceptance.token_status``).
+
+The draft's first proposal comes out of its own prefill, over the full prompt
+in every mode, so tokens it covers are not scored. The question lets the
+target answer with a sentence ("The pass key is 60494."), which puts the key's
+digits past that first proposal.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ INTRO = (
     "irrelevant text. Find it and memorize it. I will quiz you about it.\n\n"
 )
 NEEDLE = "\nThe pass key is {key}. Remember it. {key} is the pass key.\n"
-QUESTION = "\n\nWhat is the pass key? The pass key is"
+QUESTION = "\n\nWhat is the pass key?\n\nAnswer:"
 
 
 def pass_key(seed: int, index: int) -> str:
@@ -45,6 +50,15 @@ def key_tokens(decode, output: list[int], key: str) -> range | None:
     first = next(i for i, end in enumerate(ends) if end > at)
     last = next(i for i, end in enumerate(ends) if end >= at + len(key))
     return range(first, last + 1)
+
+
+def skip_first_step(status: list[str], steps) -> list[str]:
+    """``status`` with the tokens the first verification decided marked
+    ``first_step``: the draft proposed them with full KV whatever the mode."""
+    if not steps:
+        return status
+    end = steps[0].start + steps[0].accepted + 1
+    return ["first_step"] * min(end, len(status)) + status[end:]
 
 
 def score(status: list[str], span: range | None) -> dict:

@@ -11,9 +11,11 @@ checked against plain decoding.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import defaultdict
 
-MODE_ORDER = {"none": 0, "draft_model": 1, "streaming": 2, "cmr": 3}
+MODE_ORDER = {"none": 0, "draft_model": 1, "streaming": 2, "cmr": 3,
+              "streaming_compact": 4, "cmr_compact": 5}
 
 
 def token_hash(ids) -> str:
@@ -22,13 +24,25 @@ def token_hash(ids) -> str:
 
 def merge(results: list[dict]) -> dict:
     """One result from several files; the first file's meta, the others' under
-    ``merged``."""
+    ``merged``. A run repeated in a later file (a call cut short, then resumed)
+    replaces the earlier one."""
     meta = dict(results[0]["meta"])
     if len(results) > 1:
         meta["merged"] = [result["meta"] for result in results[1:]]
-    rows = [row for result in results for row in result["rows"]]
+    latest = {}
+    for row in (row for result in results for row in result["rows"]):
+        latest[run_key(row)] = row
+    rows = list(latest.values())
     count_mismatches(rows)
     return {"meta": meta, "rows": rows}
+
+
+def run_key(row: dict) -> tuple:
+    """What identifies a run: task, inputs, mode and config; needle rows are
+    one per prompt."""
+    return (row["task"], row["dataset"], row["length"], row["mode"],
+            json.dumps(row["config"], sort_keys=True), row.get("depth"),
+            tuple(row["prompt_hashes"]))
 
 
 def count_mismatches(rows: list[dict]) -> None:

@@ -89,3 +89,22 @@ def test_needle_replay_matches_vllm_counters(tiny_target, long_prompts, tmp_path
     for row in rows:
         assert row["replay_consistent"]
         assert row["mean_accepted_length"] > 4.0
+
+
+def test_compacted_modes(tiny_target, tiny_draft, long_prompts, tmp_path):
+    """``*_compact`` modes run on their own engine with compact_positions on:
+    the draft sees its working set at positions 0..W-1, output stays exact."""
+    result = harness(
+        tmp_path, tiny_target, tiny_draft, "--datasets", "govreport",
+        "--lengths", "1024", "--num-prompts", "2", "--batch-size", "2",
+        "--modes", "none", "streaming_compact", "cmr_compact",
+    )
+    rows = {r["mode"]: r for r in result["rows"]}
+    assert set(rows) == {"none", "streaming_compact", "cmr_compact"}
+    for mode in ("streaming_compact", "cmr_compact"):
+        row = rows[mode]
+        assert row["config"]["compact_positions"] is True
+        assert row["config"]["policy"] == mode.removesuffix("_compact")
+        assert row["mismatches"] == 0, mode
+        assert row["spec_extend_stats"]["compactions"] > 0, mode
+    assert rows["cmr_compact"]["spec_extend_stats"]["retrievals"] > 0

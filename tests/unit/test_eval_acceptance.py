@@ -12,6 +12,7 @@ from longinput.acceptance import (  # noqa: E402
     Step,
     counter_delta,
     replay,
+    replay_agrees,
     summarize,
     token_status,
 )
@@ -73,3 +74,16 @@ def test_tokens_after_the_last_proposal_are_unverified():
     assert token_status(steps, len(OUTPUT)) == [
         "prefill", "rejected", *["unverified"] * 5,
     ]
+
+
+def test_replay_agrees_with_vllm_counters_up_to_truncation():
+    steps = replay([[11, 12, 99, 98], [14, 15, 16, 17]], OUTPUT)
+    # accepted 2 + 3; the last step reached the end and may have kept 17 too.
+    assert replay_agrees(steps, len(OUTPUT), {"drafts": 2, "accepted_tokens": 5})
+    assert replay_agrees(steps, len(OUTPUT), {"drafts": 2, "accepted_tokens": 6})
+    assert not replay_agrees(steps, len(OUTPUT), {"drafts": 2, "accepted_tokens": 7})
+    assert not replay_agrees(steps, len(OUTPUT), {"drafts": 2, "accepted_tokens": 4})
+    assert not replay_agrees(steps, len(OUTPUT), {"drafts": 3, "accepted_tokens": 5})
+    # A last step rejected inside the output leaves no room for more.
+    steps = replay([[11, 12, 99, 98]], OUTPUT)
+    assert not replay_agrees(steps, len(OUTPUT), {"drafts": 1, "accepted_tokens": 3})

@@ -9,6 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from longinput import needle  # noqa: E402
+from longinput.acceptance import replay, token_status  # noqa: E402
 
 
 def char_encode(text: str) -> list[int]:
@@ -89,3 +90,16 @@ def test_score_counts_only_tokens_the_draft_guessed():
     assert needle.score(status, None) == {
         "target_correct": False, "proposed": 0, "matched": 0, "all_matched": None,
     }
+
+
+def test_first_step_tokens_are_not_scored():
+    output = [10, 11, 12, 13, 14, 15, 16]
+    steps = replay([[11, 12, 99, 98], [14, 15, 16, 17]], output)
+    status = needle.skip_first_step(token_status(steps, len(output)), steps)
+    # The first verification decided tokens 0..3 (prefill, 2 accepted, 1 rejected).
+    assert status == ["first_step"] * 4 + ["accepted"] * 3
+    assert needle.score(status, range(2, 6)) == {
+        "target_correct": True, "proposed": 2, "matched": 2, "all_matched": True,
+    }
+    assert needle.score(status, range(0, 3))["all_matched"] is None
+    assert needle.skip_first_step(["prefill"], []) == ["prefill"]

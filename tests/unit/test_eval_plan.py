@@ -76,7 +76,7 @@ def test_needle_runs_hold_the_key_at_each_depth(plan, tiny_tokenizer):
                    "--needle-prompts", "2")
     assert [(r.mode, r.depth) for r in runs] == [("cmr", 0.25), ("cmr", 0.75)]
     for run in runs:
-        assert run.batch_size == 1 and run.max_new_tokens == 16
+        assert run.batch_size == 1 and run.max_new_tokens == 24
         for prompt, key in zip(run.prompts, run.keys, strict=True):
             assert len(prompt) == 1024
             assert key in tiny_tokenizer.decode(prompt)
@@ -89,3 +89,17 @@ def test_bad_spec_extend_fails_before_any_engine(tiny_target):
         eval_longinput.parse_args(["run", "--target", tiny_target, "--draft",
                                    tiny_target, "--out", "x.json",
                                    "--spec-extend", '{"top_k": 0}'])
+
+
+def test_compact_modes_get_their_own_engine_and_config(plan):
+    _, runs = plan("--lengths", "512", "--modes", "cmr", "cmr_compact",
+                   "streaming_compact")
+    kinds = {r.mode: eval_longinput.engine.engine_kind(r.mode) for r in runs}
+    assert kinds == {"cmr": "spec_extend", "cmr_compact": "spec_extend_compact",
+                     "streaming_compact": "spec_extend_compact"}
+    configs = {r.mode: r.config for r in runs}
+    assert "compact_positions" not in configs["cmr"]
+    assert configs["cmr_compact"]["policy"] == "cmr"
+    assert configs["streaming_compact"] == {**configs["cmr_compact"],
+                                            "policy": "streaming"}
+    assert configs["cmr_compact"]["compact_positions"] is True

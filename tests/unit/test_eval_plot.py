@@ -17,13 +17,13 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def eval_row(dataset, length, mode, accepted, tok_s):
     return {"task": "eval", "dataset": dataset, "length": length, "mode": mode,
-            "mean_accepted_length": accepted, "decode_tok_s": tok_s,
+            "config": None, "mean_accepted_length": accepted, "decode_tok_s": tok_s,
             "prompt_hashes": ["p"], "output_hashes": ["o"]}
 
 
 def needle_row(mode, depth, matched):
-    return {"task": "needle", "length": 4096, "depth": depth, "mode": mode,
-            "target_correct": True, "matched": matched, "proposed": 4,
+    return {"task": "needle", "dataset": "pg19", "length": 4096, "depth": depth,
+            "mode": mode, "config": None, "target_correct": True, "matched": matched, "proposed": 4,
             "all_matched": matched == 4, "replay_consistent": True,
             "prompt_hashes": ["n"], "output_hashes": ["o"]}
 

@@ -56,6 +56,16 @@ def test_merge_checks_runs_against_plain_decoding_from_another_file():
     assert merged["meta"]["merged"] == [{"date_utc": "b"}]
 
 
+def test_merge_keeps_the_latest_of_a_repeated_run():
+    first = run_row("cmr", [[1], [2]], 10.0)
+    again = run_row("cmr", [[1], [2]], 20.0)
+    other = run_row("streaming", [[1], [2]], 30.0)
+    merged = report.merge([{"meta": {}, "rows": [first, other]},
+                           {"meta": {}, "rows": [again]}])
+    assert [(r["mode"], r["decode_tok_s"]) for r in merged["rows"]] == [
+        ("cmr", 20.0), ("streaming", 30.0)]
+
+
 def table_rows(table: str) -> list[list[str]]:
     lines = table.splitlines()[2:]
     return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
