@@ -43,6 +43,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# Every mode on the V1 runner, which --spec-extend needs: vLLM 0.26 would run
+# EAGLE alone on V2 (dense models), so the comparison would mix runners.
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
 
 
 def model_dir(config_dir: str, root: Path) -> str:

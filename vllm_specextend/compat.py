@@ -8,6 +8,8 @@ vLLM symbol                                      how         why
 ``EngineArgs.create_engine_config``             wrap        validate, select our worker class
 ``VllmConfig.additional_config``                read        carries ``spec_extend``
 ``ParallelConfig.worker_cls``                   write       platform worker -> ours
+``VllmConfig.use_v2_model_runner``              read        our drafters are the V1 runner's;
+``  VLLM_USE_V2_MODEL_RUNNER``                  set         EAGLE on a dense model defaults to V2
 ``v1.worker.gpu_worker.Worker``                 subclass    install the proposer (GPU)
 ``v1.worker.cpu_worker.CPUWorker``              subclass    install the proposer (CPU)
 ``Worker.init_device`` / ``.execute_model``     override    runner exists / finished req ids
@@ -239,6 +241,31 @@ def engine_facts(vllm_config) -> dict[str, Any]:
 
 def additional_config(vllm_config) -> dict[str, Any]:
     return vllm_config.additional_config or {}
+
+
+def require_v1_model_runner(vllm_config) -> None:
+    """Keep the V1 model runner, whose drafter our proposers replace.
+
+    vLLM 0.26 runs dense models with ``eagle``/``eagle3`` on its V2 runner by
+    default on GPU; that runner has its own speculator and ignores ours. The
+    choice is re-read from the environment wherever it matters (scheduler,
+    input processor, worker), and workers inherit it, so setting it here,
+    before any of them exists, switches the whole engine.
+    """
+    if not vllm_config.use_v2_model_runner:
+        return
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") is not None:
+        raise ValueError(
+            "--spec-extend needs vLLM's V1 model runner, but "
+            "VLLM_USE_V2_MODEL_RUNNER asks for V2; unset it or set it to 0."
+        )
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    if vllm_config.use_v2_model_runner:
+        raise RuntimeError(
+            "--spec-extend could not switch vLLM to its V1 model runner; "
+            "start vLLM with VLLM_USE_V2_MODEL_RUNNER=0."
+        )
+    logger.info("SpecExtend: using vLLM's V1 model runner (its drafter is ours).")
 
 
 def select_worker_cls(vllm_config) -> str:

@@ -27,6 +27,7 @@ def on_engine_config(vllm_config) -> None:
         return
     cfg = SpecExtendConfig.from_dict(raw)
     validate_engine(cfg, EngineFacts(**compat.engine_facts(vllm_config)))
+    compat.require_v1_model_runner(vllm_config)
     worker_cls = compat.select_worker_cls(vllm_config)
     compat.logger.info("SpecExtend %s with worker %s", cfg.policy, worker_cls)
 

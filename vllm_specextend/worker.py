@@ -42,6 +42,12 @@ class _SpecExtendWorkerMixin:
         from vllm_specextend.proposer import PROPOSERS
 
         runner = self.model_runner
+        if not hasattr(runner, "drafter"):
+            # vLLM's V2 runner has its own speculator and would ignore ours.
+            raise RuntimeError(
+                f"--spec-extend needs vLLM's V1 model runner, got "
+                f"{type(runner).__module__}; set VLLM_USE_V2_MODEL_RUNNER=0."
+            )
         proposer = PROPOSERS[vllm_config.speculative_config.method]
         runner.drafter = proposer(vllm_config, runner.device, runner=runner)
 

@@ -33,7 +33,7 @@ case "$1" in
     # engine goes last, so spec_extend's rows come first if time runs out.
     timeout 540 python3 benchmarks/bench_decode.py --target-config $M/llama31_8b \
       --draft-config benchmarks/models/configs/llama31_8b_eagle3 --method eagle3 \
-      --modes plain spec_extend draft_model --contexts 4096 16384 32768 --batch-sizes 1 8 \
+      --modes plain spec_extend draft_model --contexts 4096 16384 32768 --batch-sizes 1 \
       --output-len 128 --spec-extend '{"top_k": 32, "recent_tokens": 256}' \
       --out "$OUT/decode_eagle3.json" > "$OUT/decode_eagle3.log" 2>&1
     echo "eagle3 rc=$?"; python3 benchmarks/summarize_decode.py "$OUT/decode_eagle3.json"

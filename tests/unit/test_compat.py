@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import os
 import re
 import sys
 import types
@@ -239,7 +240,35 @@ def _fake_vllm_config(spec_extend=None, method="draft_model", block_size=16, tp=
             tensor_parallel_size=tp, pipeline_parallel_size=1, worker_cls=worker_cls
         ),
         additional_config=extra,
+        use_v2_model_runner=False,
     )
+
+
+class _DenseEagleConfig:
+    """Reads the runner choice as vLLM 0.26 does for a dense model with EAGLE
+    on GPU: V2 unless VLLM_USE_V2_MODEL_RUNNER says otherwise."""
+
+    @property
+    def use_v2_model_runner(self):
+        from vllm import envs
+
+        chosen = envs.VLLM_USE_V2_MODEL_RUNNER
+        return True if chosen is None else chosen
+
+
+def test_v1_runner_is_selected_when_vllm_would_pick_v2(monkeypatch):
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    cfg = _DenseEagleConfig()
+    assert cfg.use_v2_model_runner
+    compat.require_v1_model_runner(cfg)
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    assert not cfg.use_v2_model_runner
+
+
+def test_v2_runner_asked_for_explicitly_is_refused(monkeypatch):
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    with pytest.raises(ValueError, match="VLLM_USE_V2_MODEL_RUNNER"):
+        compat.require_v1_model_runner(_DenseEagleConfig())
 
 
 def test_on_engine_config_without_spec_extend_is_noop():
