@@ -31,6 +31,8 @@ def panels(plt, count: int):
 
 def plot_eval(plt, rows: list[dict], out_dir: Path) -> list[Path]:
     rows = [r for r in rows if r["task"] == "eval"]
+    if not rows:
+        return []
     datasets = sorted({r["dataset"] for r in rows})
     modes = sorted({r["mode"] for r in rows}, key=report.MODE_ORDER.get)
     written = []

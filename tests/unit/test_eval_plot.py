@@ -55,3 +55,10 @@ def test_no_needle_plot_when_the_target_never_answered(tmp_path):
     assert plot_eval.main([path, "--out-dir", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["accepted_length.png",
                                                      "decode_tok_s.png"]
+
+
+def test_needle_only_results_plot_only_the_needle(tmp_path):
+    rows = [needle_row(m, d, 2) for m in ("draft_model", "cmr") for d in (0.1, 0.9)]
+    out = tmp_path / "plots"
+    assert plot_eval.main([write(tmp_path / "n.json", rows), "--out-dir", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["needle.png"]
