@@ -69,6 +69,10 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob("tp_lossless_*.json")):
 PY
     ;;
   tp-speed)
+    # The 2026-11-22 attempt crashed in CUDA-graph capture of the plain engine on
+    # vLLM's V2 runner (bench_decode now keeps every mode on V1); these hosts keep
+    # NVLink multicast off, so all-reduce goes through NCCL, not symmetric memory.
+    export VLLM_ALLREDUCE_USE_SYMM_MEM=0
     timeout 580 python3 benchmarks/bench_decode.py --target-config $M/llama31_8b \
       --draft-config $M/llama32_1b --contexts 16384 32768 --tensor-parallel-size 2 \
       --distributed-executor-backend mp --out "$OUT/decode_1b_tp2.json" \
