@@ -176,11 +176,12 @@ class SpecExtendMixin:
             for layer, kv in zip(layers, self._draft_kv)
         ]
         nbytes = sum(kv[first:].numel() * kv.element_size() for kv in self._draft_kv)
-        if nbytes > self.scratch_bytes():
+        reserved = self.scratch_bytes()
+        if nbytes > reserved:
             # The worker reserved scratch_bytes(); more would overrun the budget.
             raise RuntimeError(
                 f"vllm-specextend: scratch KV takes {nbytes} bytes but "
-                f"{self.scratch_bytes()} were reserved from the KV cache budget."
+                f"{reserved} were reserved from the KV cache budget."
             )
         # The worker's reservation line already gave the amount at INFO.
         logger.debug(

@@ -31,35 +31,33 @@ def gather_keys(
     """Keys of physical ``blocks`` ([n] int64) as [n, Hkv, bs, D]."""
     # index_select, not advanced indexing: on CPU (torch 2.11) the latter costs
     # ~10 ms per call even for a few small pages, index_select microseconds.
+    return page_keys(kv_cache.index_select(0, blocks), head_size, key_order)
+
+
+def page_keys(
+    pages: torch.Tensor, head_size: int, key_order: torch.Tensor | None
+) -> torch.Tensor:
+    """Keys of KV pages taken out of the cache ([n, Hkv, bs, 2*D], contiguous,
+    as ``index_select`` returns them) as [n, Hkv, bs, D]."""
     if key_order is None:
-        return kv_cache.index_select(0, blocks)[..., :head_size]
-    num_kv_heads, block_size = kv_cache.shape[1], kv_cache.shape[2]
-    pages = kv_cache.view(kv_cache.shape[0], num_kv_heads, -1).index_select(0, blocks)
-    keys = pages[..., : block_size * head_size].index_select(-1, key_order)
-    return keys.view(-1, num_kv_heads, block_size, head_size)
+        return pages[..., :head_size]
+    n, num_kv_heads, block_size = pages.shape[:3]
+    flat = pages.view(n, num_kv_heads, -1)[..., : block_size * head_size]
+    return flat.index_select(-1, key_order).view(n, num_kv_heads, block_size, head_size)
 
 
-def scatter_keys(
-    kv_cache: torch.Tensor,
-    blocks: torch.Tensor,
-    keys: torch.Tensor,
-    key_order: torch.Tensor | None,
+def set_page_keys(
+    pages: torch.Tensor, keys: torch.Tensor, key_order: torch.Tensor | None
 ) -> None:
-    """Write [n, Hkv, bs, D] ``keys`` into physical ``blocks`` (inverse of
-    ``gather_keys``); values are left as they are."""
+    """Write [n, Hkv, bs, D] ``keys`` into ``pages`` in place (the inverse of
+    ``page_keys``); values are left as they are."""
     head_size = keys.shape[-1]
     if key_order is None:
-        pages = kv_cache.index_select(0, blocks)
         pages[..., :head_size] = keys
-        kv_cache.index_copy_(0, blocks, pages)
         return
-    num_kv_heads, block_size = kv_cache.shape[1], kv_cache.shape[2]
-    flat = kv_cache.view(kv_cache.shape[0], num_kv_heads, -1)
-    pages = flat.index_select(0, blocks)
-    pages[..., : block_size * head_size].index_copy_(
-        -1, key_order, keys.reshape(keys.shape[0], num_kv_heads, -1)
-    )
-    flat.index_copy_(0, blocks, pages)
+    n, num_kv_heads, block_size = pages.shape[:3]
+    flat = pages.view(n, num_kv_heads, -1)[..., : block_size * head_size]
+    flat.index_copy_(-1, key_order, keys.reshape(n, num_kv_heads, -1))
 
 
 def block_lse_torch(

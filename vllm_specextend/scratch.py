@@ -19,7 +19,7 @@ from collections.abc import Iterable
 import torch
 
 from vllm_specextend.rope import shift_keys
-from vllm_specextend.scoring import gather_keys, scatter_keys
+from vllm_specextend.scoring import page_keys, set_page_keys
 
 
 class ScratchBlocks:
@@ -83,8 +83,10 @@ def copy_shifted(
     head_size: int,
 ) -> None:
     """Copy whole KV pages ``src`` -> ``dst`` ([n] int64 physical blocks) in
-    every layer, then re-rotate the copied keys by ``delta`` [n] positions."""
+    every layer, their keys re-rotated by ``delta`` [n] positions on the way
+    (one read of the sources, one write of the copies)."""
     for kv_cache, key_order in zip(kv_caches, key_orders):
-        kv_cache.index_copy_(0, dst, kv_cache.index_select(0, src))
-        keys = gather_keys(kv_cache, dst, head_size, key_order)
-        scatter_keys(kv_cache, dst, shift_keys(keys, delta, inv_freq, is_neox), key_order)
+        pages = kv_cache.index_select(0, src)
+        keys = page_keys(pages, head_size, key_order)
+        set_page_keys(pages, shift_keys(keys, delta, inv_freq, is_neox), key_order)
+        kv_cache.index_copy_(0, dst, pages)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vllm_specextend.rope import shift_keys
-from vllm_specextend.scoring import gather_keys, scatter_keys
+from vllm_specextend.scoring import gather_keys, page_keys, set_page_keys
 from vllm_specextend.scratch import ScratchBlocks, copy_shifted, scratch_nbytes
 from vllm_specextend.view import compacted_view, prefix_shift, view_blocks
 
@@ -21,19 +21,25 @@ def _cache(num_blocks=12, seed=0):
 
 
 @pytest.mark.parametrize("ordered", [False, True])
-def test_scatter_is_the_inverse_of_gather(ordered):
+def test_set_page_keys_is_the_inverse_of_page_keys(ordered):
     cache = _cache()
     key_order = torch.randperm(BS * D) if ordered else None
     blocks = torch.tensor([3, 7])
+    pages = cache.index_select(0, blocks)
+    before = pages.clone()
     keys = torch.randn(2, H, BS, D)
-    before = cache.clone()
-    scatter_keys(cache, blocks, keys, key_order)
-    assert torch.equal(gather_keys(cache, blocks, D, key_order), keys)
-    untouched = torch.ones(cache.shape[0], dtype=torch.bool)
-    untouched[blocks] = False
-    assert torch.equal(cache[untouched], before[untouched])
+    set_page_keys(pages, keys, key_order)
+    assert torch.equal(page_keys(pages, D, key_order), keys)
+    # page_keys reads what gather_keys reads from the cache.
+    assert torch.equal(page_keys(before, D, key_order),
+                       gather_keys(cache, blocks, D, key_order))
     if not ordered:  # values (second half of each page) stay
-        assert torch.equal(cache[blocks][..., D:], before[blocks][..., D:])
+        assert torch.equal(pages[..., D:], before[..., D:])
+    else:  # every element outside the key positions stays
+        kept = torch.ones(2 * BS * D, dtype=torch.bool)
+        kept[key_order] = False
+        flat, old = pages.view(2, H, -1), before.view(2, H, -1)
+        assert torch.equal(flat[..., kept], old[..., kept])
 
 
 @pytest.mark.parametrize("ordered", [False, True])
