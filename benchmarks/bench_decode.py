@@ -47,6 +47,9 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 # EAGLE alone on V2 (dense models), so the comparison would mix runners.
 os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
 
+from longinput.acceptance import counter_delta  # noqa: E402
+from longinput.engine import spec_counters  # noqa: E402
+
 
 def model_dir(config_dir: str, root: Path) -> str:
     """A checkpoint dir holding only config.json: enough for dummy weights."""
@@ -63,13 +66,6 @@ def drafter_of(llm):
 
 def _drafter_stats(worker):
     return worker.model_runner.drafter.stats.snapshot()
-
-
-def spec_counts(llm) -> list[float]:
-    """vLLM's counters of drafts and accepted tokens (placeholders count too)."""
-    metrics = llm.get_metrics()
-    names = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens")
-    return [sum(m.value for m in metrics if m.name == n) for n in names]
 
 
 def spec_extend_stats(llm) -> dict:
@@ -322,9 +318,11 @@ def run_engine(args, mode: str, index: int) -> None:
     run_once(llm, prompts[(args.contexts[0], args.batch_sizes[0])], 8, timer)  # warm-up
     for (ctx, bs), batch in prompts.items():
         before = spec_extend_stats(llm) if mode == "spec_extend" else None
-        counts = spec_counts(llm)
+        counts = spec_counters(llm)
         row = run_once(llm, batch, args.output_len, timer)
-        drafts, accepted = (b - a for a, b in zip(counts, spec_counts(llm)))
+        # Placeholder drafts (vLLM past the draft's length) count here too.
+        spec = counter_delta(counts, spec_counters(llm))
+        drafts, accepted = spec["drafts"], spec["accepted_tokens"]
         draft_ms = row.pop("draft_ms")
         row.update(
             mode=label,
