@@ -335,6 +335,8 @@ def run_engine(args, mode: str, index: int) -> None:
             engine_startup_s=startup,
             draft_step_ms_median=statistics.median(draft_ms) if draft_ms else None,
             draft_steps=len(draft_ms),
+            # Worker processes (TP, Ray) keep the drafter out of this one's reach.
+            draft_timed=timer is not None,
             acceptance_length=1 + accepted / drafts if drafts else None,
         )
         if before is not None:

@@ -36,6 +36,8 @@ def table(result: dict) -> str:
         def step(r):
             # None: the drafter never ran (a head shorter than the context, vLLM alone).
             ms = r["draft_step_ms_median"]
+            if not r.get("draft_timed", True):
+                return "not timed"
             return "no draft" if ms is None else f"{ms:.2f}"
 
         lines.append(
@@ -46,8 +48,9 @@ def table(result: dict) -> str:
             else f"| {draft} | {ctx // 1024}K | {batch} | {tok(base)} | {tok(dm)} | {tok(se)} | | | |"
         )
     meta = result["meta"]
+    tp = meta["config"].get("tensor_parallel_size", 1)
     lines.append(
-        f"\n{meta['gpu']}, vLLM {meta['vllm']}, torch {meta['torch']}, {meta['date_utc']}; "
+        f"\n{meta['gpu']}{f' ×{tp} (TP={tp})' if tp > 1 else ''}, vLLM {meta['vllm']}, torch {meta['torch']}, {meta['date_utc']}; "
         f"synthetic acceptance length {meta['config']['acceptance_length']}, "
         f"K={meta['config']['num_spec_tokens']}, {meta['config']['output_len']} new tokens."
     )

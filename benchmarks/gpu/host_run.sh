@@ -73,11 +73,16 @@ PY
     # vLLM's V2 runner (bench_decode now keeps every mode on V1); these hosts keep
     # NVLink multicast off, so all-reduce goes through NCCL, not symmetric memory.
     export VLLM_ALLREDUCE_USE_SYMM_MEM=0
+    # A TP=2 engine takes 2-3 min to start: TP_MODES splits the engines over
+    # calls (spec_extend before draft_model, so it runs if time runs out).
+    modes=${TP_MODES:-plain spec_extend draft_model}; tag=$(echo $modes | tr ' ' -)
     timeout 580 python3 benchmarks/bench_decode.py --target-config $M/llama31_8b \
       --draft-config $M/llama32_1b --contexts 16384 32768 --tensor-parallel-size 2 \
-      --distributed-executor-backend mp --out "$OUT/decode_1b_tp2.json" \
-      > "$OUT/decode_1b_tp2.log" 2>&1
-    grep '^{' "$OUT/decode_1b_tp2.log" | cut -c1-200; grep -m3 -i "error" "$OUT/decode_1b_tp2.log" ;;
+      --distributed-executor-backend mp --modes $modes ${TP_ARGS:-} \
+      --out "$OUT/decode_1b_tp2_$tag.json" \
+      > "$OUT/decode_1b_tp2_$tag.log" 2>&1
+    echo "tp-speed rc=$?"; python3 benchmarks/summarize_decode.py "$OUT/decode_1b_tp2_$tag.json"
+    grep -m3 -E "Error|error:" "$OUT/decode_1b_tp2_$tag.log" ;;
   serve)
     # Dummy 8B/1B weights, synthetic acceptance: .gpu/tokenizer is SmolLM2's.
     # A cold server start takes 1.5-3 min on the H100: give each mode its own
