@@ -185,7 +185,10 @@ def build_llm(args, mode, target, draft, max_len):
         seed=0,
         disable_log_stats=False,
         # Verification batches are at most batch * (K + 1) tokens: capture only those.
-        compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 24, 32, 40, 48, 64]},
+        compilation_config={
+            "cudagraph_capture_sizes": [1, 2, 4, 8, 16, 24, 32, 40, 48, 64],
+            **json.loads(args.compilation_config),
+        },
     )
     if args.kv_cache_memory_bytes:
         kwargs["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
@@ -261,6 +264,9 @@ def main() -> int:
     )
     parser.add_argument("--distributed-executor-backend", choices=["mp", "ray"])
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument(
+        "--compilation-config", default="{}", metavar="JSON", help="merged into the default"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--profile", action="store_true", help="also write a torch.profiler table"
@@ -315,7 +321,10 @@ def run_engine(args, mode: str, index: int) -> None:
     local = args.distributed_executor_backend is None and args.tensor_parallel_size == 1
     timer = ProposeTimer(drafter_of(llm)) if mode != "plain" and local else None
     cpu_ms = wrap_cpu_timer(drafter_of(llm)) if mode == "spec_extend" and local else None
-    run_once(llm, prompts[(args.contexts[0], args.batch_sizes[0])], 8, timer)  # warm-up
+    # Warm-up at every batch size: kernels compiled for a new shape (Triton JIT)
+    # would otherwise land in the first measured row of that size.
+    for bs in args.batch_sizes:
+        run_once(llm, prompts[(args.contexts[0], bs)], 8, timer)
     for (ctx, bs), batch in prompts.items():
         before = spec_extend_stats(llm) if mode == "spec_extend" else None
         counts = spec_counters(llm)

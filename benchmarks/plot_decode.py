@@ -1,0 +1,70 @@
+"""Decode tokens/s against context, one panel per batch size, from one or more
+``bench_decode.py`` result files: a colour per mode, a line style per file, so
+repeated runs show their spread. Needs matplotlib (the ``bench`` extra).
+
+    python benchmarks/plot_decode.py RUN1.json [RUN2.json ...] --out decode.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+STYLES = ["o-", "s--", "^:", "d-."]
+
+
+def plot(files: list[Path], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = [json.loads(f.read_text()) for f in files]
+    batches = sorted({r["batch"] for res in results for r in res["results"]})
+    fig, axes = plt.subplots(1, len(batches), figsize=(5.5 * len(batches), 4),
+                             constrained_layout=True, squeeze=False)
+    colors = {}
+    for path, res, style in zip(files, results, STYLES):
+        modes = dict.fromkeys(r["mode"] for r in res["results"])
+        for ax, batch in zip(axes[0], batches):
+            for mode in modes:
+                rows = sorted((r for r in res["results"]
+                               if r["mode"] == mode and r["batch"] == batch),
+                              key=lambda r: r["context"])
+                if not rows:
+                    continue
+                color = colors.setdefault(mode, f"C{len(colors)}")
+                ax.plot([r["context"] // 1024 for r in rows],
+                        [r["decode_tok_s"] for r in rows], style, color=color,
+                        label=f"{mode} ({path.stem.rsplit('_', 1)[-1]})"
+                        if len(files) > 1 else mode)
+    for ax, batch in zip(axes[0], batches):
+        ax.set_title(f"batch {batch}", fontsize=10)
+        ax.set_xlabel("context (K tokens)")
+        ax.set_ylabel("decode tokens/s")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    meta, cfg = results[0]["meta"], results[0]["meta"]["config"]
+    tp = cfg.get("tensor_parallel_size", 1)
+    fig.suptitle(f"{Path(cfg['target_config']).name} / "
+                 f"{', '.join(Path(d).name for d in cfg['draft_config'])}; "
+                 f"{meta['gpu']}{f' ×{tp}, TP={tp}' if tp > 1 else ''}, vLLM {meta['vllm']}, "
+                 f"synthetic acceptance length {cfg['acceptance_length']}", fontsize=10)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    plot(args.files, args.out)
+    print(args.out)  # noqa: T201
+
+
+if __name__ == "__main__":
+    main()
