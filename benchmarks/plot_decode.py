@@ -25,9 +25,9 @@ def plot(files: list[Path], out: Path) -> None:
     fig, axes = plt.subplots(1, len(batches), figsize=(5.5 * len(batches), 4),
                              constrained_layout=True, squeeze=False)
     colors = {}
-    for path, res, style in zip(files, results, STYLES):
+    for path, res, style in zip(files, results, STYLES[:len(files)], strict=True):
         modes = dict.fromkeys(r["mode"] for r in res["results"])
-        for ax, batch in zip(axes[0], batches):
+        for ax, batch in zip(axes[0], batches, strict=True):
             for mode in modes:
                 rows = sorted((r for r in res["results"]
                                if r["mode"] == mode and r["batch"] == batch),
@@ -39,7 +39,7 @@ def plot(files: list[Path], out: Path) -> None:
                         [r["decode_tok_s"] for r in rows], style, color=color,
                         label=f"{mode} ({path.stem.rsplit('_', 1)[-1]})"
                         if len(files) > 1 else mode)
-    for ax, batch in zip(axes[0], batches):
+    for ax, batch in zip(axes[0], batches, strict=True):
         ax.set_title(f"batch {batch}", fontsize=10)
         ax.set_xlabel("context (K tokens)")
         ax.set_ylabel("decode tokens/s")
@@ -50,7 +50,8 @@ def plot(files: list[Path], out: Path) -> None:
     tp = cfg.get("tensor_parallel_size", 1)
     fig.suptitle(f"{Path(cfg['target_config']).name} / "
                  f"{', '.join(Path(d).name for d in cfg['draft_config'])}; "
-                 f"{meta['gpu']}{f' ×{tp}, TP={tp}' if tp > 1 else ''}, vLLM {meta['vllm']}, "
+                 f"{meta['gpu']}{f' ×{tp}, TP={tp}' if tp > 1 else ''}, "
+                 f"vLLM {meta['vllm']}, "
                  f"synthetic acceptance length {cfg['acceptance_length']}", fontsize=10)
     fig.savefig(out, dpi=120)
     plt.close(fig)

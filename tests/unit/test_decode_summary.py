@@ -23,8 +23,9 @@ def row(mode, context, batch, tok_s, timed):
 
 
 def result(tp, timed, scale=1.0):
+    speeds = (("plain", 100.0), ("draft_model", 120.0), ("spec_extend", 150.0))
     rows = [row(m, c, b, scale * t, timed) for c in (16384, 32768) for b in (1, 8)
-            for m, t in (("plain", 100.0), ("draft_model", 120.0), ("spec_extend", 150.0))]
+            for m, t in speeds]
     return {"meta": {"gpu": "GPU", "vllm": "0.26.0", "torch": "2.11.0", "date_utc": "d",
                      "config": {"method": "draft_model", "tensor_parallel_size": tp,
                                 "acceptance_length": 3.0, "num_spec_tokens": 4,
@@ -35,7 +36,8 @@ def result(tp, timed, scale=1.0):
 
 def test_worker_process_rows_say_not_timed():
     text = summarize_decode.table(result(tp=2, timed=False))
-    assert "| d | 16K | 8 | 100 | 120 | 150 | not timed → not timed | 10.0% | 2.0% |" in text
+    assert ("| d | 16K | 8 | 100 | 120 | 150 | not timed → not timed "
+            "| 10.0% | 2.0% |") in text
     assert "GPU ×2 (TP=2)" in text
 
 
