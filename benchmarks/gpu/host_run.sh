@@ -87,13 +87,15 @@ PY
     # Dummy 8B/1B weights, synthetic acceptance: .gpu/tokenizer is SmolLM2's.
     # A cold server start takes 1.5-3 min on the H100: give each mode its own
     # call (SERVE_MODES=plain, ...); the rows merge in one results file.
+    # SERVE_INPUT_LEN sets the prompt length (default 8192).
+    len=${SERVE_INPUT_LEN:-8192}
     timeout 540 python3 benchmarks/bench_serve.py --target $M/llama31_8b \
-      --draft $M/llama32_1b --tokenizer .gpu/tokenizer --input-len 8192 \
+      --draft $M/llama32_1b --tokenizer .gpu/tokenizer --input-len $len \
       --modes ${SERVE_MODES:-plain draft_model spec_extend} \
       --output-len 128 --concurrency 1 4 16 --num-prompts 4 8 32 \
       --acceptance-length 3.0 --spec-extend '{"top_k": 32, "recent_tokens": 256}' \
       --startup-timeout 300 --run-timeout 150 --out-dir "$OUT/serve" \
-      -- --load-format dummy --dtype bfloat16 --max-model-len 8448 --max-num-seqs 16 \
+      -- --load-format dummy --dtype bfloat16 --max-model-len $((len + 256)) --max-num-seqs 16 \
       --block-size 16 --gpu-memory-utilization 0.9 \
       -cc '{"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 24, 32, 48, 64, 80]}' \
       > "$OUT/serve.log" 2>&1
