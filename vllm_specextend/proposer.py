@@ -221,8 +221,9 @@ class SpecExtendMixin:
         self.store.drop(req_ids)
         if self.scratch is not None:
             self.scratch.release(req_ids)
-        # Publish here too: once the last request ends no draft step follows.
-        self._report()
+        # Once the batch empties no draft step follows: publish now, or /metrics
+        # would miss the last requests' counts until the next request.
+        self._report(force=compat.live_req_ids(self.runner) <= set(req_ids))
 
     @override
     def propose(
@@ -491,9 +492,9 @@ class SpecExtendMixin:
         self.stats.compactions += len(rows)
         self.stats.stop_timer(timer, "compaction_seconds")
 
-    def _report(self) -> None:
+    def _report(self, force: bool = False) -> None:
         # The sweep is a backstop, not a per-step cost: run it when reporting.
-        if self.reporter is not None and self.reporter.due():
+        if self.reporter is not None and (force or self.reporter.due()):
             live = compat.live_req_ids(self.runner)
             self.store.sweep(live)
             if self.scratch is not None:

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import subprocess
+import types
 
 import pytest
 import torch
@@ -233,3 +234,28 @@ def test_collector_empty_dir(tmp_path):
     collector = SnapshotCollector(tmp_path)
     fams = _families(collector)
     assert all(f.samples[0].value == 0 for f in fams.values())
+
+
+def _proposer_with_batch(live, interval_s):
+    from vllm_specextend.proposer import SpecExtendProposer
+    from vllm_specextend.state import SelectionStore
+
+    proposer = object.__new__(SpecExtendProposer)  # no engine: only the bookkeeping
+    proposer.store = SelectionStore()
+    proposer.scratch = None
+    proposer.stats = SpecExtendStats()
+    proposer.runner = types.SimpleNamespace(requests=dict.fromkeys(live))
+    proposer.reporter = StatsReporter(proposer.stats, interval_s, log=lambda _: None)
+    return proposer
+
+
+def test_last_requests_ending_publish_at_once(metrics_env):
+    """The step that ends the last requests publishes before the interval: no
+    draft step follows to report their counts."""
+    proposer = _proposer_with_batch(["a", "b", "c"], interval_s=3600.0)
+    proposer.stats.decode_rows = 5
+    proposer.on_requests_done({"a"})  # "b" and "c" still run: wait for the interval
+    assert not proposer.reporter.path.exists()
+    del proposer.runner.requests["a"]  # the runner drops it in its own step
+    proposer.on_requests_done({"b", "c"})
+    assert json.loads(proposer.reporter.path.read_text())["decode_rows"] == 5
