@@ -11,6 +11,8 @@ import argparse
 import json
 from pathlib import Path
 
+from summarize_decode import device
+
 STYLES = ["o-", "s--", "^:", "d-."]
 
 
@@ -47,11 +49,9 @@ def plot(files: list[Path], out: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     meta, cfg = results[0]["meta"], results[0]["meta"]["config"]
-    tp = cfg.get("tensor_parallel_size", 1)
     fig.suptitle(f"{Path(cfg['target_config']).name} / "
                  f"{', '.join(Path(d).name for d in cfg['draft_config'])}; "
-                 f"{meta['gpu']}{f' ×{tp}, TP={tp}' if tp > 1 else ''}, "
-                 f"vLLM {meta['vllm']}, "
+                 f"{device(meta)}, vLLM {meta['vllm']}, "
                  f"synthetic acceptance length {cfg['acceptance_length']}", fontsize=10)
     fig.savefig(out, dpi=120)
     plt.close(fig)

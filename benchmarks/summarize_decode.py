@@ -10,6 +10,12 @@ import json
 from collections import defaultdict
 
 
+def device(meta: dict) -> str:
+    """The GPU a result ran on, with the TP degree past 1."""
+    tp = meta["config"].get("tensor_parallel_size", 1)
+    return f"{meta['gpu']} ×{tp} (TP={tp})" if tp > 1 else meta["gpu"]
+
+
 def table(result: dict) -> str:
     rows = defaultdict(dict)
     for r in result["results"]:
@@ -48,9 +54,8 @@ def table(result: dict) -> str:
             else f"| {draft} | {ctx // 1024}K | {batch} | {tok(base)} | {tok(dm)} | {tok(se)} | | | |"
         )
     meta = result["meta"]
-    tp = meta["config"].get("tensor_parallel_size", 1)
     lines.append(
-        f"\n{meta['gpu']}{f' ×{tp} (TP={tp})' if tp > 1 else ''}, vLLM {meta['vllm']}, torch {meta['torch']}, {meta['date_utc']}; "
+        f"\n{device(meta)}, vLLM {meta['vllm']}, torch {meta['torch']}, {meta['date_utc']}; "
         f"synthetic acceptance length {meta['config']['acceptance_length']}, "
         f"K={meta['config']['num_spec_tokens']}, {meta['config']['output_len']} new tokens."
     )

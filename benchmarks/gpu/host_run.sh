@@ -69,15 +69,17 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob("tp_lossless_*.json")):
 PY
     ;;
   tp-speed)
-    # The 2026-11-22 attempt crashed in CUDA-graph capture of the plain engine on
-    # vLLM's V2 runner (bench_decode now keeps every mode on V1); these hosts keep
-    # NVLink multicast off, so all-reduce goes through NCCL, not symmetric memory.
+    # These hosts keep NVLink multicast off: vLLM's auto-selected FlashInfer
+    # all-reduce + RMSNorm fusion (mnnvl) crashes CUDA-graph capture of any 8B
+    # TP=2 engine, so it is turned off; symmetric-memory all-reduce stays off as
+    # in the committed runs.
     export VLLM_ALLREDUCE_USE_SYMM_MEM=0
-    # A TP=2 engine takes 2-3 min to start: TP_MODES splits the engines over
+    # A TP=2 engine takes 1-3 min to start: TP_MODES splits the engines over
     # calls (spec_extend before draft_model, so it runs if time runs out).
     modes=${TP_MODES:-plain spec_extend draft_model}; tag=$(echo $modes | tr ' ' -)
     timeout 580 python3 benchmarks/bench_decode.py --target-config $M/llama31_8b \
       --draft-config $M/llama32_1b --contexts 16384 32768 --tensor-parallel-size 2 \
+      --compilation-config '{"pass_config": {"fuse_allreduce_rms": false}}' \
       --distributed-executor-backend mp --modes $modes ${TP_ARGS:-} \
       --out "$OUT/decode_1b_tp2_$tag.json" \
       > "$OUT/decode_1b_tp2_$tag.log" 2>&1
