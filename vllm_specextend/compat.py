@@ -169,13 +169,16 @@ _PATCHED: dict[str, Callable] = {}
 
 
 def patch_engine_args(
-    add_args: Callable[[Any], None], on_config: Callable[[Any], None]
+    add_args: Callable[[Any], None],
+    on_config: Callable[[Any], None],
+    on_args: Callable[[Any], None] = lambda args: None,
 ) -> None:
     """Wrap ``EngineArgs.add_cli_args`` and ``.create_engine_config``.
 
     vLLM 0.26 has no API for plugin CLI flags (the comment in
-    ``AsyncEngineArgs.add_cli_args`` invites parser changes) and no hook after
-    the engine config resolves. Idempotent.
+    ``AsyncEngineArgs.add_cli_args`` invites parser changes) and no hook before
+    or after the engine config resolves: ``on_args(engine_args)`` runs before
+    it, ``on_config(vllm_config)`` after. Idempotent.
     """
     engine_args = __getattr__("EngineArgs")
     if "add_cli_args" not in _PATCHED:
@@ -194,6 +197,7 @@ def patch_engine_args(
 
         @functools.wraps(original_create)
         def create_engine_config(self, *args, **kwargs):
+            on_args(self)
             vllm_config = original_create(self, *args, **kwargs)
             on_config(vllm_config)
             return vllm_config
@@ -236,6 +240,12 @@ def engine_facts(vllm_config) -> dict[str, Any]:
             else spec.draft_model_config.max_model_len
         ),
         num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens,
+        model=vllm_config.model_config.model,
+        draft_model=(
+            None
+            if spec is None or spec.draft_model_config is None
+            else spec.draft_model_config.model
+        ),
     )
 
 
@@ -541,6 +551,24 @@ def add_kv_blocks(runner, vllm_config, layer_names, num_extra: int) -> int:
     if first is None:
         raise RuntimeError("vllm-specextend found no draft attention layer.")
     return first
+
+
+def kv_cache_layer_names(vllm_config) -> set[str]:
+    """Names of the attention layers that own KV cache (the target's, when no
+    draft model is loaded)."""
+    from vllm.config import get_layers_from_vllm_config
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+    layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase)
+    return {
+        name
+        for name, layer in layers.items()
+        if layer.get_kv_cache_spec(vllm_config) is not None
+    }
+
+
+# vLLM 0.26: slot id that attention's KV update skips (spec_decode.utils).
+PADDING_SLOT_ID = -1
 
 
 def attention_layer(vllm_config, name: str):

@@ -46,6 +46,9 @@ class SpecExtendConfig:
     """Renumber the draft's working set to contiguous positions (``rope.py``),
     so a draft with fewer positions than the target can still draft. ``auto``:
     on when the draft's max_model_len is below the target's."""
+    self_draft: bool = False
+    """The target drafts for itself through the view of its own KV
+    (``self_draft.py``): no draft model, no draft KV."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -65,6 +68,10 @@ class SpecExtendConfig:
                 raise SpecExtendConfigError(
                     f"spec_extend.{name}={value!r} must be an integer >= {low}."
                 )
+        if not isinstance(self.self_draft, bool):
+            raise SpecExtendConfigError(
+                f"spec_extend.self_draft={self.self_draft!r} must be true or false."
+            )
         if not isinstance(self.compact_positions, bool) and (
             self.compact_positions != "auto"
         ):
@@ -164,6 +171,10 @@ class EngineFacts:
     draft_max_model_len: int | None = None
     """The draft's max_model_len after vLLM caps it at the target's."""
     num_speculative_tokens: int = 0
+    model: str | None = None
+    """The target's model path or name."""
+    draft_model: str | None = None
+    """The draft's model path or name (the target's under ``self_draft``)."""
 
 
 def compaction_on(cfg: SpecExtendConfig, facts: EngineFacts) -> bool:
@@ -174,18 +185,37 @@ def compaction_on(cfg: SpecExtendConfig, facts: EngineFacts) -> bool:
     return facts.draft_max_model_len < facts.max_model_len
 
 
+def _raise_if_bad_self_draft(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
+    if not cfg.self_draft:
+        return
+    if facts.method != "draft_model" or facts.draft_model != facts.model:
+        raise SpecExtendConfigError(
+            "spec_extend.self_draft drafts with the target itself, but the engine "
+            f"has a separate {facts.method} draft ({facts.draft_model}); drop "
+            "--speculative-model / the speculative method, or set self_draft to "
+            "false."
+        )
+    if cfg.compact_positions is True:
+        raise SpecExtendConfigError(
+            "spec_extend.self_draft reads the target's own KV at its own "
+            'positions; set compact_positions to false or "auto".'
+        )
+
+
 def validate_engine(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
     """Reject engine setups SpecExtend cannot serve, naming the fix."""
     if not facts.has_speculative_config:
         raise SpecExtendConfigError(
             "--spec-extend needs a draft model: add --speculative-model DRAFT "
-            "(alias of --spec-model) and --num-speculative-tokens K."
+            "(alias of --spec-model) and --num-speculative-tokens K, or let the "
+            "target draft for itself with --spec-extend '{\"self_draft\": true}'."
         )
     if facts.method not in METHODS:
         raise SpecExtendConfigError(
             f"--spec-extend supports the speculative methods {METHODS}, got "
             f"{facts.method!r}. Pass a draft checkpoint with --speculative-model."
         )
+    _raise_if_bad_self_draft(cfg, facts)
     if facts.disable_padded_drafter_batch:
         raise SpecExtendConfigError(
             "--spec-extend needs the padded drafter batch; unset "

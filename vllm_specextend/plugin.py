@@ -36,9 +36,11 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    from vllm_specextend import cli, compat, metrics
+    from vllm_specextend import cli, compat, metrics, self_draft
 
     compat.check_vllm_version()
-    compat.patch_engine_args(cli.add_spec_extend_args, on_engine_config)
+    compat.patch_engine_args(
+        cli.add_spec_extend_args, on_engine_config, self_draft.speculative_config_for
+    )
     metrics.install_collector()
     _registered = True

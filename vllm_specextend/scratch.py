@@ -5,8 +5,7 @@ re-rotated to new positions. Those copies cannot go into the real blocks: prefix
 caching shares them between requests, and later views (other chunks, other
 offsets) need them as cached. So every draft attention layer gets extra KV
 blocks past the pool the scheduler manages (``compat.add_kv_blocks``), and each
-live request owns a fixed run of them, freed like its selection when the
-request finishes, is aborted or is preempted. Their bytes come out of vLLM's
+request slot of the selection state owns a fixed run of them (``compactor``). Their bytes come out of vLLM's
 KV cache budget (``scratch_nbytes``, the worker's ``determine_available_memory``).
 
 Pure torch; no vLLM.
@@ -20,42 +19,6 @@ import torch
 
 from vllm_specextend.rope import shift_keys
 from vllm_specextend.scoring import page_keys, set_page_keys
-
-
-class ScratchBlocks:
-    """req_id -> first block of its run of ``blocks_per_request`` scratch blocks."""
-
-    def __init__(self, first_block: int, blocks_per_request: int, num_runs: int):
-        self.first_block = first_block
-        self.blocks_per_request = blocks_per_request
-        self.num_runs = num_runs
-        self._owner: dict[str, int] = {}
-        self._free = list(range(num_runs - 1, -1, -1))
-
-    def __len__(self) -> int:
-        return len(self._owner)
-
-    def run_of(self, req_id: str) -> int:
-        """First scratch block of ``req_id``, assigning a free run on first use."""
-        run = self._owner.get(req_id)
-        if run is None:
-            if not self._free:
-                raise RuntimeError(
-                    f"vllm-specextend: all {self.num_runs} scratch runs are taken; "
-                    "a finished request was never released."
-                )
-            run = self._owner[req_id] = self._free.pop()
-        return self.first_block + run * self.blocks_per_request
-
-    def release(self, req_ids: Iterable[str]) -> None:
-        for req_id in req_ids:
-            run = self._owner.pop(req_id, None)
-            if run is not None:
-                self._free.append(run)
-
-    def sweep(self, live_req_ids: Iterable[str]) -> None:
-        live = set(live_req_ids)
-        self.release([r for r in self._owner if r not in live])
 
 
 def scratch_nbytes(

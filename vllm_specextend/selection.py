@@ -12,29 +12,34 @@ Pure torch; no vLLM.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vllm_specextend.config import SpecExtendConfig
 
 
-def window_start(cfg: SpecExtendConfig, anchor: int) -> int:
+def window_start(cfg: SpecExtendConfig, anchor):
     """First token of the recent window for queries starting at ``anchor``.
 
-    Chunk-aligned, never inside the sinks, and at most ``anchor``.
+    Chunk-aligned, never inside the sinks, and at most ``anchor``. ``anchor``
+    is an int or an int array (one per row).
     """
     start = (anchor - cfg.window_tokens) // cfg.chunk_size * cfg.chunk_size
-    return max(cfg.sink_tokens, start)
+    if isinstance(start, int):
+        return max(cfg.sink_tokens, start)
+    return np.maximum(cfg.sink_tokens, start)
 
 
-def num_candidates(cfg: SpecExtendConfig, start: int) -> int:
+def num_candidates(cfg: SpecExtendConfig, start):
     """Chunks between the sinks and the window start, i.e. retrievable ones."""
-    return max(0, start // cfg.chunk_size - cfg.sink_tokens // cfg.chunk_size)
+    n = start // cfg.chunk_size - cfg.sink_tokens // cfg.chunk_size
+    return max(0, n) if isinstance(n, int) else np.maximum(0, n)
 
 
-def uses_view(cfg: SpecExtendConfig, start: int) -> bool:
+def uses_view(cfg: SpecExtendConfig, start):
     """Whether the restricted view drops anything for a window at ``start``."""
     if cfg.policy == "full":
-        return False
+        return False if isinstance(start, int) else np.zeros_like(start, dtype=bool)
     if cfg.policy == "streaming":
         return start > cfg.sink_tokens
     return num_candidates(cfg, start) > cfg.top_k

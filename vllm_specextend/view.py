@@ -17,11 +17,15 @@ scratch blocks instead, holding copies whose keys sit at ``offset + view
 index``: the whole row then spans contiguous positions ending at the real one.
 
 KV writes never go through the view (slot mappings use the real table).
-Pure torch; no vLLM.
+``ViewBuilder`` assembles a step's view from the selection state.
+Pure torch and numpy; no vLLM.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 
@@ -117,3 +121,77 @@ def prefix_shift(
     """
     j = torch.arange(logical_blocks.shape[0], device=logical_blocks.device)
     return offset + (j - logical_blocks) * block_size
+
+
+@dataclass
+class View:
+    """What the draft's attention metadata takes from a step's view."""
+
+    block_table: torch.Tensor  # [num_reqs, max_blocks] int32
+    offsets: torch.Tensor  # [num_reqs] int32, tokens dropped before the window
+    offsets_cpu: torch.Tensor  # [num_reqs] int32, the same on the host
+
+
+class ViewBuilder:
+    """A step's view from the selection state of the batch's rows.
+
+    Rows without a selection in use map to themselves (sinks + window from the
+    first block), so one gather serves the whole batch. Host lengths decide
+    which rows read through a view; chunk ids stay on the device.
+    """
+
+    def __init__(self, cfg, state, staging, block_size: int, compactor=None):
+        self.cfg = cfg
+        self.state = state
+        self.staging = staging
+        self.block_size = block_size
+        self.compactor = compactor
+        self._raise_if_chunk_not_whole_blocks()
+
+    def _raise_if_chunk_not_whole_blocks(self) -> None:
+        if self.cfg.chunk_size % self.block_size:
+            raise ValueError(
+                f"spec_extend.chunk_size={self.cfg.chunk_size} is not a multiple "
+                f"of the draft's KV kernel block size {self.block_size}."
+            )
+
+    def build(self, seq, drafting, slots, slots_dev, block_table, stats) -> View | None:
+        """seq, drafting (rows whose draft forwards may read through a view),
+        slots: [num_reqs] host; block_table: [num_reqs, max_blocks] device."""
+        cfg, state, bs = self.cfg, self.state, self.block_size
+        per_chunk = cfg.chunk_size // bs
+        sink_blocks = cfg.sink_tokens // bs
+        on = state.active[slots] & drafting  # [num_reqs]
+        num_selected = np.where(on, state.num_selected[slots], 0)
+        prefix = sink_blocks + num_selected * per_chunk
+        starts = state.window_start[slots]
+        window_block = np.where(on, starts // bs, sink_blocks)
+        offsets = np.where(on, starts - prefix * bs, 0)
+        stats.decode_rows += int(drafting.sum())
+        stats.full_context_tokens += int(seq[drafting].sum())
+        stats.draft_context_tokens += int((seq - offsets)[drafting].sum())
+        if not on.any():
+            return None
+        state.steps_since_refresh[slots[on]] += 1
+        stats.view_rows += int(on.sum())
+        num_selected_d, window_block_d, offsets_d = self.staging.to_device(
+            num_selected, window_block, offsets
+        )
+        table, logical = build_view(
+            block_table,
+            sink_blocks,
+            num_selected_d,
+            window_block_d,
+            state.selected_chunks[slots_dev],  # [num_reqs, top_k]
+            per_chunk,
+        )
+        if self.compactor is not None:
+            table = self.compactor.apply(
+                table, logical, on, slots, prefix, offsets, state, self.staging,
+                bs, stats,
+            )
+        return View(
+            table,
+            offsets_d.to(torch.int32),
+            torch.from_numpy(offsets.astype(np.int32)),
+        )

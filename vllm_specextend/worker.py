@@ -39,7 +39,7 @@ class _SpecExtendWorkerMixin:
             compat.additional_config(vllm_config).get(ADDITIONAL_CONFIG_KEY)
         )
         validate_engine(cfg, EngineFacts(**compat.engine_facts(vllm_config)))
-        from vllm_specextend.proposer import PROPOSERS
+        from vllm_specextend.proposer import proposer_class
 
         runner = self.model_runner
         if not hasattr(runner, "drafter"):
@@ -48,7 +48,7 @@ class _SpecExtendWorkerMixin:
                 f"--spec-extend needs vLLM's V1 model runner, got "
                 f"{type(runner).__module__}; set VLLM_USE_V2_MODEL_RUNNER=0."
             )
-        proposer = PROPOSERS[vllm_config.speculative_config.method]
+        proposer = proposer_class(cfg, vllm_config.speculative_config.method)
         runner.drafter = proposer(vllm_config, runner.device, runner=runner)
 
     @override
@@ -102,7 +102,7 @@ class _SpecExtendWorkerMixin:
         drafter = self.model_runner.drafter
         return {
             "live_requests": sorted(compat.live_req_ids(self.model_runner)),
-            "tracked_requests": len(drafter.store),
+            "tracked_requests": len(drafter.state),
             "stats": drafter.stats.snapshot(),
         }
 

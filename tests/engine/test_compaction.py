@@ -45,10 +45,7 @@ def scratch_footprint(llm, proposer):
     return dict(
         footprint=kv_footprint(llm),
         scratch_bytes=proposer.scratch_bytes(),
-        scratch_allocated=sum(
-            kv[proposer.scratch.first_block :].numel() * kv.element_size()
-            for kv in proposer._draft_kv
-        ),
+        scratch_allocated=proposer.compactor.allocated_bytes(),
     )
 
 
@@ -103,11 +100,12 @@ def run_compacted(target, draft, prompts):
         accepted=counter(llm, "vllm:spec_decode_num_accepted_tokens"),
         draft_tokens=counter(llm, "vllm:spec_decode_num_draft_tokens"),
         stats=proposer.stats.snapshot(),
-        compact=proposer.compact,
+        compact=proposer.compactor is not None,
         **scratch_footprint(llm, proposer),
     )
     generate(llm, [prompts[0][:16]], max_tokens=2)  # delivers the finished ids
-    result["scratch_held"] = len(proposer.scratch)
+    # Slots (and so scratch runs) held by requests the runner has let go of.
+    result["scratch_held"] = len(set(proposer.state) - set(proposer.runner.requests))
     shutdown(llm)
     return result
 

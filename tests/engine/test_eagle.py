@@ -41,9 +41,9 @@ def run_eagle(target, head, spec_extend, prompts, method="eagle3"):
         stats=proposer.stats.snapshot(),
         cls=type(proposer).__name__,
         head=type(proposer.model).__name__,
-        compact=proposer.compact,
+        compact=proposer.compactor is not None,
     )
-    if proposer.compact:
+    if proposer.compactor is not None:
         result.update(scratch_footprint(llm, proposer))
     shutdown(llm)
     return result

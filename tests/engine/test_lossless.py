@@ -104,7 +104,7 @@ def test_greedy_matches_plain(tiny_target, tiny_draft, prompts, plain_outputs,
     drafts = counter(llm, "vllm:spec_decode_num_drafts")
     # Finished ids reach the worker with the next step: run a short request.
     generate(llm, [prompts[1][:16]], max_tokens=2)
-    store_size = len(drafter(llm).store)
+    store_size = len(drafter(llm).state)
     shutdown(llm)
 
     assert outputs == plain_outputs
@@ -141,18 +141,20 @@ def test_streaming_policy_is_lossless(tiny_target, tiny_draft, prompts, plain_ou
 
 
 def _record_selections(worker):
-    """Runs in each TP worker: log every chunk selection the proposer stores."""
+    """Runs in each TP worker: log every chunk selection the retriever makes."""
     drafter = worker.model_runner.drafter
     log = drafter.test_selections = []
-    put = drafter.store.put
+    retrieve = drafter.retriever.retrieve
+    state = drafter.state
 
-    def recording_put(req_id, entry):
-        if entry.selected_chunks is not None:
-            chunks = entry.selected_chunks[: entry.num_selected].tolist()
-            log.append((req_id, entry.window_start, chunks))
-        put(req_id, entry)
+    def recording_retrieve(request, lens, slots, *args, **kwargs):
+        retrieve(request, lens, slots, *args, **kwargs)
+        for slot in slots[request.rows]:
+            n = int(state.num_selected[slot])
+            chunks = state.selected_chunks[slot, :n].tolist()
+            log.append((int(slot), int(state.window_start[slot]), chunks))
 
-    drafter.store.put = recording_put
+    drafter.retriever.retrieve = recording_retrieve
 
 
 def _selections_and_stats(worker):
@@ -190,10 +192,10 @@ def test_abort_frees_state(tiny_target, tiny_draft, prompts):
     params = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
     for i, prompt in enumerate(prompts[:3]):
         engine.add_request(f"r{i}", {"prompt_token_ids": prompt}, params)
-    store = drafter(llm).store
+    state = drafter(llm).state
 
     def held(prefix):  # the engine suffixes request ids internally
-        return [req_id for req_id in store if req_id.startswith(prefix)]
+        return [r for r in state if r.startswith(prefix) and state.selection(r)]
 
     for _ in range(30):
         engine.step()
@@ -206,7 +208,7 @@ def test_abort_frees_state(tiny_target, tiny_draft, prompts):
     while engine.has_unfinished_requests():
         engine.step()
     generate(llm, [prompts[1][:16]], max_tokens=2)  # delivers the finished ids
-    assert len(store) == 0
+    assert len(state) == 0
     shutdown(llm)
 
 

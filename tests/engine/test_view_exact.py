@@ -43,10 +43,11 @@ def _drafts_and_reference(tiny_draft, long_prompts, cfg):
         rejected = kwargs["num_rejected_tokens_gpu"]
         pos = int(cad.seq_lens[0]) - (int(rejected[0]) if rejected is not None else 0)
         draft = original(*args, **kwargs)
-        entry = next(iter(proposer.store._entries.values()), None)
-        if entry is not None and entry.steps_since_refresh > 0:
-            chunks = entry.selected_chunks[: entry.num_selected].tolist()
-            steps.append((pos, entry.window_start, chunks, int(draft[0, 0])))
+        req_id = next(iter(proposer.state), None)
+        entry = None if req_id is None else proposer.state.selection(req_id)
+        if entry is not None and entry[2] > 0:
+            start, chunks, _ = entry
+            steps.append((pos, start, chunks, int(draft[0, 0])))
         return draft
 
     proposer.propose = record

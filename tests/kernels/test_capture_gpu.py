@@ -45,15 +45,15 @@ def retrieved_chunks(model_dir: str, prompt: list[int], eager: bool) -> list[set
     )
     core = llm.llm_engine.engine_core.engine_core
     proposer = core.model_executor.driver_worker.worker.model_runner.drafter
-    original = proposer._retrieve
+    original = proposer.retriever.retrieve
     picks: list[set] = []
 
     def record(*args, **kwargs):
         original(*args, **kwargs)
-        entry = next(iter(proposer.store._entries.values()))
-        picks.append(set(entry.selected_chunks[: entry.num_selected].tolist()))
+        _, chunks, _ = proposer.state.selection(next(iter(proposer.state)))
+        picks.append(set(chunks))
 
-    proposer._retrieve = record
+    proposer.retriever.retrieve = record
     params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
     llm.generate([{"prompt_token_ids": prompt}], params)
     llm.llm_engine.engine_core.shutdown()

@@ -1,0 +1,116 @@
+"""The retriever: chooses the chunks of the rows the planner sends it.
+
+For each row: the query of its last accepted token, captured from the
+target's final attention layer during verification, is scored against that
+layer's paged keys (``scoring.block_lse``: one log-sum-exp per KV block and
+query head), turned into attention mass per chunk (``selection.chunk_mass``),
+averaged over all heads across tensor-parallel ranks, and the ``top_k`` chunks
+between the sinks and the window start are kept (``selection.select_chunks``).
+Everything after the host's row list stays on the device; the chosen ids go
+straight into the selection state's device buffer.
+
+Tensor parallel: each rank holds a shard of the heads, so masses are summed
+over ranks, and rank 0's choice is broadcast so that every rank drafts from
+the same view even if the reductions differ in the last bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vllm_specextend import compat
+from vllm_specextend.config import SpecExtendConfig
+from vllm_specextend.metrics import SpecExtendStats
+from vllm_specextend.planner import BatchLens, ScoreRequest
+from vllm_specextend.scoring import block_lse
+from vllm_specextend.selection import chunk_mass, num_candidates, select_chunks
+from vllm_specextend.staging import HostStaging
+from vllm_specextend.state import SelectionState
+
+
+class Retriever:
+    def __init__(self, cfg: SpecExtendConfig, state: SelectionState,
+                 staging: HostStaging, device: torch.device):
+        self.cfg = cfg
+        self.state = state
+        self.staging = staging
+        self.device = device
+        self.layer = None  # the target's final attention layer
+        self.query_buf: torch.Tensor | None = None  # [max_num_tokens, Hq, D]
+        self.capturing = True
+        self.tp_size = 1
+        self._key_order: torch.Tensor | None = None
+
+    def attach(self, layer, max_num_tokens: int, dtype: torch.dtype,
+               tp_size: int) -> None:
+        """Score against ``layer``'s keys; capture its queries from now on."""
+        self.layer = layer
+        self.tp_size = tp_size
+        self.query_buf = torch.zeros(
+            max_num_tokens, layer.num_heads, layer.head_size,
+            dtype=dtype, device=self.device,
+        )
+        compat.wrap_query_capture(layer, self._capture_query)
+
+    def _capture_query(self, query: torch.Tensor) -> None:
+        # Off while a target drafts for itself: its draft forwards go through
+        # the same layer, and the retriever needs the verification's queries.
+        if not self.capturing:
+            return
+        buf = self.query_buf
+        n = min(query.shape[0], buf.shape[0])
+        buf[:n].copy_(query[:n].view(n, buf.shape[1], buf.shape[2]))
+
+    def retrieve(self, request: ScoreRequest, lens: BatchLens, slots: np.ndarray,
+                 slots_dev: torch.Tensor, cad, token_indices_to_sample,
+                 num_rejected, stats: SpecExtendStats) -> None:
+        cfg = self.cfg
+        rows_np = request.rows
+        timer = stats.start_timer(self.device)
+        num_chunks_total = num_candidates(cfg, request.window_start)
+        num_selected = np.minimum(cfg.top_k, num_chunks_total)
+        hi = request.window_start // cfg.chunk_size
+        lo = np.full_like(hi, cfg.sink_tokens // cfg.chunk_size)
+        if token_indices_to_sample is None:
+            last = cad.query_start_loc_cpu[1:].numpy()[rows_np] - 1
+            rows, lo_d, hi_d, last_d = self.staging.to_device(rows_np, lo, hi, last)
+            query_rows = last_d
+        else:
+            rows, lo_d, hi_d = self.staging.to_device(rows_np, lo, hi)
+            query_rows = token_indices_to_sample[rows]
+        ctx_lens = cad.seq_lens[rows]
+        if num_rejected is not None:
+            ctx_lens = ctx_lens - num_rejected[rows]
+        kv_cache = compat.layer_kv_cache(self.layer)
+        if kv_cache.device.type == "cpu" and self._key_order is None:
+            self._key_order = compat.cpu_key_order(
+                self.layer, kv_cache.shape[2], kv_cache.dtype
+            )
+        block_size = kv_cache.shape[2]
+        max_ctx = int(lens.seq[rows_np].max())
+        lse = block_lse(
+            self.query_buf[query_rows.long()],  # [n, Hq, D]
+            kv_cache,
+            cad.block_table_tensor[rows],  # [n, max_blocks]
+            ctx_lens.to(torch.int32),  # [n]
+            -(-max_ctx // block_size),
+            self.layer.impl.scale,
+            self._key_order,
+        )  # [n, Hq, num_blocks]
+        mass = chunk_mass(lse, cfg.chunk_size // block_size)  # [n, num_chunks]
+        if self.tp_size > 1:
+            mass = compat.tp_all_reduce(mass) / self.tp_size
+        selected = select_chunks(mass, lo_d, hi_d, min(cfg.top_k, mass.shape[1]))
+        if self.tp_size > 1:
+            selected = compat.tp_broadcast(selected.contiguous())
+        self.state.put(
+            slots[rows_np], request.window_start, num_selected, selected,
+            slots_dev[rows],
+        )
+        stats.retrievals += int(rows_np.size)
+        stats.retrieval_steps += 1
+        stats.stop_timer(timer)
+
+    def reset(self) -> None:
+        self._key_order = None
