@@ -226,7 +226,9 @@ def _fake_vllm_config(spec_extend=None, method="draft_model", block_size=16, tp=
         types.SimpleNamespace(
             method=method,
             disable_padded_drafter_batch=padded_off,
-            draft_model_config=types.SimpleNamespace(max_model_len=draft_max_model_len),
+            draft_model_config=types.SimpleNamespace(
+                max_model_len=draft_max_model_len, model="draft"
+            ),
             num_speculative_tokens=4,
         )
         if has_spec else None
@@ -235,7 +237,7 @@ def _fake_vllm_config(spec_extend=None, method="draft_model", block_size=16, tp=
     return types.SimpleNamespace(
         speculative_config=spec,
         cache_config=types.SimpleNamespace(block_size=block_size),
-        model_config=types.SimpleNamespace(max_model_len=max_model_len),
+        model_config=types.SimpleNamespace(max_model_len=max_model_len, model="target"),
         parallel_config=types.SimpleNamespace(
             tensor_parallel_size=tp, pipeline_parallel_size=1, worker_cls=worker_cls
         ),

@@ -237,12 +237,13 @@ def test_collector_empty_dir(tmp_path):
 
 
 def _proposer_with_batch(live, interval_s):
+    import torch
+
     from vllm_specextend.proposer import SpecExtendProposer
-    from vllm_specextend.state import SelectionStore
+    from vllm_specextend.state import SelectionState
 
     proposer = object.__new__(SpecExtendProposer)  # no engine: only the bookkeeping
-    proposer.store = SelectionStore()
-    proposer.scratch = None
+    proposer.state = SelectionState(4, 2, torch.device("cpu"))
     proposer.stats = SpecExtendStats()
     proposer.runner = types.SimpleNamespace(requests=dict.fromkeys(live))
     proposer.reporter = StatsReporter(proposer.stats, interval_s, log=lambda _: None)

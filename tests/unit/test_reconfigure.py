@@ -3,36 +3,58 @@ past the scratch blocks the engine was started with."""
 
 from __future__ import annotations
 
+import types
+
+import numpy as np
 import pytest
+import torch
 
 from vllm_specextend.config import SpecExtendConfig, SpecExtendConfigError
-from vllm_specextend.scratch import ScratchBlocks
-from vllm_specextend.state import RequestSelection, SelectionStore
 
 
-def _proposer(scratch):
+def _proposer(compactor=None):
     from vllm_specextend.proposer import SpecExtendProposer
+    from vllm_specextend.retriever import Retriever
+    from vllm_specextend.staging import HostStaging
 
     proposer = object.__new__(SpecExtendProposer)  # no engine: only the config logic
-    proposer.cfg = SpecExtendConfig()
-    proposer.store = SelectionStore()
-    proposer.store.put("r0", RequestSelection(window_start=64))
-    proposer.scratch = scratch
+    proposer.vllm_config = types.SimpleNamespace(
+        scheduler_config=types.SimpleNamespace(max_num_seqs=4)
+    )
+    proposer.speculative_config = types.SimpleNamespace(num_speculative_tokens=3)
+    proposer.device = torch.device("cpu")
+    proposer.runner = types.SimpleNamespace(requests={})
+    proposer.staging = HostStaging(proposer.device)
+    proposer.compactor = compactor
     proposer.block_size = 32
-    proposer._step = 7
+    proposer._min_context = 0
+    proposer.retriever = Retriever(SpecExtendConfig(), None, proposer.staging,
+                                   proposer.device)
+    proposer._use_config(SpecExtendConfig())
+    slots, _ = proposer.state.slots_for(["r0"])
+    proposer.state.put(slots, np.array([64]), np.array([0]))
+    proposer.planner.step = 7
     return proposer
 
 
 def test_reconfigure_switches_policy_and_drops_selections():
-    proposer = _proposer(scratch=None)
+    proposer = _proposer()
     proposer.reconfigure(SpecExtendConfig(policy="streaming", top_k=64))
     assert proposer.cfg.policy == "streaming" and proposer.cfg.top_k == 64
-    assert len(proposer.store) == 0 and proposer._step == 0
+    assert proposer.planner.cfg is proposer.cfg is proposer.retriever.cfg
+    assert proposer.retriever.state is proposer.state
+    assert len(proposer.state) == 0 and proposer.planner.step == 0
+    assert proposer.state.selected_chunks.shape[1] == 64
 
 
 def test_reconfigure_refuses_a_budget_beyond_the_scratch_runs():
+    from vllm_specextend.compactor import Compactor
+
+    compactor = object.__new__(Compactor)
     # sink 32 + top_k 2 * chunk 32 = 3 blocks of 32 per request.
-    proposer = _proposer(ScratchBlocks(first_block=100, blocks_per_request=3, num_runs=4))
+    compactor.first_block, compactor.blocks_per_request = 100, 3
+    compactor.cfg = SpecExtendConfig(top_k=2)
+    proposer = _proposer(compactor)
     proposer.reconfigure(SpecExtendConfig(top_k=2, policy="streaming"))
     with pytest.raises(SpecExtendConfigError, match="4 scratch blocks"):
         proposer.reconfigure(SpecExtendConfig(top_k=3))

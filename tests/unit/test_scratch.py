@@ -9,7 +9,7 @@ import torch
 
 from vllm_specextend.rope import shift_keys
 from vllm_specextend.scoring import gather_keys, page_keys, set_page_keys
-from vllm_specextend.scratch import ScratchBlocks, copy_shifted, scratch_nbytes
+from vllm_specextend.scratch import copy_shifted, scratch_nbytes
 from vllm_specextend.view import compacted_view, prefix_shift, view_blocks
 
 H, BS, D = 2, 4, 8
@@ -56,18 +56,6 @@ def test_copy_shifted(ordered):
         assert torch.equal(cache[:10], old[:10]), "sources and the pool stay"
         if not ordered:
             assert torch.equal(cache[dst][..., D:], old[src][..., D:])
-
-
-def test_scratch_runs_are_per_request_and_recycled():
-    scratch = ScratchBlocks(first_block=100, blocks_per_request=3, num_runs=2)
-    a, b = scratch.run_of("a"), scratch.run_of("b")
-    assert {a, b} == {100, 103} and scratch.run_of("a") == a
-    with pytest.raises(RuntimeError, match="scratch runs"):
-        scratch.run_of("c")
-    scratch.release(["a", "unknown"])
-    assert scratch.run_of("c") == a and len(scratch) == 2
-    scratch.sweep(["c"])
-    assert len(scratch) == 1 and scratch.run_of("d") == b
 
 
 def test_compacted_view_and_prefix_shift():
@@ -124,20 +112,25 @@ def _spec(block_size, num_kv_heads, head_size, dtype):
 def _draft(spec, num_layers, max_num_seqs, compact=True, **cfg):
     """A proposer with only what ``scratch_bytes`` reads: the config, the
     draft's attention layers (each with ``spec``) and max_num_seqs."""
+    from vllm_specextend.compactor import Compactor
     from vllm_specextend.config import SpecExtendConfig
     from vllm_specextend.proposer import SpecExtendProposer
 
     names = {f"draft.layers.{i}.self_attn.attn" for i in range(num_layers)}
     layer = types.SimpleNamespace(get_kv_cache_spec=lambda vllm_config: spec)
-    proposer = object.__new__(SpecExtendProposer)  # no engine
-    proposer.compact = compact
-    proposer.cfg = SpecExtendConfig(**cfg)
-    proposer._draft_attn_layer_names = names
-    proposer.vllm_config = types.SimpleNamespace(
+    vllm_config = types.SimpleNamespace(
         compilation_config=types.SimpleNamespace(
             static_forward_context=dict.fromkeys(names, layer)
         ),
         scheduler_config=types.SimpleNamespace(max_num_seqs=max_num_seqs),
+    )
+    proposer = object.__new__(SpecExtendProposer)  # no engine
+    proposer.cfg = SpecExtendConfig(**cfg)
+    proposer._draft_attn_layer_names = names
+    proposer.compactor = (
+        Compactor(proposer.cfg, vllm_config, torch.device("cpu"), draft_len=256)
+        if compact
+        else None
     )
     return proposer
 

@@ -1,89 +1,111 @@
-"""SelectionStore lifecycle (no vLLM)."""
+"""SelectionState: slots per request, per-slot selections, lifecycle (no vLLM)."""
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import torch
 
-from vllm_specextend.state import RequestSelection, SelectionStore
+from vllm_specextend.state import SelectionState
 
 
-def test_request_selection_defaults():
-    entry = RequestSelection(window_start=64)
-    assert entry.window_start == 64
-    assert entry.num_selected == 0
-    assert entry.selected_chunks is None
-    assert entry.steps_since_refresh == 0
+def _state(num_slots=4, top_k=3, live=None):
+    return SelectionState(num_slots, top_k, torch.device("cpu"), live_req_ids=live)
 
 
-def test_put_get_contains_len():
-    store = SelectionStore()
-    assert len(store) == 0
-    assert "a" not in store
-    assert store.get("a") is None
-    a = RequestSelection(window_start=32, num_selected=2,
-                         selected_chunks=torch.tensor([3, 5], dtype=torch.int32))
-    store.put("a", a)
-    assert len(store) == 1
-    assert "a" in store
-    assert store.get("a") is a
-    store.put("b", RequestSelection(window_start=96))
-    assert len(store) == 2
-    assert "b" in store and "c" not in store
+def test_slots_are_stable_and_distinct():
+    state = _state()
+    slots, slots_dev = state.slots_for(["a", "b", "c"])
+    assert len(set(slots.tolist())) == 3
+    assert torch.equal(slots_dev, torch.from_numpy(slots))
+    again, _ = state.slots_for(["c", "a"])
+    assert again.tolist() == [slots[2], slots[0]]
+    assert "a" in state and "z" not in state
+    assert state.num_slots_held == 3
 
 
-def test_put_replaces_entry():
-    store = SelectionStore()
-    first = RequestSelection(window_start=32)
-    second = RequestSelection(window_start=64)
-    store.put("a", first)
-    store.put("a", second)
-    assert len(store) == 1
-    assert store.get("a") is second
+def test_unchanged_batch_reuses_the_mapping():
+    state = _state()
+    first = state.slots_for(["a", "b"])
+    second = state.slots_for(["a", "b"])
+    assert first[0] is second[0] and first[1] is second[1]
 
 
-def test_entries_are_mutable_in_place():
-    store = SelectionStore()
-    store.put("a", RequestSelection(window_start=32))
-    store.get("a").steps_since_refresh += 1
-    assert store.get("a").steps_since_refresh == 1
+def test_put_and_selection():
+    state = _state(top_k=3)
+    slots, slots_dev = state.slots_for(["a", "b"])
+    state.put(slots, np.array([64, 96]), np.array([2, 3]),
+              torch.tensor([[1, 4, 0], [2, 5, 7]], dtype=torch.int32), slots_dev)
+    assert state.selection("a") == (64, [1, 4], 0)
+    assert state.selection("b") == (96, [2, 5, 7], 0)
+    assert len(state) == 2
+    state.steps_since_refresh[slots[0]] += 1
+    assert state.selection("a")[2] == 1
+    # A streaming window: no chunk ids, nothing written on the device.
+    state.put(slots[:1], np.array([128]), np.array([0]))
+    assert state.selection("a") == (128, [], 0)
+    assert state.selection("b")[1] == [2, 5, 7]
 
 
-def test_drop_ignores_unknown_ids():
-    store = SelectionStore()
-    for rid in "abc":
-        store.put(rid, RequestSelection(window_start=0))
-    store.drop(["b", "zzz"])
-    assert len(store) == 2
-    assert "b" not in store and store.get("b") is None
-    assert "a" in store and "c" in store
-    store.drop([])
-    store.drop(iter(["a"]))  # any iterable
-    assert len(store) == 1
-    store.drop({"c"})
-    assert len(store) == 0
+def test_narrower_selections_fill_the_first_columns():
+    state = _state(top_k=4)
+    slots, slots_dev = state.slots_for(["a"])
+    state.put(slots, np.array([32]), np.array([2]),
+              torch.tensor([[3, 9]], dtype=torch.int32), slots_dev)
+    assert state.selection("a")[1] == [3, 9]
+
+
+def test_clear_forgets_selections_but_keeps_slots():
+    state = _state()
+    slots, _ = state.slots_for(["a", "b"])
+    state.put(slots, np.array([32, 64]), np.array([0, 0]))
+    state.compacted[slots] = True
+    state.clear(slots[:1])
+    assert state.selection("a") is None and state.selection("b") is not None
+    assert not state.compacted[slots[0]] and state.compacted[slots[1]]
+    assert state.num_slots_held == 2 and len(state) == 1
+
+
+def test_release_recycles_slots_and_resets_them():
+    state = _state(num_slots=2)
+    slots, _ = state.slots_for(["a", "b"])
+    state.put(slots, np.array([32, 64]), np.array([0, 0]))
+    with pytest.raises(RuntimeError, match="request slots"):
+        state.slots_for(["a", "b", "c"])
+    state.release(["a", "unknown"])
+    new, _ = state.slots_for(["b", "c"])
+    assert new[1] == slots[0], "c takes a's slot"
+    assert state.selection("c") is None, "a reused slot starts empty"
+    assert state.selection("b") == (64, [], 0)
+
+
+def test_a_released_slot_invalidates_the_cached_mapping():
+    state = _state(num_slots=2)
+    state.slots_for(["a", "b"])
+    state.release(["a"])
+    slots, _ = state.slots_for(["b", "c"])
+    assert state.slot_of("c") == slots[1] and state.slot_of("a") is None
 
 
 def test_sweep_drops_only_dead_ids():
-    store = SelectionStore()
-    for rid in ("r1", "r2", "r3", "r4"):
-        store.put(rid, RequestSelection(window_start=0))
-    live = {"r2": object(), "r4": object(), "r9": object()}
-    assert store.sweep(live.keys()) == 2
-    assert len(store) == 2
-    assert "r2" in store and "r4" in store
-    assert "r1" not in store and "r3" not in store
-    assert "r9" not in store  # sweep never creates entries
-    assert store.sweep(["r2", "r4"]) == 0
-    assert store.sweep(iter([])) == 2
-    assert len(store) == 0
-    assert store.sweep([]) == 0
+    state = _state()
+    state.slots_for(["r1", "r2", "r3"])
+    assert state.sweep(["r2", "r9"]) == 2
+    assert list(state) == ["r2"]
+    assert state.sweep([]) == 1 and state.num_slots_held == 0
 
 
-def test_full_lifecycle_reuse_id():
-    store = SelectionStore()
-    store.put("req", RequestSelection(window_start=32, num_selected=1))
-    store.drop(["req"])  # finished
-    assert store.get("req") is None
-    store.put("req", RequestSelection(window_start=128))  # reused id
-    assert store.get("req").window_start == 128
-    assert store.get("req").num_selected == 0
+def test_full_state_sweeps_dead_ids_before_failing():
+    live = {"b", "c"}
+    state = _state(num_slots=2, live=lambda: live)
+    state.slots_for(["a", "b"])  # "a" finished but was never released
+    slots, _ = state.slots_for(["b", "c"])
+    assert state.slot_of("a") is None and len(set(slots.tolist())) == 2
+
+
+def test_reset_drops_every_selection():
+    state = _state()
+    slots, _ = state.slots_for(["a", "b"])
+    state.put(slots, np.array([32, 64]), np.array([0, 0]))
+    state.reset()
+    assert len(state) == 0 and state.num_slots_held == 2
