@@ -158,7 +158,13 @@ class TargetAsDraft:
             seq_lens_cpu_upper_bound=None if upper is None else upper + 1,
             _seq_lens_cpu=None,
             _num_computed_tokens_cpu=None,
+            # Caches and per-token fields of the verification's layout.
             _num_computed_tokens_cache=None,
+            _token_to_req_indices_cache=None,
+            positions=None,
+            is_prefilling=None,
+            logits_indices_padded=None,
+            num_logits_indices=None,
             num_actual_tokens=batch_size,
             max_query_len=1,
             max_seq_len=min(cad.max_seq_len + 1, self.max_model_len),

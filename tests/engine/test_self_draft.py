@@ -1,0 +1,153 @@
+"""The target drafting for itself (``self_draft``) keeps greedy output exact.
+
+Offline CPU engines in this process, as in ``test_lossless``: a mixed-length
+batch where the view applies to some rows only, with prefix caching on and off,
+under forced preemption, with the streaming policy, with aborts, and at tensor
+parallel size 2. The draft writes its tokens' KV into the target's own cache;
+these tests fail if any of it survives into a verification.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from test_lossless import (
+    CMR,
+    counter,
+    drafter,
+    generate,
+    make_llm,
+    plain_reference,
+    shutdown,
+)
+
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+pytestmark = pytest.mark.engine
+
+SELF = {**CMR, "self_draft": True}
+K = 3
+
+
+@pytest.fixture(scope="module")
+def prompts(long_prompts):
+    batch = long_prompts([1500, 90, 1000, 400, 700])
+    # A prompt sharing a long prefix with the first one: a prefix-cache hit.
+    batch.append(batch[0][:1200] + long_prompts([200], start=7)[0])
+    return batch
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(tiny_target, prompts):
+    return plain_reference(tiny_target, prompts)
+
+
+def num_blocks(llm) -> int:
+    return llm.llm_engine.engine_core.engine_core.vllm_config.cache_config.num_gpu_blocks
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_self_draft_matches_plain(tiny_target, prompts, plain_outputs, prefix_caching):
+    llm = make_llm(tiny_target, None, SELF, num_spec_tokens=K,
+                   enable_prefix_caching=prefix_caching)
+    proposer = drafter(llm)
+    outputs = generate(llm, prompts)
+    stats = proposer.stats.snapshot()
+    drafts = counter(llm, "vllm:spec_decode_num_drafts")
+    accepted = counter(llm, "vllm:spec_decode_num_accepted_tokens")
+    generate(llm, [prompts[1][:16]], max_tokens=2)  # delivers the finished ids
+    held = len(proposer.state)
+    shutdown(llm)
+
+    assert type(proposer).__name__ == "SelfDraftProposer"
+    assert proposer.model is not None and not any(
+        "draft_model" in name for name in proposer._draft_attn_layer_names
+    ), "no draft layers: the drafter runs the target's"
+    assert outputs == plain_outputs
+    assert drafts > 0 and accepted > 0
+    assert stats["retrievals"] > 0
+    assert 0 < stats["view_rows"] < stats["decode_rows"], "views on some rows only"
+    assert stats["draft_context_tokens"] < stats["full_context_tokens"]
+    assert held == 0, "finished requests leave no selection state"
+
+
+def test_self_draft_adds_no_kv_memory(tiny_target, tiny_draft):
+    """Same KV budget: self_draft holds as many tokens as plain decoding,
+    draft_model fewer (its draft mirrors every token)."""
+    blocks = {}
+    for mode, draft, spec_extend in (
+        ("plain", None, None),
+        ("self_draft", None, SELF),
+        ("draft_model", tiny_draft, None),
+    ):
+        llm = make_llm(tiny_target, draft, spec_extend, num_spec_tokens=K,
+                       kv_cache_memory_bytes=64 << 20)
+        blocks[mode] = num_blocks(llm)
+        shutdown(llm)
+    assert blocks["self_draft"] == blocks["plain"] > blocks["draft_model"]
+
+
+def test_self_draft_under_preemption(tiny_target, prompts, plain_outputs):
+    # 70 blocks of 32 tokens (no draft KV here): the batch outgrows them and
+    # the scheduler preempts (measured: 1 preemption; 86 blocks give none).
+    llm = make_llm(tiny_target, None, SELF, num_spec_tokens=K,
+                   kv_cache_memory_bytes=int(2.2 * 2**20))
+    outputs = generate(llm, prompts)
+    preemptions = counter(llm, "vllm:num_preemptions")
+    stats = drafter(llm).stats.snapshot()
+    shutdown(llm)
+
+    assert preemptions > 0
+    assert outputs == plain_outputs
+    assert stats["view_rows"] > 0
+
+
+def test_self_draft_streaming(tiny_target, prompts, plain_outputs):
+    llm = make_llm(tiny_target, None, {**SELF, "policy": "streaming"},
+                   num_spec_tokens=K)
+    outputs = generate(llm, prompts)
+    stats = drafter(llm).stats.snapshot()
+    shutdown(llm)
+
+    assert outputs == plain_outputs
+    assert stats["retrievals"] == 0 and stats["view_rows"] > 0
+
+
+def test_self_draft_abort_frees_state(tiny_target, prompts, plain_outputs):
+    from vllm import SamplingParams
+
+    llm = make_llm(tiny_target, None, SELF, num_spec_tokens=K)
+    engine = llm.llm_engine
+    state = drafter(llm).state
+    params = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
+    for i, prompt in enumerate(prompts[:3]):
+        engine.add_request(f"r{i}", {"prompt_token_ids": prompt}, params)
+    for _ in range(30):
+        engine.step()
+        if any(r.startswith("r0") and state.selection(r) for r in state):
+            break
+    engine.abort_request(["r0"])
+    engine.step()
+    assert not [r for r in state if r.startswith("r0")]
+    while engine.has_unfinished_requests():
+        engine.step()
+    # The engine keeps decoding exactly after the abort.
+    outputs = generate(llm, prompts[1:3])
+    assert len(state) == 0 or all(not r.startswith("r") for r in state)
+    shutdown(llm)
+    assert outputs == plain_outputs[1:3]
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core per TP rank")
+def test_self_draft_tensor_parallel(tiny_target, prompts, plain_outputs, monkeypatch):
+    # Each rank drafts with its own shard of the target's heads and KV.
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    llm = make_llm(tiny_target, None, SELF, num_spec_tokens=K,
+                   tensor_parallel_size=2, distributed_executor_backend="mp")
+    outputs = generate(llm, prompts)
+    accepted = counter(llm, "vllm:spec_decode_num_accepted_tokens")
+    shutdown(llm)
+
+    assert outputs == plain_outputs
+    assert accepted > 0
