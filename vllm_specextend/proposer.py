@@ -217,13 +217,13 @@ class SpecExtendMixin:
             ),
             q_start=seq - np.diff(qsl),
         )
-        slots, slots_dev = self.state.slots_for(req_ids)
         if self.view_builder is None:
             # The kernel block size is known once vLLM initialized the backend.
             self.view_builder = ViewBuilder(
                 self.cfg, self.state, self.staging, self.block_size, self.compactor
             )
         self.staging.begin_step(self._staging_need(num_reqs))
+        slots, slots_dev = self.state.slots_for(req_ids, self.staging)
         request = self.planner.plan(lens, slots)
         if request.rows.size:
             self.retriever.retrieve(
@@ -236,10 +236,10 @@ class SpecExtendMixin:
         )
 
     def _staging_need(self, num_reqs: int) -> int:
-        # retrieval 4, view 3, compaction 2 values per row, plus 4 per copied
-        # block (at most sinks + top_k chunks per row).
+        # slots 1, retrieval 4, view 3, compaction 2 values per row, plus 4 per
+        # copied block (at most sinks + top_k chunks per row).
         prefix = self.cfg.draft_budget_tokens // self.block_size
-        return num_reqs * (9 + (4 * prefix if self.compactor else 0))
+        return num_reqs * (10 + (4 * prefix if self.compactor else 0))
 
     def _report(self, force: bool = False) -> None:
         # The sweep is a backstop, not a per-step cost: run it when reporting.

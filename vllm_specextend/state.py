@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import torch
 
+from vllm_specextend.staging import HostStaging
+
 
 class SelectionState:
     """req_id -> slot, and per-slot selections."""
@@ -51,7 +53,8 @@ class SelectionState:
         )
         self._batch_ids: list[str] | None = None
         self._batch_slots = np.zeros(0, dtype=np.int64)
-        self._batch_slots_dev = torch.zeros(0, dtype=torch.int64, device=device)
+        self._batch_slots_buf = torch.zeros(num_slots, dtype=torch.int64, device=device)
+        self._batch_slots_dev = self._batch_slots_buf[:0]
 
     def __len__(self) -> int:
         """Requests holding a selection."""
@@ -68,16 +71,23 @@ class SelectionState:
     def num_slots_held(self) -> int:
         return len(self._slot_of)
 
-    def slots_for(self, req_ids: list[str]) -> tuple[np.ndarray, torch.Tensor]:
+    def slots_for(self, req_ids: list[str], staging: HostStaging | None = None
+                  ) -> tuple[np.ndarray, torch.Tensor]:
         """Slots of a batch's rows: ([num_reqs] int64 host, the same on the
-        device). Reused while the rows hold the same requests."""
+        device). Reused while the rows hold the same requests; a new mapping
+        reaches the device through ``staging`` (no sync) when given."""
         if req_ids != self._batch_ids:
             slots = np.fromiter(
                 (self._slot(r) for r in req_ids), dtype=np.int64, count=len(req_ids)
             )
             self._batch_ids = list(req_ids)
             self._batch_slots = slots
-            self._batch_slots_dev = torch.from_numpy(slots).to(self.device)
+            dev = self._batch_slots_buf[: slots.size]
+            if staging is None:
+                dev.copy_(torch.from_numpy(slots))
+            else:
+                dev.copy_(staging.to_device(slots)[0])
+            self._batch_slots_dev = dev
         return self._batch_slots, self._batch_slots_dev
 
     def _slot(self, req_id: str) -> int:

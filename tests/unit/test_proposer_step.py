@@ -1,0 +1,141 @@
+"""The plugin's own work on a step (plan, retrieve, view), outside vLLM's loop.
+
+A proposer is assembled around a stand-in runner and attention layer, and its
+step (``_prepare_view``) runs over a changing batch. On CPU this checks the
+wiring; on a GPU (``-m gpu``) it also proves the step makes no host-device
+sync: it runs under ``torch.cuda.set_sync_debug_mode("error")``, which raises
+on any synchronizing call (a ``.item()``, a blocking copy, a ``nonzero``).
+vLLM's own drafting loop is not part of this: in sync scheduling the runner
+copies sampled tokens to the host every step (``_bookkeeping_sync``), which
+the plugin does not control.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_specextend.config import SpecExtendConfig
+
+BS, HKV, GROUP, D = 16, 2, 2, 32
+NUM_BLOCKS = 1200
+CFG = SpecExtendConfig(top_k=4, recent_tokens=64, min_context=256, retrieve_every=2)
+
+
+def _layer(device):
+    kv = torch.randn(NUM_BLOCKS, HKV, BS, 2 * D, device=device, dtype=torch.float16
+                     if device.type == "cuda" else torch.float32)
+    impl = types.SimpleNamespace(scale=D ** -0.5, forward=lambda *a, **k: None)
+    return types.SimpleNamespace(kv_cache=kv, impl=impl, num_heads=HKV * GROUP,
+                                 head_size=D)
+
+
+def _proposer(device, layer, runner):
+    from vllm_specextend.metrics import SpecExtendStats
+    from vllm_specextend.proposer import SpecExtendProposer
+    from vllm_specextend.retriever import Retriever
+    from vllm_specextend.staging import HostStaging
+
+    proposer = object.__new__(SpecExtendProposer)  # no engine: the plugin's step
+    proposer.vllm_config = types.SimpleNamespace(
+        scheduler_config=types.SimpleNamespace(max_num_seqs=16)
+    )
+    proposer.speculative_config = types.SimpleNamespace(num_speculative_tokens=3)
+    proposer.device = device
+    proposer.runner = runner
+    proposer.stats = SpecExtendStats()
+    proposer.staging = HostStaging(device)
+    proposer.compactor = None
+    proposer.block_size = BS
+    proposer._min_context = CFG.min_context
+    proposer.retriever = Retriever(CFG, None, proposer.staging, device)
+    proposer._use_config(CFG)
+    proposer.retriever.attach(layer, 256, layer.kv_cache.dtype, tp_size=1)
+    if device.type == "cpu":  # the stand-in layer stores keys in plain order
+        proposer.retriever._key_order = torch.arange(BS * D)
+    return proposer
+
+
+def _step(runner, device, live, rng, table):
+    """One decode step of the live requests: (cad, token indices, rejected)."""
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    ids = list(live)
+    seq = np.array([live[r][1] for r in ids])
+    prompt = np.array([live[r][0] for r in ids])
+    query = np.where(seq - 4 < prompt, np.minimum(seq, 4), 4)
+    qsl = np.concatenate([[0], np.cumsum(query)]).astype(np.int32)
+    runner.input_batch.req_ids = ids
+    runner.input_batch.num_prompt_tokens = prompt.astype(np.int32)
+    runner.optimistic_seq_lens_cpu = torch.from_numpy(seq.astype(np.int32))
+    runner.requests = dict.fromkeys(ids)
+    rows = torch.tensor([table[r] for r in ids], dtype=torch.int32)
+    cad = CommonAttentionMetadata(
+        query_start_loc=torch.from_numpy(qsl).to(device),
+        query_start_loc_cpu=torch.from_numpy(qsl),
+        seq_lens=torch.from_numpy(seq.astype(np.int32)).to(device),
+        num_reqs=len(ids),
+        num_actual_tokens=int(qsl[-1]),
+        max_query_len=4,
+        max_seq_len=int(seq.max()),
+        block_table_tensor=rows.to(device),
+        slot_mapping=torch.zeros(int(qsl[-1]), dtype=torch.int64, device=device),
+    )
+    token_indices = torch.from_numpy(qsl[1:] - 1).to(device)
+    rejected = torch.from_numpy(rng.integers(0, 3, len(ids)).astype(np.int32)).to(device)
+    return cad, token_indices, rejected
+
+
+def _run(device, steps=24):
+    rng = np.random.default_rng(0)
+    runner = types.SimpleNamespace(input_batch=types.SimpleNamespace())
+    layer = _layer(device)
+    proposer = _proposer(device, layer, runner)
+    live = {f"r{i}": [int(n), int(n)] for i, n in enumerate([1800, 300, 900, 60])}
+    tables = {r: rng.permutation(NUM_BLOCKS)[:160].tolist() for r in live}
+    views = 0
+    for step in range(steps):
+        cad, token_indices, rejected = _step(runner, device, live, rng, tables)
+        if step == 0 or device.type != "cuda":
+            view = proposer._prepare_view(cad, token_indices, rejected)
+        else:
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                view = proposer._prepare_view(cad, token_indices, rejected)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        views += view is not None
+        if view is not None:
+            assert view.block_table.shape == cad.block_table_tensor.shape
+        for r in live:
+            live[r][1] += 2
+        if step == 10:  # a request leaves, another arrives: the mapping changes
+            gone = "r1"
+            del live[gone]
+            proposer.state.release({gone})
+            live["r4"] = [1300, 1300]
+            tables["r4"] = rng.permutation(NUM_BLOCKS)[:160].tolist()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return proposer, views
+
+
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)],
+)
+def test_step_runs_and_retrieves(device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    proposer, views = _run(torch.device(device))
+    stats = proposer.stats.snapshot()
+    assert views > 0 and stats["retrievals"] > 0
+    assert stats["view_rows"] > 0
+    # Long requests hold selections, the 60-token one never does.
+    assert proposer.state.selection("r0") is not None
+    assert proposer.state.selection("r3") is None
+    assert proposer.state.slot_of("r1") is None
