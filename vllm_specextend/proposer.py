@@ -157,7 +157,9 @@ class SpecExtendMixin:
         slot_mappings=None,
     ) -> torch.Tensor:
         # Extends super(): sets the view for the funnel, then drafts as usual.
-        if self.cfg.policy != "full":
+        # K = 0 (vLLM's per-batch-size schedule turned drafting off) samples no
+        # draft, so no view is needed.
+        if self.cfg.policy != "full" and num_speculative_tokens > 0:
             self._view = self._prepare_view(
                 common_attn_metadata, token_indices_to_sample, num_rejected_tokens_gpu
             )

@@ -39,9 +39,15 @@ def engine_kwargs(target, draft=None, spec_extend=None, num_spec_tokens=4,
             "model": draft,
             "num_speculative_tokens": num_spec_tokens,
         }
+    elif (spec_extend or {}).get("self_draft"):
+        kwargs["speculative_config"] = {"num_speculative_tokens": num_spec_tokens}
     if spec_extend is not None:
         kwargs["additional_config"] = {"spec_extend": spec_extend}
-    kwargs.update(overrides)
+    for key, value in overrides.items():
+        if key == "speculative_config":
+            kwargs[key] = {**kwargs.get(key, {}), **value}
+        else:
+            kwargs[key] = value
     return kwargs
 
 

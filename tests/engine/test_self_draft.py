@@ -151,3 +151,56 @@ def test_self_draft_tensor_parallel(tiny_target, prompts, plain_outputs, monkeyp
 
     assert outputs == plain_outputs
     assert accepted > 0
+
+
+def test_self_draft_off_by_batch_size(tiny_target, prompts, plain_outputs):
+    """vLLM's per-batch-size schedule as the switch to plain decoding: K = 0
+    at batch 2 and up runs no draft forward, K = 3 at batch 1 drafts."""
+    llm = make_llm(
+        tiny_target, None, SELF, num_spec_tokens=K,
+        speculative_config={
+            "num_speculative_tokens_per_batch_size": [[1, 1, K], [2, 256, 0]]
+        },
+    )
+    proposer = drafter(llm)
+    batch = generate(llm, prompts[2:5])
+    drafts_batched = counter(llm, "vllm:spec_decode_num_drafts")
+    views_batched = proposer.stats.view_rows
+    single = generate(llm, prompts[:1])
+    drafts_single = counter(llm, "vllm:spec_decode_num_drafts") - drafts_batched
+    shutdown(llm)
+
+    assert batch == plain_outputs[2:5] and single == plain_outputs[:1]
+    assert drafts_batched == 0 and views_batched == 0
+    assert drafts_single > 0
+
+
+def test_self_draft_real_weights_keep_drafts(smollm2_model):
+    """SmolLM2 drafting for itself through a view of under half its context:
+    a trained model attends to few chunks, so a consistent view keeps most of
+    its own drafts. A view that read wrong blocks, positions or lengths (or
+    stale draft KV) would drop acceptance towards that of an unrelated draft."""
+    from transformers import AutoTokenizer
+
+    import prompts as prompt_data
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_model)
+    prompt = prompt_data.long_prompts(tokenizer, [1800])
+    plain = make_llm(smollm2_model, max_model_len=4096)
+    reference = generate(plain, prompt, max_tokens=40)
+    shutdown(plain)
+    llm = make_llm(
+        smollm2_model, None,
+        {"self_draft": True, "top_k": 16, "recent_tokens": 128, "min_context": 512},
+        num_spec_tokens=4, max_model_len=4096,
+    )
+    outputs = generate(llm, prompt, max_tokens=40)
+    accepted = counter(llm, "vllm:spec_decode_num_accepted_tokens")
+    proposed = counter(llm, "vllm:spec_decode_num_draft_tokens")
+    stats = drafter(llm).stats.snapshot()
+    shutdown(llm)
+
+    assert outputs == reference
+    assert stats["view_rows"] > 0
+    assert stats["draft_context_tokens"] < 0.5 * stats["full_context_tokens"]
+    assert proposed > 0 and accepted >= 0.75 * proposed, (accepted, proposed)
