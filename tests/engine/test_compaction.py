@@ -91,6 +91,8 @@ def test_vllm_alone_stops_drafting(tiny_target, tiny_short_draft, prompts,
 def run_compacted(target, draft, prompts):
     from test_lossless import counter, drafter, generate, make_llm, shutdown
 
+    from benchmarks.harness.drafter import stats
+
     llm = make_llm(target, draft, FITS, num_spec_tokens=K)
     proposer = drafter(llm)
     proposed = []
@@ -102,7 +104,7 @@ def run_compacted(target, draft, prompts):
         proposed=torch.cat(proposed).flatten() if proposed else torch.zeros(0),
         accepted=counter(llm, "vllm:spec_decode_num_accepted_tokens"),
         draft_tokens=counter(llm, "vllm:spec_decode_num_draft_tokens"),
-        stats=proposer.stats.snapshot(),
+        stats=stats(proposer),
         compact=proposer.compact,
         **scratch_footprint(llm, proposer),
     )

@@ -43,14 +43,15 @@ def retrieved_chunks(model_dir: str, prompt: list[int], eager: bool) -> list[set
             "spec_extend": {"top_k": 8, "recent_tokens": 64, "min_context": 256}
         },
     )
-    core = llm.llm_engine.engine_core.engine_core
-    proposer = core.model_executor.driver_worker.worker.model_runner.drafter
+    from benchmarks.harness.drafter import drafter, selections
+
+    proposer = drafter(llm)
     original = proposer._retrieve
     picks: list[set] = []
 
     def record(*args, **kwargs):
         original(*args, **kwargs)
-        entry = next(iter(proposer.store._entries.values()))
+        entry = next(iter(selections(proposer).values()))
         picks.append(set(entry.selected_chunks[: entry.num_selected].tolist()))
 
     proposer._retrieve = record
@@ -64,7 +65,7 @@ def retrieved_chunks(model_dir: str, prompt: list[int], eager: bool) -> list[set
 
 
 def test_cuda_graphs_keep_the_query_live(tmp_path):
-    from vllm_specextend.models import build_tiny_llama
+    from benchmarks.models.builders import build_tiny_llama
 
     model_dir = str(build_tiny_llama(tmp_path / "tiny", seed=0, dtype="float16"))
     rng = random.Random(0)
