@@ -6,7 +6,8 @@ first half of each page); on CPU the keys go through a page permutation as
 vLLM's CPU attention stores them. Times one call per request (median of
 --iters, warm-up excluded; CUDA synchronised around each call).
 
-    python benchmarks/bench_compaction.py --out benchmarks/results/compaction/<stamp>.json
+    python -m benchmarks.bench_compaction \
+        --out benchmarks/results/compaction/<stamp>.json
 """
 
 from __future__ import annotations
@@ -14,13 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 
 import torch
 
+from benchmarks.harness.meta import run_metadata
 from vllm_specextend.scratch import copy_shifted
 
 # (name, layers, kv heads, head size): the tiny test draft, the 2-layer 68M
@@ -77,16 +77,7 @@ def main() -> int:
                        top_k=top_k, tokens=tokens, blocks=blocks, ms_per_request=ms)
             print(json.dumps(row), flush=True)
             rows.append(row)
-    import vllm
-
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
-    hardware = (torch.cuda.get_device_name(0) if device == "cuda"
-                else f"cpu, {torch.get_num_threads()} threads")
-    meta = dict(date_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                command=" ".join([sys.executable, *sys.argv]), git_commit=commit,
-                vllm=vllm.__version__, torch=torch.__version__, hardware=hardware,
-                config=vars(args))
+    meta = run_metadata(args, torch_threads=torch.get_num_threads())
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "results": rows}, f, indent=1)
     return 0

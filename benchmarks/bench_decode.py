@@ -16,10 +16,10 @@ verifies token-0 placeholders, which the synthetic sampler accepts at the set
 rate, so that row is the target's speed at that acceptance with no draft cost,
 not a drafting baseline (with real rejection sampling, ``acceptance_length`` 1).
 
-    python benchmarks/bench_decode.py --target-config ../shared/gpu/models/llama31_8b \
+    python -m benchmarks.bench_decode --target-config ../shared/gpu/models/llama31_8b \
         --draft-config ../shared/gpu/models/llama_68m --contexts 4096 16384 32768 \
         --batch-sizes 1 8 --out benchmarks/results/decode/<stamp>_h100.json
-    python benchmarks/bench_decode.py --target-config ../shared/gpu/models/llama31_8b \
+    python -m benchmarks.bench_decode --target-config ../shared/gpu/models/llama31_8b \
         --draft-config benchmarks/models/configs/llama31_8b_eagle3 --method eagle3 ...
 
 Runs the engine in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) to reach the
@@ -39,7 +39,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -47,8 +46,9 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 # EAGLE alone on V2 (dense models), so the comparison would mix runners.
 os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
 
-from longinput.acceptance import counter_delta  # noqa: E402
-from longinput.engine import spec_counters  # noqa: E402
+from benchmarks.harness import drafter as access  # noqa: E402
+from benchmarks.harness.meta import run_metadata  # noqa: E402
+from benchmarks.longinput.acceptance import counter_delta, spec_counters  # noqa: E402
 
 
 def model_dir(config_dir: str, root: Path) -> str:
@@ -57,62 +57,6 @@ def model_dir(config_dir: str, root: Path) -> str:
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(Path(config_dir) / "config.json", out / "config.json")
     return str(out)
-
-
-def drafter_of(llm):
-    core = llm.llm_engine.engine_core.engine_core
-    return core.model_executor.driver_worker.worker.model_runner.drafter
-
-
-def _drafter_stats(worker):
-    return worker.model_runner.drafter.stats.snapshot()
-
-
-def spec_extend_stats(llm) -> dict:
-    """Rank 0's counters (TP ranks count the same rows); works across processes."""
-    return llm.collective_rpc(_drafter_stats)[0]
-
-
-class ProposeTimer:
-    """Times each ``drafter.propose``: CUDA events (no sync on the hot path),
-    or wall time on CPU."""
-
-    def __init__(self, drafter):
-        import torch
-
-        self.cuda = torch.cuda.is_available()
-        self.events: list = []
-        self.enabled = False
-        original = drafter.propose
-
-        def timed(*args, **kwargs):
-            if not self.enabled:
-                return original(*args, **kwargs)
-            if not self.cuda:
-                start = time.perf_counter()
-                out = original(*args, **kwargs)
-                self.events.append(1000 * (time.perf_counter() - start))
-                return out
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = original(*args, **kwargs)
-            end.record()
-            self.events.append((start, end))
-            return out
-
-        drafter.propose = timed
-
-    def take_ms(self) -> list[float]:
-        import torch
-
-        if self.cuda:
-            torch.cuda.synchronize()
-            times = [s.elapsed_time(e) for s, e in self.events]
-        else:
-            times = list(self.events)
-        self.events.clear()
-        return times
 
 
 def _prompt_index(request_id: str) -> int:
@@ -208,27 +152,6 @@ def build_llm(args, mode, target, draft, max_len):
     return LLM(**kwargs)
 
 
-def meta(args) -> dict:
-    import torch
-    import vllm
-
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        commit = None
-    return {
-        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([sys.executable, *sys.argv]),
-        "git_commit": commit or os.environ.get("SPECEXTEND_COMMIT"),
-        "vllm": vllm.__version__,
-        "torch": torch.__version__,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-        "config": vars(args),
-    }
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target-config", required=True)
@@ -283,10 +206,12 @@ def main() -> int:
         # GPU memory back, and each engine must start from the same state.
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"meta": meta(args), "results": []}, indent=1))
+        out.write_text(json.dumps({"meta": run_metadata(args), "results": []},
+                                  indent=1))
         failed = 0
         for mode, index in engines:
-            cmd = [sys.executable, *sys.argv, "--only", f"{mode}:{index}"]
+            cmd = [sys.executable, "-m", "benchmarks.bench_decode", *sys.argv[1:],
+                   "--only", f"{mode}:{index}"]
             failed += subprocess.run(cmd).returncode != 0
         return 1 if failed else 0
     mode, index = args.only.split(":")
@@ -319,14 +244,19 @@ def run_engine(args, mode: str, index: int) -> None:
     startup = time.perf_counter() - t0
     # The drafter is reachable in-process only without worker processes.
     local = args.distributed_executor_backend is None and args.tensor_parallel_size == 1
-    timer = ProposeTimer(drafter_of(llm)) if mode != "plain" and local else None
-    cpu_ms = wrap_cpu_timer(drafter_of(llm)) if mode == "spec_extend" and local else None
+    timer = (access.ProposeTimer(access.drafter(llm))
+             if mode != "plain" and local else None)
+    host = (access.HostTimer(access.drafter(llm))
+            if mode == "spec_extend" and local else None)
+    if host is not None:
+        host.enabled = True
     # Warm-up at every batch size: kernels compiled for a new shape (Triton JIT)
     # would otherwise land in the first measured row of that size.
     for bs in args.batch_sizes:
         run_once(llm, prompts[(args.contexts[0], bs)], 8, timer)
     for (ctx, bs), batch in prompts.items():
-        before = spec_extend_stats(llm) if mode == "spec_extend" else None
+        before = (access.worker_state(llm)[0]["stats"]
+                  if mode == "spec_extend" else None)
         counts = spec_counters(llm)
         row = run_once(llm, batch, args.output_len, timer)
         # Placeholder drafts (vLLM past the draft's length) count here too.
@@ -349,34 +279,18 @@ def run_engine(args, mode: str, index: int) -> None:
             acceptance_length=1 + accepted / drafts if drafts else None,
         )
         if before is not None:
-            after = spec_extend_stats(llm)
-            delta = {k: after[k] - before[k] for k in after}
+            delta = access.stats_delta(before, access.worker_state(llm)[0]["stats"])
             row["spec_extend"] = delta
             row["scoring_share_of_decode"] = delta["scoring_seconds"] / row["decode_s"]
-        if cpu_ms is not None:
-            row["prepare_view_cpu_ms_median"] = statistics.median(cpu_ms or [0.0])
-            cpu_ms.clear()
+        if host is not None:
+            row["prepare_view_cpu_ms_median"] = statistics.median(
+                host.take_ms() or [0.0])
         print(json.dumps(row), flush=True)
         result = json.loads(out.read_text())
         result["results"].append(row)
         out.write_text(json.dumps(result, indent=1))
     if args.profile:
         profile(llm, prompts[(args.contexts[0], max(args.batch_sizes))], out, label)
-
-
-def wrap_cpu_timer(drafter) -> list[float]:
-    """Host time of the plugin's per-step work (no device sync)."""
-    times: list[float] = []
-    original = drafter._prepare_view
-
-    def timed(*args, **kwargs):
-        start = time.perf_counter()
-        result = original(*args, **kwargs)
-        times.append(1000 * (time.perf_counter() - start))
-        return result
-
-    drafter._prepare_view = timed
-    return times
 
 
 def profile(llm, batch, out: Path, mode: str) -> None:

@@ -6,21 +6,19 @@ once, then times the launcher with CUDA events (warm-up excluded, L2 flushed bef
 timed launch, median of --iters) and reports achieved GB/s of K bytes read
 (batch * ctx * Hkv * head_size * elem_size).
 
-    python benchmarks/bench_scoring.py --ctx 4096 32768 --batch 1 8 --out bench.json
+    python -m benchmarks.bench_scoring --ctx 4096 32768 --batch 1 8 --out bench.json
 """
 
 import argparse
-import datetime
 import json
 import os
 import statistics
-import sys
 
 import torch
 import triton
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from vllm_specextend import scoring_triton  # noqa: E402
+from benchmarks.harness.meta import run_metadata
+from vllm_specextend import scoring_triton
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -108,19 +106,15 @@ def main():
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     flush = None if args.no_flush_l2 else torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 
-    meta = {
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": sys.argv,
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "cuda": torch.version.cuda,
-        "gpu": torch.cuda.get_device_name(),
-        "num_sms": torch.cuda.get_device_properties(0).multi_processor_count,
-        "tile_rows": scoring_triton._TILE_ROWS,
-        "programs_per_sm": scoring_triton._PROGRAMS_PER_SM,
-        "flush_l2": flush is not None,
-        "seed": args.seed,
-    }
+    meta = run_metadata(
+        args,
+        triton=triton.__version__,
+        cuda=torch.version.cuda,
+        num_sms=torch.cuda.get_device_properties(0).multi_processor_count,
+        tile_rows=scoring_triton._TILE_ROWS,
+        programs_per_sm=scoring_triton._PROGRAMS_PER_SM,
+        flush_l2=flush is not None,
+    )
     results = []
     print(f"{'layout':>6} {'batch':>5} {'ctx':>7} {'median_us':>10} {'min_us':>9} "
           f"{'GB/s':>8} {'max_err':>9} inf_ok")

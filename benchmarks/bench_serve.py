@@ -6,11 +6,11 @@ flags in every mode except the speculation ones (draft_model:
 ``--speculative-config``; spec_extend: the same plus ``--spec-extend``), waits
 for ``/health``, sends one warm-up request, then runs ``vllm bench serve`` once
 per concurrency on a ``custom`` dataset of long documents (PG-19, GovReport from
-``../shared/data``, see ``tests/prompts.py``) cut to ``--input-len`` tokens of
+``../shared/data``, see ``benchmarks/prompts.py``) cut to ``--input-len`` tokens of
 the tokenizer, and stops the server. Every run gets documents of its own, so
 no run reuses the prefix cache of an earlier one.
 
-    python benchmarks/bench_serve.py --target TARGET --draft DRAFT \\
+    python -m benchmarks.bench_serve --target TARGET --draft DRAFT \\
         --input-len 8192 --output-len 128 --concurrency 1 4 16 --num-prompts 8 32 64 \\
         --out-dir benchmarks/results/serve/<stamp> -- --max-model-len 8448 ...
 
@@ -20,7 +20,7 @@ Arguments after ``--`` go to every ``vllm serve`` (``--load-format dummy``,
 vLLM's bench metrics, acceptance, and the deltas of the server's
 ``vllm:spec_decode_*`` / ``vllm:spec_extend_*`` counters over the run),
 ``summary.md`` (the table), the datasets, and the bench results and logs of
-every run, and ``serve.png`` (``benchmarks/plot_serve.py``) where matplotlib
+every run, and ``serve.png`` (``benchmarks.plot_serve``) where matplotlib
 is installed (the ``bench`` extra). Rows of modes not run again are kept, so
 modes can be run by separate invocations into one directory.
 
@@ -32,106 +32,23 @@ behind a run by up to that long. vLLM's spec-decode counters do not lag.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
-import os
-import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
-from datetime import datetime, timezone
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "tests"))
-import prompts  # noqa: E402  (the test suite's long-document loader)
+from benchmarks import prompts
+from benchmarks.harness import modes
+from benchmarks.harness.meta import run_metadata
+from benchmarks.harness.server import scrape, serve, tail, vllm_command
 
-_SCRIPT = Path(sys.executable).with_name("vllm")
-VLLM = ([str(_SCRIPT)] if _SCRIPT.exists()
-        else [sys.executable, "-m", "vllm.entrypoints.cli.main"])
-MODES = ("plain", "draft_model", "spec_extend")
-HOST = "127.0.0.1"
+VLLM = vllm_command()
+MODES = modes.MODES[:3]
 METRIC_PREFIXES = ("vllm:spec_decode_", "vllm:spec_extend_")
-
-
-def tail(path: Path, n: int = 40) -> str:
-    """A failure report: the log's exception messages, then its last lines."""
-    lines = path.read_text(errors="replace").splitlines(True)
-    # The root cause is often far above the tail, in a worker's traceback.
-    causes = dict.fromkeys(
-        m.group(0) for ln in lines
-        if " WARNING " not in ln and (m := re.search(r"\w+(Error|Exception): .*", ln)))
-    return "".join([*(f"{c}\n" for c in list(causes)[:5]), f"last lines of {path}:\n",
-                    *lines[-n:]])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def stop(proc: subprocess.Popen, grace_s: float = 30) -> None:
-    """SIGTERM to the server's process group, then SIGKILL to what is left."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace_s)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)  # engine processes left in the group
-    proc.wait()
-
-
-@contextlib.contextmanager
-def serve(args: list[str], log: Path, timeout_s: float, env: dict | None = None):
-    """Run ``vllm serve ARGS`` on a free local port until /health answers and
-    yield (URL, command); the server is stopped on exit, errors included.
-    ``env``: the server's environment (default: this process's)."""
-    port = free_port()
-    cmd = [*VLLM, "serve", *args, "--host", HOST, "--port", str(port)]
-    env = {"VLLM_LOG_STATS_INTERVAL": "1", **(os.environ if env is None else env)}
-    with log.open("wb") as out:
-        # Its own session: stop() signals the engine processes too.
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
-    base = f"http://{HOST}:{port}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"vllm serve exited ({proc.returncode}):\n{tail(log)}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"vllm serve not healthy in {timeout_s:.0f} s:\n{tail(log)}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"{base}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            time.sleep(1)
-        yield base, cmd
-    finally:
-        stop(proc)
-
-
-def scrape(base: str) -> dict[str, float]:
-    """``/metrics`` as {name: value summed over label sets}."""
-    with urllib.request.urlopen(f"{base}/metrics", timeout=30) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            head, _, value = line.rpartition(" ")
-            name = head.split("{", 1)[0]
-            out[name] = out.get(name, 0.0) + float(value)
-    return out
 
 
 def counter_deltas(before: dict, after: dict) -> dict[str, float]:
@@ -170,17 +87,11 @@ def write_datasets(args) -> tuple[str, list[Path]]:
 
 
 def serve_args(args, mode: str) -> list[str]:
-    out = [args.target, "--tokenizer", args.tokenizer, "--seed", str(args.seed)]
-    if mode != "plain":
-        spec = {"method": "draft_model", "model": args.draft,
-                "num_speculative_tokens": args.num_spec_tokens}
-        if args.acceptance_length > 0:
-            spec.update(rejection_sample_method="synthetic",
-                        synthetic_acceptance_length=args.acceptance_length)
-        out += ["--speculative-config", json.dumps(spec)]
-    if mode == "spec_extend":
-        out += ["--spec-extend", args.spec_extend]
-    return [*out, *args.serve_args]
+    spec = modes.Speculation(draft=args.draft, num_spec_tokens=args.num_spec_tokens,
+                             acceptance_length=args.acceptance_length,
+                             spec_extend=json.loads(args.spec_extend))
+    return [args.target, "--tokenizer", args.tokenizer, "--seed", str(args.seed),
+            *modes.serve_flags(modes.engine_settings(mode, spec)), *args.serve_args]
 
 
 def bench_command(args, base: str, dataset: Path, concurrency: int,
@@ -233,7 +144,8 @@ def run_mode(args, mode: str, warmup: str, datasets: list[Path]):
     try:
         server = serve(serve_args(args, mode), logs / f"serve_{mode}.log",
                        args.startup_timeout)
-        with server as (base, serve_cmd):
+        with server as srv:
+            base, serve_cmd = srv.base, srv.command
             warm_up(base, args.target, warmup, args.run_timeout)
             runs = zip(args.concurrency, args.num_prompts, datasets, strict=True)
             for c, n, dataset in runs:
@@ -269,43 +181,6 @@ def run_mode(args, mode: str, warmup: str, datasets: list[Path]):
                 }
     except (RuntimeError, OSError) as e:
         yield {"mode": mode, "error": str(e)}
-
-
-def hardware() -> dict:
-    gpus = None
-    with contextlib.suppress(OSError, subprocess.CalledProcessError):
-        gpus = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
-             "--format=csv,noheader"], capture_output=True, text=True, check=True,
-        ).stdout.strip().splitlines()
-    cpu = None
-    with contextlib.suppress(OSError):
-        cpu = next((ln.split(":", 1)[1].strip()
-                    for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
-                   None)
-    return {"gpus": gpus, "cpu": cpu, "cpu_count": os.cpu_count()}
-
-
-def package_version(name: str) -> str | None:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
-
-
-def meta(args) -> dict:
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT,
-                            capture_output=True, text=True).stdout.strip()
-    return {
-        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([sys.executable, *sys.argv]),
-        "git_commit": commit or os.environ.get("SPECEXTEND_COMMIT"),
-        "vllm": package_version("vllm"),
-        "torch": package_version("torch"),
-        "hardware": hardware(),
-        "config": {k: str(v) if isinstance(v, Path) else v
-                   for k, v in vars(args).items()},
-    }
 
 
 def _ms(row: dict, metric: str, stats=("mean", "p50", "p99")) -> str:
@@ -411,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists():
         runs = [r for r in json.loads(out.read_text())["runs"]
                 if r["mode"] not in args.modes]
-    result = {"meta": meta(args), "runs": runs}
+    result = {"meta": run_metadata(args), "runs": runs}
     warmup, datasets = write_datasets(args)
     for mode in args.modes:
         for row in run_mode(args, mode, warmup, datasets):
@@ -423,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out_dir / "summary.md").write_text(summary + "\n")
     print(summary)  # noqa: T201
     if importlib.util.find_spec("matplotlib"):
-        from plot_serve import plot
+        from benchmarks.plot_serve import plot
 
         plot(result, args.out_dir / "serve.png")
     bad = [r for r in result["runs"] if r["mode"] in args.modes and (

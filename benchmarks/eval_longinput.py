@@ -17,11 +17,11 @@ KV, plugin off), ``streaming`` and ``cmr`` (``--spec-extend`` policies), and on
 request ``streaming_compact`` / ``cmr_compact`` (the same with
 ``compact_positions: true``). One engine per kind (``engine.KINDS``); a
 spec_extend engine switches policy and parameters between runs with
-``drafter.reconfigure``.
+``harness.drafter.reconfigure``.
 
-    python benchmarks/eval_longinput.py run --target T --draft D --out R.json
-    python benchmarks/eval_longinput.py run ... --tasks sweep needle cost
-    python benchmarks/eval_longinput.py report R1.json R2.json --out merged.json
+    python -m benchmarks.eval_longinput run --target T --draft D --out R.json
+    python -m benchmarks.eval_longinput run ... --tasks sweep needle cost
+    python -m benchmarks.eval_longinput report R1.json R2.json --out merged.json
 
 Writes R.json (rows + metadata) and R.md (tables) after every run, so a run
 cut short keeps what it finished.
@@ -33,16 +33,14 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-
-from longinput import acceptance, engine, inputs, needle, report  # noqa: E402
+from benchmarks.harness import drafter as access
+from benchmarks.harness.meta import run_metadata
+from benchmarks.longinput import acceptance, engine, inputs, needle, report
 
 TASKS = ("eval", "sweep", "needle", "cost")
 DEFAULT_SPEC_EXTEND = {"chunk_size": 32, "top_k": 32, "retrieve_every": 4,
@@ -162,17 +160,15 @@ class Session:
     """One engine and its instruments; runs ``Run``s and returns rows."""
 
     def __init__(self, args, kind: str, runs: list[Run], tokenizer):
-        from bench_decode import ProposeTimer
-
         self.args = args
         self.kind = kind
         self.tokenizer = tokenizer
         first = next((r.config for r in runs if r.config), None)
         self.llm = engine.build(settings(args), kind, first)
-        self.drafter = engine.drafter(self.llm) if kind != "none" else None
-        self.timer = ProposeTimer(self.drafter) if self.drafter else None
+        self.drafter = access.drafter(self.llm) if kind != "none" else None
+        self.timer = access.ProposeTimer(self.drafter) if self.drafter else None
         needs_recorder = any(r.task == "needle" for r in runs)
-        self.recorder = engine.DraftRecorder(self.llm) if needs_recorder else None
+        self.recorder = access.DraftRecorder(self.llm) if needs_recorder else None
         self.warm_up(runs)
 
     def warm_up(self, runs: list[Run]) -> None:
@@ -191,14 +187,12 @@ class Session:
 
     def configure(self, run: Run) -> None:
         if engine.is_spec_extend(self.kind):
-            from vllm_specextend.config import SpecExtendConfig
-
-            self.drafter.reconfigure(SpecExtendConfig.from_dict(run.config))
+            access.reconfigure(self.drafter, run.config)
 
     def snapshot(self) -> dict:
         return {
-            "counters": engine.spec_counters(self.llm) if self.drafter else None,
-            "stats": (self.drafter.stats.snapshot()
+            "counters": acceptance.spec_counters(self.llm) if self.drafter else None,
+            "stats": (access.stats(self.drafter)
                       if engine.is_spec_extend(self.kind) else None),
         }
 
@@ -206,8 +200,7 @@ class Session:
         after = self.snapshot()
         counters = (acceptance.counter_delta(before["counters"], after["counters"])
                     if self.drafter else None)
-        stats = ({k: after["stats"][k] - before["stats"][k]
-                  for k in after["stats"] if k != "tracked_requests"}
+        stats = (access.stats_delta(before["stats"], after["stats"])
                  if engine.is_spec_extend(self.kind) else None)
         return {"counters": counters, "stats": stats}
 
@@ -329,30 +322,9 @@ def model_info(path: str) -> dict:
     return info
 
 
-def cpu_model() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.machine()
-    names = [line.split(":", 1)[1].strip() for line in lines
-             if line.startswith("model name")]
-    return names[0] if names else platform.machine()
-
-
 def metadata(args) -> dict:
-    import torch
-    from bench_decode import meta
-
-    info = meta(args)
-    device = info.pop("gpu")
-    info["hardware"] = {
-        "device": device if device != "cpu" else f"CPU ({cpu_model()})",
-        "cpu_count": os.cpu_count(),
-        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
-    }
-    info["models"] = {"target": model_info(args.target),
-                      "draft": model_info(args.draft)}
-    return info
+    return run_metadata(args, models={"target": model_info(args.target),
+                                      "draft": model_info(args.draft)})
 
 
 def write(out: Path, result: dict) -> None:
@@ -469,6 +441,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     args = parse_args(argv)
     return run(args) if args.command == "run" else merge_reports(args)
 

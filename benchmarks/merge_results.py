@@ -4,10 +4,10 @@
 Rows are concatenated in the order given; ``meta`` is the first file's, with the
 modes of all files, the earliest date, and ``meta.calls`` keeping each call's
 modes, date and command. A merged ``bench_serve.py`` result (``runs``) gets its
-``summary.md`` and ``serve.png`` beside it; ``bench_decode.py`` results
-(``results``) go to ``summarize_decode.py`` / ``plot_decode.py``.
+``summary.md`` and ``serve.png`` beside it; ``bench_decode`` results
+(``results``) go to ``benchmarks.summarize_decode`` / ``benchmarks.plot_decode``.
 
-    python benchmarks/merge_results.py OUT_DIR/results.json CALL1.json CALL2.json ...
+    python -m benchmarks.merge_results OUT_DIR/results.json CALL1.json CALL2.json ...
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(merged, indent=1))
     if "runs" in merged:
-        from bench_serve import table
+        from benchmarks.bench_serve import table
 
         (args.out.parent / "summary.md").write_text(table(merged) + "\n")
         if importlib.util.find_spec("matplotlib"):
-            from plot_serve import plot
+            from benchmarks.plot_serve import plot
 
             plot(merged, args.out.parent / "serve.png")
     print(args.out)  # noqa: T201

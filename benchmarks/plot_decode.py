@@ -2,7 +2,7 @@
 ``bench_decode.py`` result files: a colour per mode, a line style per file, so
 repeated runs show their spread. Needs matplotlib (the ``bench`` extra).
 
-    python benchmarks/plot_decode.py RUN1.json [RUN2.json ...] --out decode.png
+    python -m benchmarks.plot_decode RUN1.json [RUN2.json ...] --out decode.png
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from summarize_decode import device
+from benchmarks.harness.meta import device
 
 STYLES = ["o-", "s--", "^:", "d-."]
 

@@ -1,6 +1,6 @@
 """Plots of benchmarks/eval_longinput.py results (matplotlib, the ``bench`` extra).
 
-    python benchmarks/plot_eval.py R.json [R2.json ...] --out-dir DIR
+    python -m benchmarks.plot_eval R.json [R2.json ...] --out-dir DIR
 
 Writes ``accepted_length.png`` and ``decode_tok_s.png`` (metric vs input
 length, one line per mode, one panel per dataset) from the ``eval`` rows, and
@@ -15,8 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from longinput import report  # noqa: E402
+from benchmarks.longinput import report
 
 METRICS = {
     "accepted_length": ("mean_accepted_length", "accepted length (incl. bonus)"),

@@ -2,7 +2,7 @@
 ``bench_serve.py`` result. Needs matplotlib (the ``bench`` extra);
 ``bench_serve.py`` calls it itself where matplotlib is installed.
 
-    python benchmarks/plot_serve.py DIR/results.json [--out DIR/serve.png]
+    python -m benchmarks.plot_serve DIR/results.json [--out DIR/serve.png]
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import argparse
 import json
 from pathlib import Path
 
-from bench_serve import MODES
+from benchmarks.harness.meta import device as device_name
+from benchmarks.harness.modes import MODES
 
 
 def plot(result: dict, out: Path) -> None:
@@ -43,8 +44,7 @@ def plot(result: dict, out: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     meta, cfg = result["meta"], result["meta"]["config"]
-    hw = meta["hardware"]
-    device = hw["gpus"][0] if hw["gpus"] else hw["cpu"]
+    device = device_name(meta)
     fig.suptitle(f"{Path(cfg['target']).name} / {Path(cfg['draft'] or '-').name}, "
                  f"{cfg['input_len']}-token inputs, {cfg['output_len']} output tokens; "
                  f"{device}, vLLM {meta['vllm']}", fontsize=10)

@@ -1,6 +1,6 @@
 """Markdown table of a ``bench_decode.py`` result file (modes side by side).
 
-    python benchmarks/summarize_decode.py benchmarks/results/decode/<file>.json
+    python -m benchmarks.summarize_decode benchmarks/results/decode/<file>.json
 """
 
 from __future__ import annotations
@@ -9,11 +9,7 @@ import argparse
 import json
 from collections import defaultdict
 
-
-def device(meta: dict) -> str:
-    """The GPU a result ran on, with the TP degree past 1."""
-    tp = meta["config"].get("tensor_parallel_size", 1)
-    return f"{meta['gpu']} ×{tp} (TP={tp})" if tp > 1 else meta["gpu"]
+from benchmarks.harness.meta import device
 
 
 def table(result: dict) -> str:

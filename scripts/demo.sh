@@ -23,11 +23,13 @@ MODEL="${SPECEXTEND_DEMO_MODEL:-}"
 if [ -z "$MODEL" ]; then
   MODEL="${SPECEXTEND_MODELS:-$HOME/.cache/vllm-specextend/models}/smollm2-135m-instruct"
   echo "[demo] building SmolLM2-135M-Instruct in $MODEL (skipped if present)"
-  "$VENV/bin/python" -m vllm_specextend.models smollm2 "$MODEL" >/dev/null
+  PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" -m benchmarks.models.builders smollm2 "$MODEL" \
+    >/dev/null
 fi
 
 rc=0
-"$VENV/bin/python" "$ROOT/scripts/demo.py" --model "$MODEL" --venv-bin "$VENV/bin" "$@" \
-  || rc=$?
+# The repository on PYTHONPATH: demo.py uses the benchmarks package.
+PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" "$ROOT/scripts/demo.py" --model "$MODEL" \
+  --venv-bin "$VENV/bin" "$@" || rc=$?
 echo "[demo] total $((SECONDS - start)) s, exit $rc"
 exit "$rc"

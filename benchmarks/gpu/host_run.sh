@@ -1,7 +1,8 @@
 #!/bin/bash
 # On the offline GPU host, after ../shared/gpu/host-setup.sh has installed vLLM
 # into /root/vsite: install this plugin (and pytest) from carried wheels, then
-# run one phase, writing results and logs under $OUT.
+# run one phase, writing results and logs under $OUT. Run from the repository
+# root: the tools run as modules of the benchmarks package (python3 -m benchmarks.X).
 #
 #   bash benchmarks/gpu/host_run.sh PHASE   (the phases are listed at the end)
 set -uo pipefail
@@ -15,14 +16,14 @@ case "$1" in
   kernels)
     timeout 200 python3 -m pytest tests/kernels -q -p no:cacheprovider \
       > "$OUT/kernels.txt" 2>&1; tail -3 "$OUT/kernels.txt"
-    timeout 120 python3 benchmarks/bench_scoring.py --out "$OUT/scoring.json" \
+    timeout 120 python3 -m benchmarks.bench_scoring --out "$OUT/scoring.json" \
       > "$OUT/scoring.log" 2>&1; tail -20 "$OUT/scoring.log" ;;
   decode-68m)
-    timeout 560 python3 benchmarks/bench_decode.py --target-config $M/llama31_8b \
+    timeout 560 python3 -m benchmarks.bench_decode --target-config $M/llama31_8b \
       --draft-config $M/llama_68m --out "$OUT/decode_68m.json" > "$OUT/decode_68m.log" 2>&1
     grep '^{' "$OUT/decode_68m.log" | cut -c1-220; grep -m3 -i "error" "$OUT/decode_68m.log" ;;
   decode-1b)
-    timeout 560 python3 benchmarks/bench_decode.py --target-config $M/llama31_8b \
+    timeout 560 python3 -m benchmarks.bench_decode --target-config $M/llama31_8b \
       --draft-config $M/llama32_1b --modes draft_model spec_extend \
       --out "$OUT/decode_1b.json" > "$OUT/decode_1b.log" 2>&1
     grep '^{' "$OUT/decode_1b.log" | cut -c1-220; grep -m3 -i "error" "$OUT/decode_1b.log" ;;
@@ -31,29 +32,29 @@ case "$1" in
     # 2048 tokens vLLM alone never runs the head ("no draft"; the synthetic sampler
     # still accepts its token-0 placeholders, so its tok/s is no baseline): its
     # engine goes last, so spec_extend's rows come first if time runs out.
-    timeout 540 python3 benchmarks/bench_decode.py --target-config $M/llama31_8b \
+    timeout 540 python3 -m benchmarks.bench_decode --target-config $M/llama31_8b \
       --draft-config benchmarks/models/configs/llama31_8b_eagle3 --method eagle3 \
       --modes plain spec_extend draft_model --contexts 4096 16384 32768 --batch-sizes 1 \
       --output-len 128 --spec-extend '{"top_k": 32, "recent_tokens": 256}' \
       --out "$OUT/decode_eagle3.json" > "$OUT/decode_eagle3.log" 2>&1
-    echo "eagle3 rc=$?"; python3 benchmarks/summarize_decode.py "$OUT/decode_eagle3.json"
+    echo "eagle3 rc=$?"; python3 -m benchmarks.summarize_decode "$OUT/decode_eagle3.json"
     grep -m3 -E "Error|error:" "$OUT/decode_eagle3.log" ;;
   capture)
     timeout 500 python3 -m pytest tests/kernels/test_capture_gpu.py -q -x -p no:cacheprovider \
       > "$OUT/capture.txt" 2>&1; grep -E "passed|failed|Error|assert" "$OUT/capture.txt" | tail -8 ;;
   profile-68m)
-    timeout 560 python3 benchmarks/bench_decode.py --target-config $M/llama31_8b \
+    timeout 560 python3 -m benchmarks.bench_decode --target-config $M/llama31_8b \
       --draft-config $M/llama_68m --modes draft_model spec_extend --contexts 4096 32768 \
       --profile --out "$OUT/profile_68m.json" > "$OUT/profile_68m.log" 2>&1
     grep '^{' "$OUT/profile_68m.log" | cut -c1-220 ;;
   tp-lossless)
     # Real random checkpoints: dummy weights differ with the TP degree.
-    python3 -c "from vllm_specextend.models import build_tiny_llama as b
+    python3 -c "from benchmarks.models.builders import build_tiny_llama as b
 t = b('/root/m/tgt', seed=0, hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=8, max_position_embeddings=32768)
 b('/root/m/drf', seed=1, hidden_size=512, num_layers=2, num_heads=8, num_kv_heads=4, max_position_embeddings=32768, tokenizer_dir=t)"
     for run in "1" "2 --distributed-executor-backend mp" "2 --distributed-executor-backend ray"; do
       tag=$(echo "$run" | tr -cd '0-9a-z')
-      timeout 280 python3 benchmarks/bench_decode.py --target-config /root/m/tgt \
+      timeout 280 python3 -m benchmarks.bench_decode --target-config /root/m/tgt \
         --draft-config /root/m/drf --modes plain spec_extend --load-format auto \
         --dtype float32 --acceptance-length 0 --contexts 4096 16384 --batch-sizes 1 4 \
         --output-len 64 --enforce-eager --tensor-parallel-size $run \
@@ -77,13 +78,13 @@ PY
     # A TP=2 engine takes 1-3 min to start: TP_MODES splits the engines over
     # calls (spec_extend before draft_model, so it runs if time runs out).
     modes=${TP_MODES:-plain spec_extend draft_model}; tag=$(echo $modes | tr ' ' -)
-    timeout 580 python3 benchmarks/bench_decode.py --target-config $M/llama31_8b \
+    timeout 580 python3 -m benchmarks.bench_decode --target-config $M/llama31_8b \
       --draft-config $M/llama32_1b --contexts 16384 32768 --tensor-parallel-size 2 \
       --compilation-config '{"pass_config": {"fuse_allreduce_rms": false}}' \
       --distributed-executor-backend mp --modes $modes ${TP_ARGS:-} \
       --out "$OUT/decode_1b_tp2_$tag.json" \
       > "$OUT/decode_1b_tp2_$tag.log" 2>&1
-    echo "tp-speed rc=$?"; python3 benchmarks/summarize_decode.py "$OUT/decode_1b_tp2_$tag.json"
+    echo "tp-speed rc=$?"; python3 -m benchmarks.summarize_decode "$OUT/decode_1b_tp2_$tag.json"
     grep -m3 -E "Error|error:" "$OUT/decode_1b_tp2_$tag.log" ;;
   serve)
     # Dummy 8B/1B weights, synthetic acceptance: .gpu/tokenizer is SmolLM2's.
@@ -91,7 +92,7 @@ PY
     # call (SERVE_MODES=plain, ...); the rows merge in one results file.
     # SERVE_INPUT_LEN sets the prompt length (default 8192).
     len=${SERVE_INPUT_LEN:-8192}
-    timeout 540 python3 benchmarks/bench_serve.py --target $M/llama31_8b \
+    timeout 540 python3 -m benchmarks.bench_serve --target $M/llama31_8b \
       --draft $M/llama32_1b --tokenizer .gpu/tokenizer --input-len $len \
       --modes ${SERVE_MODES:-plain draft_model spec_extend} \
       --output-len 128 --concurrency 1 4 16 --num-prompts 4 8 32 \
@@ -112,7 +113,7 @@ PY
     # (a previous run's) the draft is re-assembled instead of distilled again.
     trained=.gpu/pair/draft_trained.safetensors
     from=$([ -f $trained ] && echo "--from-trained $trained")
-    PYTHONPATH=/root/vsite:/root/gguf timeout 560 python3 benchmarks/models/build_pair.py \
+    PYTHONPATH=/root/vsite:/root/gguf timeout 560 python3 -m benchmarks.models.build_pair \
       /root/pair $from --time-limit-s 240 > "$OUT/build_pair.log" 2>&1
     echo "pair rc=$?"; tail -c 1500 "$OUT/build_pair.log"
     [ -n "$from" ] || cp /root/pair/draft_trained.safetensors /root/pair/recipe.json "$OUT"/ ;;
@@ -120,17 +121,17 @@ PY
     # One dataset per call (EVAL_DATASET=govreport|pg19), EVAL_ARGS narrows it
     # (--modes, --lengths) to fit a call; merge the files with `report`.
     ds=${EVAL_DATASET:-govreport}
-    timeout 575 python3 benchmarks/eval_longinput.py run --target /root/pair/target \
+    timeout 575 python3 -m benchmarks.eval_longinput run --target /root/pair/target \
       --draft /root/pair/draft --datasets $ds ${EVAL_ARGS:-} --out "$OUT/eval_$ds.json" \
       > "$OUT/eval_$ds.log" 2>&1
     echo "eval rc=$?"; cat "$OUT/eval_$ds.md"; grep -m5 -iE "error|Traceback" "$OUT/eval_$ds.log" ;;
   analyses)
-    timeout 575 python3 benchmarks/eval_longinput.py run --target /root/pair/target \
+    timeout 575 python3 -m benchmarks.eval_longinput run --target /root/pair/target \
       --draft /root/pair/draft --tasks sweep needle --datasets govreport \
       --out "$OUT/analyses.json" > "$OUT/analyses.log" 2>&1
     echo "analyses rc=$?"; cat "$OUT/analyses.md" ;;
   needle)
-    timeout 560 python3 benchmarks/eval_longinput.py run --target /root/pair/target \
+    timeout 560 python3 -m benchmarks.eval_longinput run --target /root/pair/target \
       --draft /root/pair/draft --tasks needle --datasets govreport \
       --modes draft_model streaming cmr cmr_compact --out "$OUT/needle.json" \
       > "$OUT/needle.log" 2>&1

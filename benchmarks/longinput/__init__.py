@@ -1,4 +1,4 @@
 """Long-input evaluation of SpecExtend: inputs, engine runs, scoring, reports.
 
-Used by ``benchmarks/eval_longinput.py`` and ``benchmarks/plot_eval.py``.
+Used by ``benchmarks.eval_longinput`` and ``benchmarks.plot_eval``.
 """

@@ -14,6 +14,7 @@ proposals in order and the final greedy output, without vLLM internals.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 COUNTERS = {
@@ -22,6 +23,21 @@ COUNTERS = {
     "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
 }
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+def spec_counters(llm) -> dict:
+    """vLLM's cumulative spec-decode counters (summed over label sets)."""
+    values = {key: 0 for key in COUNTERS}
+    per_pos: list[int] = []
+    names = {name: key for key, name in COUNTERS.items()}
+    for metric in llm.get_metrics():
+        if metric.name in names:
+            values[names[metric.name]] += metric.value
+        elif metric.name == PER_POSITION:
+            per_pos = [a + b for a, b in itertools.zip_longest(per_pos, metric.values,
+                                                               fillvalue=0)]
+    values["accepted_per_pos"] = per_pos
+    return values
 
 
 def counter_delta(before: dict, after: dict) -> dict:

@@ -6,7 +6,7 @@ model with full KV, plugin off), ``spec_extend`` (the same plus
 the draft sees its working set at positions 0..W-1, as a draft trained on
 short text saw its inputs). The ``streaming`` and ``cmr`` modes share the
 spec_extend engine, their ``_compact`` twins the other: between runs the live
-proposer is switched with ``SpecExtendProposer.reconfigure``, so a policy or
+proposer is switched with ``harness.drafter.reconfigure``, so a policy or
 parameter change costs no engine start-up. Engines run in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) to reach the drafter.
 """
@@ -18,10 +18,6 @@ import itertools
 import os
 import time
 from dataclasses import dataclass, field
-
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-
-from longinput.acceptance import COUNTERS, PER_POSITION  # noqa: E402
 
 MODES = ("none", "draft_model", "streaming", "cmr", "streaming_compact", "cmr_compact")
 DEFAULT_MODES = MODES[:4]
@@ -60,6 +56,9 @@ class EngineSettings:
 def build(s: EngineSettings, kind: str, spec_extend: dict | None = None):
     from vllm import LLM
 
+    # In this process: the drafter must be reachable (benchmarks.harness.drafter).
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
     kwargs = dict(
         model=s.target,
         dtype=s.dtype,
@@ -89,15 +88,6 @@ def build(s: EngineSettings, kind: str, spec_extend: dict | None = None):
     return LLM(**kwargs)
 
 
-def model_runner(llm):
-    core = llm.llm_engine.engine_core.engine_core
-    return core.model_executor.driver_worker.worker.model_runner
-
-
-def drafter(llm):
-    return model_runner(llm).drafter
-
-
 def shutdown(llm) -> None:
     from vllm.distributed import cleanup_dist_env_and_memory
 
@@ -106,21 +96,6 @@ def shutdown(llm) -> None:
     gc.collect()
     # Frees the device and the process group, so the next engine starts clean.
     cleanup_dist_env_and_memory()
-
-
-def spec_counters(llm) -> dict:
-    """vLLM's cumulative spec-decode counters (summed over label sets)."""
-    values = {key: 0 for key in COUNTERS}
-    per_pos: list[int] = []
-    names = {name: key for key, name in COUNTERS.items()}
-    for metric in llm.get_metrics():
-        if metric.name in names:
-            values[names[metric.name]] += metric.value
-        elif metric.name == PER_POSITION:
-            per_pos = [a + b for a, b in itertools.zip_longest(per_pos, metric.values,
-                                                               fillvalue=0)]
-    values["accepted_per_pos"] = per_pos
-    return values
 
 
 @dataclass
@@ -164,41 +139,3 @@ def generate(llm, prompts: list[list[int]], params) -> Batch:
         decode_tokens=total - at_decode_start,
         request_ids=internal,
     )
-
-
-class DraftRecorder:
-    """Records every proposal of the drafter per request, in order.
-
-    Only rows whose prompt is fully computed count: during a chunked prefill
-    the drafter also runs (to fill its KV) but those proposals are dropped.
-    Lengths are read before the drafter runs, as SpecExtendProposer does:
-    drafting reuses the runner's buffers. Recording syncs the device on every
-    step, so it is off (``enabled``) while anything is timed.
-    """
-
-    def __init__(self, llm):
-        from vllm_specextend import compat
-
-        runner = model_runner(llm)
-        proposer = runner.drafter
-        original = proposer.propose
-        self.proposals: dict[str, list[list[int]]] = {}
-        self.enabled = False
-
-        def recorded(*args, **kwargs):
-            if not self.enabled:
-                return original(*args, **kwargs)
-            num_reqs = runner.input_batch.num_reqs
-            req_ids = compat.batch_req_ids(runner, num_reqs)
-            done = (compat.batch_seq_lens_cpu(runner, num_reqs)
-                    >= compat.batch_num_prompt_tokens(runner, num_reqs))
-            drafts = original(*args, **kwargs)
-            for req_id, row, keep in zip(req_ids, drafts.tolist(), done, strict=False):
-                if keep:
-                    self.proposals.setdefault(req_id, []).append(row)
-            return drafts
-
-        proposer.propose = recorded
-
-    def take(self, request_id: str) -> list[list[int]]:
-        return self.proposals.pop(request_id, [])

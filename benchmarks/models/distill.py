@@ -21,15 +21,13 @@ import json
 import math
 import random
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from longinput.inputs import SUMMARY_HEAD, SUMMARY_TAIL, encode  # noqa: E402
+from benchmarks.longinput.inputs import SUMMARY_HEAD, SUMMARY_TAIL, encode
 
 LAYER_PREFIX = "model.layers."
 CHAT_QUESTION = "\n\nExplain the text above."

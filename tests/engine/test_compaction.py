@@ -42,10 +42,12 @@ def kv_footprint(llm):
 
 def scratch_footprint(llm, proposer):
     """``kv_footprint`` with the scratch bytes reserved and allocated."""
+    from benchmarks.harness.drafter import compactor
+
     return dict(
         footprint=kv_footprint(llm),
         scratch_bytes=proposer.scratch_bytes(),
-        scratch_allocated=proposer.compactor.allocated_bytes(),
+        scratch_allocated=compactor(proposer).allocated_bytes(),
     )
 
 
@@ -88,6 +90,13 @@ def test_vllm_alone_stops_drafting(tiny_target, tiny_short_draft, prompts,
 def run_compacted(target, draft, prompts):
     from test_lossless import counter, drafter, generate, make_llm, shutdown
 
+    from benchmarks.harness.drafter import (
+        compactor,
+        model_runner,
+        selection_store,
+        stats,
+    )
+
     llm = make_llm(target, draft, FITS, num_spec_tokens=K)
     proposer = drafter(llm)
     proposed = []
@@ -99,13 +108,14 @@ def run_compacted(target, draft, prompts):
         proposed=torch.cat(proposed).flatten() if proposed else torch.zeros(0),
         accepted=counter(llm, "vllm:spec_decode_num_accepted_tokens"),
         draft_tokens=counter(llm, "vllm:spec_decode_num_draft_tokens"),
-        stats=proposer.stats.snapshot(),
-        compact=proposer.compactor is not None,
+        stats=stats(proposer),
+        compact=compactor(proposer) is not None,
         **scratch_footprint(llm, proposer),
     )
     generate(llm, [prompts[0][:16]], max_tokens=2)  # delivers the finished ids
     # Slots (and so scratch runs) held by requests the runner has let go of.
-    result["scratch_held"] = len(set(proposer.state) - set(proposer.runner.requests))
+    live = set(model_runner(llm).requests)
+    result["scratch_held"] = len(set(selection_store(proposer)) - live)
     shutdown(llm)
     return result
 

@@ -24,6 +24,8 @@ CMR = {"top_k": 4, "recent_tokens": 64, "min_context": 256}
 def run_eagle(target, head, spec_extend, prompts, method="eagle3"):
     from test_lossless import counter, drafter, generate, make_llm, shutdown
 
+    from benchmarks.harness.drafter import compactor, stats
+
     llm = make_llm(
         target,
         spec_extend=spec_extend,
@@ -38,12 +40,12 @@ def run_eagle(target, head, spec_extend, prompts, method="eagle3"):
     result = dict(
         outputs=outputs,
         drafts=counter(llm, "vllm:spec_decode_num_drafts"),
-        stats=proposer.stats.snapshot(),
+        stats=stats(proposer),
         cls=type(proposer).__name__,
         head=type(proposer.model).__name__,
-        compact=proposer.compactor is not None,
+        compact=compactor(proposer) is not None,
     )
-    if proposer.compactor is not None:
+    if compactor(proposer) is not None:
         result.update(scratch_footprint(llm, proposer))
     shutdown(llm)
     return result

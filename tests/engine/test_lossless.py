@@ -1,7 +1,8 @@
 """Offline engine (CPU, fp32, in-process): SpecExtend keeps greedy output exact.
 
 Each engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the
-tests can read the live proposer's statistics and selection store.
+tests can read the live proposer's statistics and selection store
+(``benchmarks.harness.drafter``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,14 @@ import gc
 import os
 
 import pytest
+
+from benchmarks.harness.drafter import (
+    drafter,
+    record_retrievals,
+    selection_store,
+    selections,
+    stats,
+)
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
@@ -39,15 +48,9 @@ def engine_kwargs(target, draft=None, spec_extend=None, num_spec_tokens=4,
             "model": draft,
             "num_speculative_tokens": num_spec_tokens,
         }
-    elif (spec_extend or {}).get("self_draft"):
-        kwargs["speculative_config"] = {"num_speculative_tokens": num_spec_tokens}
     if spec_extend is not None:
         kwargs["additional_config"] = {"spec_extend": spec_extend}
-    for key, value in overrides.items():
-        if key == "speculative_config":
-            kwargs[key] = {**kwargs.get(key, {}), **value}
-        else:
-            kwargs[key] = value
+    kwargs.update(overrides)
     return kwargs
 
 
@@ -55,11 +58,6 @@ def make_llm(target, draft=None, spec_extend=None, num_spec_tokens=4, **override
     from vllm import LLM
 
     return LLM(**engine_kwargs(target, draft, spec_extend, num_spec_tokens, **overrides))
-
-
-def drafter(llm):
-    core = llm.llm_engine.engine_core.engine_core
-    return core.model_executor.driver_worker.worker.model_runner.drafter
 
 
 def counter(llm, name):
@@ -106,18 +104,18 @@ def test_greedy_matches_plain(tiny_target, tiny_draft, prompts, plain_outputs,
                               prefix_caching):
     llm = make_llm(tiny_target, tiny_draft, CMR, enable_prefix_caching=prefix_caching)
     outputs = generate(llm, prompts)
-    stats = drafter(llm).stats.snapshot()
+    counts = stats(drafter(llm))
     drafts = counter(llm, "vllm:spec_decode_num_drafts")
     # Finished ids reach the worker with the next step: run a short request.
     generate(llm, [prompts[1][:16]], max_tokens=2)
-    store_size = len(drafter(llm).state)
+    store_size = len(selection_store(drafter(llm)))
     shutdown(llm)
 
     assert outputs == plain_outputs
     assert drafts > 0
-    assert stats["retrievals"] > 0
-    assert 0 < stats["view_rows"] < stats["decode_rows"], "CMR on some rows only"
-    assert stats["draft_context_tokens"] < stats["full_context_tokens"]
+    assert counts["retrievals"] > 0
+    assert 0 < counts["view_rows"] < counts["decode_rows"], "CMR on some rows only"
+    assert counts["draft_context_tokens"] < counts["full_context_tokens"]
     assert store_size == 0, "finished requests leave no selection state"
 
 
@@ -127,45 +125,39 @@ def test_lossless_under_preemption(tiny_target, tiny_draft, prompts, plain_outpu
     llm = make_llm(tiny_target, tiny_draft, CMR, kv_cache_memory_bytes=4 << 20)
     outputs = generate(llm, prompts)
     preemptions = counter(llm, "vllm:num_preemptions")
-    stats = drafter(llm).stats.snapshot()
+    counts = stats(drafter(llm))
     shutdown(llm)
 
     assert preemptions > 0
     assert outputs == plain_outputs
-    assert stats["view_rows"] > 0
+    assert counts["view_rows"] > 0
 
 
 def test_streaming_policy_is_lossless(tiny_target, tiny_draft, prompts, plain_outputs):
     llm = make_llm(tiny_target, tiny_draft, {**CMR, "policy": "streaming"})
     outputs = generate(llm, prompts)
-    stats = drafter(llm).stats.snapshot()
+    counts = stats(drafter(llm))
     shutdown(llm)
 
     assert outputs == plain_outputs
-    assert stats["retrievals"] == 0, "streaming never scores"
-    assert stats["view_rows"] > 0
+    assert counts["retrievals"] == 0, "streaming never scores"
+    assert counts["view_rows"] > 0
 
 
 def _record_selections(worker):
     """Runs in each TP worker: log every chunk selection the retriever makes."""
-    drafter = worker.model_runner.drafter
-    log = drafter.test_selections = []
-    retrieve = drafter.retriever.retrieve
-    state = drafter.state
+    from benchmarks.harness.drafter import worker_drafter
 
-    def recording_retrieve(request, lens, slots, *args, **kwargs):
-        retrieve(request, lens, slots, *args, **kwargs)
-        for slot in slots[request.rows]:
-            n = int(state.num_selected[slot])
-            chunks = state.selected_chunks[slot, :n].tolist()
-            log.append((int(slot), int(state.window_start[slot]), chunks))
-
-    drafter.retriever.retrieve = recording_retrieve
+    proposer = worker_drafter(worker)
+    log = proposer.test_selections = []
+    record_retrievals(proposer, log)
 
 
 def _selections_and_stats(worker):
-    drafter = worker.model_runner.drafter
-    return drafter.test_selections, drafter.stats.snapshot()
+    from benchmarks.harness.drafter import worker_drafter
+
+    proposer = worker_drafter(worker)
+    return proposer.test_selections, stats(proposer)
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core per TP rank")
@@ -198,10 +190,11 @@ def test_abort_frees_state(tiny_target, tiny_draft, prompts):
     params = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
     for i, prompt in enumerate(prompts[:3]):
         engine.add_request(f"r{i}", {"prompt_token_ids": prompt}, params)
-    state = drafter(llm).state
+    proposer = drafter(llm)
+    store = selection_store(proposer)
 
     def held(prefix):  # the engine suffixes request ids internally
-        return [r for r in state if r.startswith(prefix) and state.selection(r)]
+        return [req_id for req_id in selections(proposer) if req_id.startswith(prefix)]
 
     for _ in range(30):
         engine.step()
@@ -214,7 +207,7 @@ def test_abort_frees_state(tiny_target, tiny_draft, prompts):
     while engine.has_unfinished_requests():
         engine.step()
     generate(llm, [prompts[1][:16]], max_tokens=2)  # delivers the finished ids
-    assert len(state) == 0
+    assert len(store) == 0
     shutdown(llm)
 
 
@@ -228,7 +221,7 @@ def test_self_draft_full_acceptance(smollm2_model, long_prompts):
     """
     from transformers import AutoTokenizer
 
-    import prompts as prompt_data
+    from benchmarks import prompts as prompt_data
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_model)
     prompt = prompt_data.long_prompts(tokenizer, [1800])
@@ -241,9 +234,9 @@ def test_self_draft_full_acceptance(smollm2_model, long_prompts):
     generate(llm, prompt, max_tokens=40)
     accepted = counter(llm, "vllm:spec_decode_num_accepted_tokens")
     proposed = counter(llm, "vllm:spec_decode_num_draft_tokens")
-    stats = drafter(llm).stats.snapshot()
+    counts = stats(drafter(llm))
     shutdown(llm)
 
-    assert stats["view_rows"] > 0
-    assert stats["draft_context_tokens"] < 0.5 * stats["full_context_tokens"]
+    assert counts["view_rows"] > 0
+    assert counts["draft_context_tokens"] < 0.5 * counts["full_context_tokens"]
     assert proposed > 0 and accepted >= 0.75 * proposed

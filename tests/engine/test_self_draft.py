@@ -22,6 +22,8 @@ from test_lossless import (
     shutdown,
 )
 
+from benchmarks.harness import drafter as harness
+
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 pytestmark = pytest.mark.engine
@@ -53,11 +55,11 @@ def test_self_draft_matches_plain(tiny_target, prompts, plain_outputs, prefix_ca
                    enable_prefix_caching=prefix_caching)
     proposer = drafter(llm)
     outputs = generate(llm, prompts)
-    stats = proposer.stats.snapshot()
+    stats = harness.stats(proposer)
     drafts = counter(llm, "vllm:spec_decode_num_drafts")
     accepted = counter(llm, "vllm:spec_decode_num_accepted_tokens")
     generate(llm, [prompts[1][:16]], max_tokens=2)  # delivers the finished ids
-    held = len(proposer.state)
+    held = len(harness.selection_store(proposer))
     shutdown(llm)
 
     assert type(proposer).__name__ == "SelfDraftProposer"
@@ -95,7 +97,7 @@ def test_self_draft_under_preemption(tiny_target, prompts, plain_outputs):
                    kv_cache_memory_bytes=int(2.2 * 2**20))
     outputs = generate(llm, prompts)
     preemptions = counter(llm, "vllm:num_preemptions")
-    stats = drafter(llm).stats.snapshot()
+    stats = harness.stats(drafter(llm))
     shutdown(llm)
 
     assert preemptions > 0
@@ -107,7 +109,7 @@ def test_self_draft_streaming(tiny_target, prompts, plain_outputs):
     llm = make_llm(tiny_target, None, {**SELF, "policy": "streaming"},
                    num_spec_tokens=K)
     outputs = generate(llm, prompts)
-    stats = drafter(llm).stats.snapshot()
+    stats = harness.stats(drafter(llm))
     shutdown(llm)
 
     assert outputs == plain_outputs
@@ -119,22 +121,27 @@ def test_self_draft_abort_frees_state(tiny_target, prompts, plain_outputs):
 
     llm = make_llm(tiny_target, None, SELF, num_spec_tokens=K)
     engine = llm.llm_engine
-    state = drafter(llm).state
+    proposer = drafter(llm)
     params = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
     for i, prompt in enumerate(prompts[:3]):
         engine.add_request(f"r{i}", {"prompt_token_ids": prompt}, params)
+
+    def held(prefix):  # the engine suffixes request ids internally
+        return [r for r in harness.selection_store(proposer) if r.startswith(prefix)]
+
     for _ in range(30):
         engine.step()
-        if any(r.startswith("r0") and state.selection(r) for r in state):
+        if any(r.startswith("r0") for r in harness.selections(proposer)):
             break
+    assert held("r0"), "a long request holds state while decoding"
     engine.abort_request(["r0"])
     engine.step()
-    assert not [r for r in state if r.startswith("r0")]
+    assert not held("r0")
     while engine.has_unfinished_requests():
         engine.step()
     # The engine keeps decoding exactly after the abort.
     outputs = generate(llm, prompts[1:3])
-    assert len(state) == 0 or all(not r.startswith("r") for r in state)
+    assert not held("r1") and not held("r2")
     shutdown(llm)
     assert outputs == plain_outputs[1:3]
 
@@ -165,7 +172,7 @@ def test_self_draft_off_by_batch_size(tiny_target, prompts, plain_outputs):
     proposer = drafter(llm)
     batch = generate(llm, prompts[2:5])
     drafts_batched = counter(llm, "vllm:spec_decode_num_drafts")
-    views_batched = proposer.stats.view_rows
+    views_batched = harness.stats(proposer)["view_rows"]
     single = generate(llm, prompts[:1])
     drafts_single = counter(llm, "vllm:spec_decode_num_drafts") - drafts_batched
     shutdown(llm)
@@ -182,7 +189,7 @@ def test_self_draft_real_weights_keep_drafts(smollm2_model):
     stale draft KV) would drop acceptance towards that of an unrelated draft."""
     from transformers import AutoTokenizer
 
-    import prompts as prompt_data
+    from benchmarks import prompts as prompt_data
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_model)
     prompt = prompt_data.long_prompts(tokenizer, [1800])
@@ -197,7 +204,7 @@ def test_self_draft_real_weights_keep_drafts(smollm2_model):
     outputs = generate(llm, prompt, max_tokens=40)
     accepted = counter(llm, "vllm:spec_decode_num_accepted_tokens")
     proposed = counter(llm, "vllm:spec_decode_num_draft_tokens")
-    stats = drafter(llm).stats.snapshot()
+    stats = harness.stats(drafter(llm))
     shutdown(llm)
 
     assert outputs == reference

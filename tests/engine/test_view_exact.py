@@ -32,6 +32,8 @@ def _drafts_and_reference(tiny_draft, long_prompts, cfg):
     from test_lossless import drafter, generate, make_llm, shutdown
     from transformers import AutoModelForCausalLM
 
+    from benchmarks.harness.drafter import selections, stats
+
     prompt = long_prompts([1200])[0]
     llm = make_llm(tiny_draft, tiny_draft, cfg, num_spec_tokens=1)
     proposer = drafter(llm)
@@ -43,16 +45,14 @@ def _drafts_and_reference(tiny_draft, long_prompts, cfg):
         rejected = kwargs["num_rejected_tokens_gpu"]
         pos = int(cad.seq_lens[0]) - (int(rejected[0]) if rejected is not None else 0)
         draft = original(*args, **kwargs)
-        req_id = next(iter(proposer.state), None)
-        entry = None if req_id is None else proposer.state.selection(req_id)
-        if entry is not None and entry[2] > 0:
-            start, chunks, _ = entry
-            steps.append((pos, start, chunks, int(draft[0, 0])))
+        entry = next(iter(selections(proposer).values()), None)
+        if entry is not None and entry.steps_since_refresh > 0:
+            steps.append((pos, entry.window_start, entry.chunks, int(draft[0, 0])))
         return draft
 
     proposer.propose = record
     output = generate(llm, [prompt], max_tokens=40)[0]
-    compactions = proposer.stats.compactions
+    compactions = stats(proposer)["compactions"]
     shutdown(llm)
 
     sequence = prompt + output

@@ -43,15 +43,16 @@ def retrieved_chunks(model_dir: str, prompt: list[int], eager: bool) -> list[set
             "spec_extend": {"top_k": 8, "recent_tokens": 64, "min_context": 256}
         },
     )
-    core = llm.llm_engine.engine_core.engine_core
-    proposer = core.model_executor.driver_worker.worker.model_runner.drafter
+    from benchmarks.harness.drafter import drafter, selections
+
+    proposer = drafter(llm)
     original = proposer.retriever.retrieve
     picks: list[set] = []
 
     def record(*args, **kwargs):
         original(*args, **kwargs)
-        _, chunks, _ = proposer.state.selection(next(iter(proposer.state)))
-        picks.append(set(chunks))
+        entry = next(iter(selections(proposer).values()))
+        picks.append(set(entry.chunks))
 
     proposer.retriever.retrieve = record
     params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
@@ -64,7 +65,7 @@ def retrieved_chunks(model_dir: str, prompt: list[int], eager: bool) -> list[set
 
 
 def test_cuda_graphs_keep_the_query_live(tmp_path):
-    from vllm_specextend.models import build_tiny_llama
+    from benchmarks.models.builders import build_tiny_llama
 
     model_dir = str(build_tiny_llama(tmp_path / "tiny", seed=0, dtype="float16"))
     rng = random.Random(0)

@@ -4,30 +4,18 @@ greedy equivalence with a plain server and startup errors for bad configs."""
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from cpu_serve import COMMON, ENV, SPEC_EXTEND, STARTUP_S
 
+from benchmarks.harness.server import free_port, scrape, vllm_command
+from benchmarks.harness.server import serve as start_server
 from vllm_specextend.metrics import METRICS_DIR_ENV
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import bench_serve  # noqa: E402
-from bench_serve import VLLM, free_port, scrape  # noqa: E402
-
 pytestmark = pytest.mark.server
-
-SPEC_EXTEND = '{"min_context": 128, "top_k": 2, "recent_tokens": 64}'
-COMMON = ["--block-size", "32", "--kv-cache-memory-bytes", "1G",
-          "--max-model-len", "2048", "--dtype", "float32", "--enforce-eager",
-          "--seed", "0"]
-STARTUP_S = 300
-ENV = {**os.environ, "VLLM_LOG_STATS_INTERVAL": "1",
-       "PYTHONPYCACHEPREFIX": os.environ.get("PYTHONPYCACHEPREFIX", "/tmp/pycache")}
-ENV.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def _spec_args(draft: str, spec_extend: str = SPEC_EXTEND) -> list[str]:
@@ -44,12 +32,12 @@ def serve(model: str, extra: list[str], log: Path):
     metrics.mkdir()
     with contextlib.ExitStack() as stack:
         try:
-            base, _ = stack.enter_context(bench_serve.serve(
+            server = stack.enter_context(start_server(
                 [model, *extra, *COMMON], log, STARTUP_S,
                 env={**ENV, METRICS_DIR_ENV: str(metrics)}))
         except RuntimeError as e:
             pytest.fail(str(e))
-        yield base
+        yield server.base
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +150,7 @@ def test_bad_config_fails_at_startup(tiny_target, tiny_draft, tmp_path,
     """Bad --spec-extend setups stop ``vllm serve`` with our message."""
     args = (_spec_args(tiny_draft, spec_extend) if draft
             else ["--spec-extend", spec_extend])
-    proc = subprocess.run([*VLLM, "serve", tiny_target, *args, *COMMON,
+    proc = subprocess.run([*vllm_command(), "serve", tiny_target, *args, *COMMON,
                            "--host", "127.0.0.1", "--port", str(free_port())],
                           capture_output=True, text=True, timeout=180,
                           env={**ENV, METRICS_DIR_ENV: str(tmp_path)},

@@ -1,4 +1,4 @@
-"""``benchmarks/bench_serve.py`` end to end on CPU: ``vllm bench serve``
+"""``python -m benchmarks.bench_serve`` end to end on CPU: ``vllm bench serve``
 against a draft_model server and a SpecExtend server.
 
 The tiny target drafts for itself: with its full KV the draft proposes exactly
@@ -19,11 +19,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_serve import COMMON, ENV, SPEC_EXTEND
+from cpu_serve import COMMON, ENV, SPEC_EXTEND
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_serve.py"
-sys.path.insert(0, str(SCRIPT.parent))
-import bench_serve  # noqa: E402
+from benchmarks import bench_serve
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.server
 
@@ -37,14 +37,14 @@ OUTPUT_LEN = 32
 def run(tiny_target, long_prompts, tmp_path_factory):
     """One script run: two servers, two concurrencies each (~4 min on 2 cores)."""
     out = tmp_path_factory.mktemp("bench_serve")
-    cmd = [sys.executable, str(SCRIPT), "--target", tiny_target, "--draft", tiny_target,
+    cmd = [sys.executable, "-m", "benchmarks.bench_serve", "--target", tiny_target, "--draft", tiny_target,
            "--modes", *MODES, "--concurrency", *map(str, CONCURRENCY),
            "--num-prompts", *map(str, NUM_PROMPTS), "--input-len", "1024",
            "--output-len", str(OUTPUT_LEN), "--num-spec-tokens", "3",
            "--spec-extend", SPEC_EXTEND, "--startup-timeout", "300",
            "--out-dir", str(out), "--", *COMMON]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=ENV,
-                          stdin=subprocess.DEVNULL)
+                          stdin=subprocess.DEVNULL, cwd=REPO_ROOT)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     return out, json.loads((out / "results.json").read_text())["runs"]
 

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import eval_longinput  # noqa: E402
+from benchmarks import eval_longinput
 
 pytestmark = pytest.mark.engine
 

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from longinput import needle  # noqa: E402
-from longinput.acceptance import replay, token_status  # noqa: E402
+from benchmarks.longinput import needle
+from benchmarks.longinput.acceptance import replay, token_status
 
 
 def char_encode(text: str) -> list[int]:

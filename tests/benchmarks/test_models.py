@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from vllm_specextend.models import build_tiny_llama, is_built
+from benchmarks.models.builders import build_tiny_llama, is_built
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def test_long_prompts_exact_lengths(long_prompts):
 def test_tiny_eagle3_head_layout(tiny_dir, tmp_path):
     from safetensors import safe_open
 
-    from vllm_specextend.models import build_tiny_eagle3
+    from benchmarks.models.builders import build_tiny_eagle3
 
     head = build_tiny_eagle3(tmp_path / "eagle3", tiny_dir, max_position_embeddings=256)
     assert is_built(head)
@@ -114,7 +114,7 @@ def test_tiny_eagle_head_layout(tiny_dir, tmp_path):
     the target's embedding and lm_head, which it shares."""
     from safetensors import safe_open
 
-    from vllm_specextend.models import build_tiny_eagle
+    from benchmarks.models.builders import build_tiny_eagle
 
     head = build_tiny_eagle(tmp_path / "eagle", tiny_dir)
     assert is_built(head)

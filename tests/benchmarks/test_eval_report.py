@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from longinput import report  # noqa: E402
+from benchmarks.longinput import report
 
 
 def run_row(mode, outputs, tok_s, dataset="pg19", length=2048, task="eval", **extra):

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import summarize_decode  # noqa: E402
+from benchmarks import summarize_decode
 
 
 def row(mode, context, batch, tok_s, timed):
@@ -48,7 +45,7 @@ def test_local_rows_show_step_times():
 
 def test_plot_overlays_runs(tmp_path):
     pytest.importorskip("matplotlib")
-    import plot_decode
+    from benchmarks import plot_decode
 
     files = []
     for i, scale in enumerate((1.0, 0.8)):

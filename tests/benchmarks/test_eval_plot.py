@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("matplotlib")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import plot_eval  # noqa: E402
+from benchmarks import plot_eval  # noqa: E402  (after the skip)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

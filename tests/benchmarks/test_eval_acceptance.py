@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from longinput.acceptance import (  # noqa: E402
+from benchmarks.longinput.acceptance import (
     Step,
     counter_delta,
     replay,

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import eval_longinput  # noqa: E402
-from longinput import inputs, needle  # noqa: E402
-
-from vllm_specextend.config import SpecExtendConfigError  # noqa: E402
+from benchmarks import eval_longinput
+from benchmarks.longinput import inputs, needle
+from vllm_specextend.config import SpecExtendConfigError
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""``benchmarks/bench_decode.py --method eagle3`` end to end on CPU (fp32, real
+"""``python -m benchmarks.bench_decode --method eagle3`` end to end on CPU (fp32, real
 rejection sampling): the tiny target with the 256-position EAGLE-3 head on a
 1024-token prompt, vLLM alone and with SpecExtend (one engine process each).
 """
@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.engine
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_decode.py"
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # Fits the head's 256 positions with K=3 (working set 206).
 SPEC_EXTEND = json.dumps({"top_k": 2, "recent_tokens": 64, "retrieve_every": 2,
                           "min_context": 256})
@@ -23,7 +23,7 @@ SPEC_EXTEND = json.dumps({"top_k": 2, "recent_tokens": 64, "retrieve_every": 2,
 
 def test_eagle3_rows(tiny_target, tiny_short_eagle3, tmp_path):
     out = tmp_path / "decode.json"
-    cmd = [sys.executable, str(SCRIPT), "--target-config", tiny_target,
+    cmd = [sys.executable, "-m", "benchmarks.bench_decode", "--target-config", tiny_target,
            "--draft-config", tiny_short_eagle3, "--method", "eagle3",
            "--modes", "draft_model", "spec_extend", "--spec-extend", SPEC_EXTEND,
            "--load-format", "auto", "--dtype", "float32", "--acceptance-length", "0",
@@ -33,7 +33,7 @@ def test_eagle3_rows(tiny_target, tiny_short_eagle3, tmp_path):
     env = {**os.environ, "PYTHONPYCACHEPREFIX":
            os.environ.get("PYTHONPYCACHEPREFIX", "/tmp/pycache")}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env,
-                          stdin=subprocess.DEVNULL)
+                          stdin=subprocess.DEVNULL, cwd=REPO_ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(out.read_text())
     alone, extend = result["results"]

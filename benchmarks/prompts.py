@@ -1,4 +1,4 @@
-"""Deterministic long prompts of exact token lengths for tests.
+"""Deterministic long prompts of exact token lengths, for benchmarks and tests.
 
 Text comes from the long-context JSONL files under ``../shared/data`` (relative
 to the repository root; override with ``$SPECEXTEND_DATA_DIR``):

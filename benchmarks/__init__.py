@@ -1,0 +1,10 @@
+"""Benchmarks, the long-input evaluation and the test and demo models of
+vllm-specextend. Not part of the wheel: run its tools as modules from the
+repository root, e.g. ``python -m benchmarks.bench_decode --help``.
+
+* ``harness``: what the benchmarks share (server launcher, proposer accessors,
+  run metadata, modes, measures);
+* ``prompts``: long prompts of exact token lengths from ``../shared/data``;
+* ``models``: offline model builders and the distilled draft pair;
+* ``longinput``: the long-input evaluation's parts.
+"""

@@ -1,0 +1,267 @@
+"""Every read or patch of the SpecExtend proposer's internals by benchmarks and
+tests, in one place: when the proposer changes, this module is what follows.
+
+Two ways in:
+
+* In-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one rank, no worker
+  processes): ``drafter(llm)`` is the live proposer, read with ``stats``,
+  ``selection_store``/``selections``, ``config``, switched with
+  ``reconfigure``, and timed or recorded by wrapping ``propose``
+  (``ProposeTimer``, ``DraftRecorder``) or the per-step view preparation
+  (``HostTimer``).
+* Across processes (vLLM's default engine, TP workers): ``worker_state(llm)``
+  calls the plugin worker's ``specextend_state`` on every rank (SpecExtend
+  engines only). ``install_worker_timers`` / ``take_worker_timings`` put the
+  two timers into the workers through ``collective_rpc``; a function travels
+  there only with ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``
+  (``WORKER_TIMING_ENV``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+# What ``collective_rpc`` needs to ship a function to an engine core process.
+WORKER_TIMING_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+
+
+# --------------------------------------------------------------------------- #
+# reaching the proposer
+# --------------------------------------------------------------------------- #
+def model_runner(llm):
+    """The model runner of an in-process engine (one rank)."""
+    core = llm.llm_engine.engine_core
+    inner = getattr(core, "engine_core", None)
+    if inner is None:
+        raise RuntimeError(
+            "the proposer is reachable only in an in-process engine: set "
+            "VLLM_ENABLE_V1_MULTIPROCESSING=0 before building the LLM, or use "
+            "worker_state(llm)"
+        )
+    worker = getattr(inner.model_executor, "driver_worker", None)
+    if worker is None:
+        raise RuntimeError(
+            "the engine runs its workers in other processes (tensor parallel "
+            "or Ray): use worker_state(llm) or collective_rpc"
+        )
+    return worker.worker.model_runner
+
+
+def drafter(llm):
+    """The live proposer of an in-process engine."""
+    return model_runner(llm).drafter
+
+
+def worker_drafter(worker):
+    """The proposer of one worker (in a ``collective_rpc`` function)."""
+    return worker.model_runner.drafter
+
+
+def stats(proposer) -> dict:
+    """The proposer's cumulative counters (device timers resolved)."""
+    return proposer.stats.snapshot()
+
+
+class Selection(NamedTuple):
+    """One request's selection, read back from the device."""
+
+    window_start: int
+    chunks: list[int]
+    steps_since_refresh: int
+
+
+def selection_store(proposer):
+    """The per-request selection state: ``len`` counts requests holding a
+    selection, iterating gives the requests holding a slot, ``in`` tests one."""
+    return proposer.state
+
+
+def selections(proposer) -> dict[str, Selection]:
+    """{req_id: Selection} of the requests holding a selection."""
+    state = proposer.state
+    return {
+        req_id: Selection(*entry)
+        for req_id in state
+        if (entry := state.selection(req_id)) is not None
+    }
+
+
+def record_retrievals(proposer, log: list) -> None:
+    """Append (slot, window_start, chunk ids) to ``log`` for every selection
+    the retriever makes from now on."""
+    retrieve = proposer.retriever.retrieve
+    state = proposer.state
+
+    def recording(request, lens, slots, *args, **kwargs):
+        retrieve(request, lens, slots, *args, **kwargs)
+        for slot in slots[request.rows]:
+            n = int(state.num_selected[slot])
+            chunks = state.selected_chunks[slot, :n].tolist()
+            log.append((int(slot), int(state.window_start[slot]), chunks))
+
+    proposer.retriever.retrieve = recording
+
+
+def compactor(proposer):
+    """The proposer's compactor (compacted positions), or None."""
+    return proposer.compactor
+
+
+def config(proposer):
+    """The proposer's SpecExtendConfig."""
+    return proposer.cfg
+
+
+def reconfigure(proposer, spec_extend: dict) -> None:
+    """Switch a live proposer to another ``spec_extend`` config (benchmarks
+    only: policies and parameters change without an engine start-up)."""
+    from vllm_specextend.config import SpecExtendConfig
+
+    proposer.reconfigure(SpecExtendConfig.from_dict(spec_extend))
+
+
+def worker_state(llm) -> list[dict]:
+    """Per rank: live request ids, requests holding selection state, and the
+    plugin's counters (``stats``). Works in and across processes; fails on an
+    engine without the plugin's worker."""
+    return llm.collective_rpc("specextend_state")
+
+
+def stats_delta(before: dict, after: dict) -> dict:
+    """Counter growth between two ``stats`` snapshots (gauges left out)."""
+    return {k: after[k] - before[k] for k in after if k != "tracked_requests"}
+
+
+# --------------------------------------------------------------------------- #
+# timing and recording
+# --------------------------------------------------------------------------- #
+class ProposeTimer:
+    """Times each ``propose`` of a proposer: CUDA events on a GPU (no sync on
+    the hot path; ``take_ms`` syncs), wall time on CPU. On while ``enabled``."""
+
+    def __init__(self, proposer):
+        import torch
+
+        self.cuda = torch.cuda.is_available()
+        self.events: list = []
+        self.enabled = False
+        original = proposer.propose
+
+        def timed(*args, **kwargs):
+            if not self.enabled:
+                return original(*args, **kwargs)
+            if not self.cuda:
+                start = time.perf_counter()
+                out = original(*args, **kwargs)
+                self.events.append(1000 * (time.perf_counter() - start))
+                return out
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = original(*args, **kwargs)
+            end.record()
+            self.events.append((start, end))
+            return out
+
+        proposer.propose = timed
+
+    def take_ms(self) -> list[float]:
+        """The times since the last take, in ms."""
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+            times = [s.elapsed_time(e) for s, e in self.events]
+        else:
+            times = list(self.events)
+        self.events.clear()
+        return times
+
+
+class HostTimer:
+    """Host time of SpecExtend's per-step view preparation, in ms (no device
+    sync, so on a GPU it is the time to enqueue that work)."""
+
+    def __init__(self, proposer):
+        self.times: list[float] = []
+        self.enabled = False
+        original = proposer._prepare_view
+
+        def timed(*args, **kwargs):
+            if not self.enabled:
+                return original(*args, **kwargs)
+            start = time.perf_counter()
+            result = original(*args, **kwargs)
+            self.times.append(1000 * (time.perf_counter() - start))
+            return result
+
+        proposer._prepare_view = timed
+
+    def take_ms(self) -> list[float]:
+        times, self.times = self.times, []
+        return times
+
+
+_WORKER_TIMERS: dict[int, tuple] = {}
+
+
+def install_worker_timers(worker) -> bool:
+    """For ``collective_rpc``: a ProposeTimer (and, on a SpecExtend proposer,
+    a HostTimer) in this worker, on at once. True if the worker drafts."""
+    proposer = getattr(worker.model_runner, "drafter", None)
+    if proposer is None:
+        return False
+    host = HostTimer(proposer) if hasattr(proposer, "_prepare_view") else None
+    propose = ProposeTimer(proposer)
+    propose.enabled = True
+    if host is not None:
+        host.enabled = True
+    _WORKER_TIMERS[id(worker)] = (propose, host)
+    return True
+
+
+def take_worker_timings(worker) -> dict:
+    """For ``collective_rpc``: {"propose_ms": [...], "prepare_view_ms": [...]}
+    since the last take (empty lists where no timer is installed)."""
+    propose, host = _WORKER_TIMERS.get(id(worker), (None, None))
+    return {"propose_ms": propose.take_ms() if propose else [],
+            "prepare_view_ms": host.take_ms() if host else []}
+
+
+class DraftRecorder:
+    """Records every proposal of an in-process drafter per request, in order.
+
+    Only rows whose prompt is fully computed count: during a chunked prefill
+    the drafter also runs (to fill its KV) but those proposals are dropped.
+    Lengths are read before the drafter runs, as SpecExtendProposer does:
+    drafting reuses the runner's buffers. Recording syncs the device on every
+    step, so it is off (``enabled``) while anything is timed.
+    """
+
+    def __init__(self, llm):
+        from vllm_specextend import compat
+
+        runner = model_runner(llm)
+        proposer = runner.drafter
+        original = proposer.propose
+        self.proposals: dict[str, list[list[int]]] = {}
+        self.enabled = False
+
+        def recorded(*args, **kwargs):
+            if not self.enabled:
+                return original(*args, **kwargs)
+            num_reqs = runner.input_batch.num_reqs
+            req_ids = compat.batch_req_ids(runner, num_reqs)
+            done = (compat.batch_seq_lens_cpu(runner, num_reqs)
+                    >= compat.batch_num_prompt_tokens(runner, num_reqs))
+            drafts = original(*args, **kwargs)
+            for req_id, row, keep in zip(req_ids, drafts.tolist(), done, strict=False):
+                if keep:
+                    self.proposals.setdefault(req_id, []).append(row)
+            return drafts
+
+        proposer.propose = recorded
+
+    def take(self, request_id: str) -> list[list[int]]:
+        return self.proposals.pop(request_id, [])

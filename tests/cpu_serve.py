@@ -1,0 +1,15 @@
+"""The ``vllm serve`` flags and environment of the CPU server tests (tiny
+models, fp32), shared by the plugin's server tests and the serving benchmark's."""
+
+from __future__ import annotations
+
+import os
+
+SPEC_EXTEND = '{"min_context": 128, "top_k": 2, "recent_tokens": 64}'
+COMMON = ["--block-size", "32", "--kv-cache-memory-bytes", "1G",
+          "--max-model-len", "2048", "--dtype", "float32", "--enforce-eager",
+          "--seed", "0"]
+STARTUP_S = 300
+ENV = {**os.environ, "VLLM_LOG_STATS_INTERVAL": "1",
+       "PYTHONPYCACHEPREFIX": os.environ.get("PYTHONPYCACHEPREFIX", "/tmp/pycache")}
+ENV.pop("PYTHONDONTWRITEBYTECODE", None)
