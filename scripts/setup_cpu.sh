@@ -104,9 +104,9 @@ if [ ! -f "$STAMP" ]; then
   version="$("$VENV/bin/vllm" --version 2>/dev/null | tail -n 1)"
   [ "$version" = "$VLLM_CPU_VERSION+cpu" ] \
     || die "vllm --version printed '$version', expected $VLLM_CPU_VERSION+cpu"
-  "$VENV/bin/python" -c 'import gguf, openai, pytest
-from vllm_specextend.models import find_smollm2_gguf
-find_smollm2_gguf()' || die "test requirements are not importable"
+  (cd "$ROOT" && "$VENV/bin/python" -c 'import gguf, openai, pytest
+from benchmarks.models.builders import find_smollm2_gguf
+find_smollm2_gguf()') || die "test requirements are not importable"
   echo "$key" >"$STAMP"
   log "vLLM $version ready"
 fi
