@@ -70,13 +70,41 @@ def prompt_len(args, length: int, new_tokens: int) -> int:
     return min(length, args.max_model_len - new_tokens)
 
 
-def spec_config(args, mode: str, **overrides) -> dict | None:
+def spec_config(args, mode: str, working_set: int | None = None,
+                **overrides) -> dict | None:
     if mode not in engine.SPEC_EXTEND_MODES:
         return None
-    config = {**args.spec_extend, **overrides, "policy": mode.removesuffix("_compact")}
+    budget = {} if working_set is None else working_set_config(args, working_set)
+    config = {**args.spec_extend, **budget, **overrides,
+              "policy": engine.policy(mode)}
     if mode.endswith("_compact"):
         config["compact_positions"] = True
+    if mode in engine.SELF_DRAFT_MODES:
+        config["self_draft"] = True
     return config
+
+
+def working_set_config(args, tokens: int) -> dict:
+    """A working set of ``tokens``: the sinks, a recent window of a quarter of
+    it, and as many retrieved chunks as fill the rest (``streaming`` spends the
+    chunks' share on its window, so both policies see ``tokens`` tokens)."""
+    chunk, sink = args.spec_extend["chunk_size"], args.spec_extend["sink_tokens"]
+    recent = tokens // 4 // chunk * chunk
+    top_k = (tokens - sink - recent) // chunk
+    if top_k < 1 or sink + recent + top_k * chunk != tokens:
+        raise ValueError(
+            f"a working set of {tokens} tokens does not split into {sink} sink "
+            f"tokens, a window and whole {chunk}-token chunks"
+        )
+    return {"top_k": top_k, "recent_tokens": recent}
+
+
+def budgets(args, mode: str) -> list[int | None]:
+    """Working sets a mode runs at: each of ``--working-sets`` for the view
+    policies, none (the config as given) otherwise."""
+    if args.working_sets and engine.policy(mode) in ("streaming", "cmr"):
+        return list(args.working_sets)
+    return [None]
 
 
 def plan(args, tokenizer) -> list[Run]:
@@ -89,7 +117,8 @@ def plan(args, tokenizer) -> list[Run]:
                 tokenizer, dataset, prompt_len(args, length, args.max_new_tokens),
                 args.num_prompts)
             runs += [Run("eval", mode, dataset, length, prompts, args.max_new_tokens,
-                         args.batch_size, spec_config(args, mode)) for mode in modes]
+                         args.batch_size, spec_config(args, mode, budget))
+                     for mode in modes for budget in budgets(args, mode)]
     if "cost" in tasks:
         dataset = args.datasets[0]
         for length in args.lengths:
@@ -149,7 +178,8 @@ def needle_runs(args, tokenizer) -> list[Run]:
             for i, key in enumerate(keys)
         ]
         runs += [Run("needle", mode, "pg19", length, prompts, args.needle_new_tokens,
-                     1, spec_config(args, mode), depth, keys) for mode in modes]
+                     1, spec_config(args, mode, budget), depth, keys)
+                 for mode in modes for budget in budgets(args, mode)]
     return runs
 
 
@@ -287,6 +317,7 @@ def describe(run: Run, prompts=None) -> dict:
     return {
         "task": run.task, "dataset": run.dataset, "length": run.length,
         "prompt_len": len(prompts[0]), "mode": run.mode, "config": run.config,
+        "working_set": report.working_set(run.config),
         "num_prompts": len(prompts), "batch_size": run.batch_size,
         "max_new_tokens": run.max_new_tokens,
     }
@@ -323,8 +354,9 @@ def model_info(path: str) -> dict:
 
 
 def metadata(args) -> dict:
+    draft = model_info(args.draft) if args.draft else {"path": "(self_draft only)"}
     return run_metadata(args, models={"target": model_info(args.target),
-                                      "draft": model_info(args.draft)})
+                                      "draft": draft})
 
 
 def write(out: Path, result: dict) -> None:
@@ -385,7 +417,7 @@ def parse_args(argv=None):
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run the evaluation tasks")
     r.add_argument("--target", required=True)
-    r.add_argument("--draft", required=True)
+    r.add_argument("--draft", help="the draft model (not needed by self_* modes)")
     r.add_argument("--out", required=True, help="results JSON (tables: same stem, .md)")
     r.add_argument("--tasks", nargs="+", choices=TASKS, default=["eval"])
     r.add_argument("--modes", nargs="+", choices=engine.MODES,
@@ -402,6 +434,9 @@ def parse_args(argv=None):
     r.add_argument("--spec-extend", type=json.loads, default={},
                    help="SpecExtend config for streaming/cmr, over "
                    f"{DEFAULT_SPEC_EXTEND}")
+    r.add_argument("--working-sets", type=int, nargs="+", default=[],
+                   help="run the streaming/cmr modes at each of these working-set "
+                   "sizes in tokens (sinks + chunks + window)")
     r.add_argument("--ignore-eos", action="store_true",
                    help="always generate --max-new-tokens (default: stop at EOS)")
     r.add_argument("--cost-prompts", type=int, default=5)
@@ -436,7 +471,14 @@ def parse_args(argv=None):
 
         args.spec_extend = {**DEFAULT_SPEC_EXTEND, **args.spec_extend}
         SpecExtendConfig.from_dict(args.spec_extend)  # fail before any engine starts
-        args.max_model_len = args.max_model_len or model_limit(args.target, args.draft)
+        separate = [m for m in args.modes if engine.engine_kind(m)
+                    not in ("none", "self_draft")]
+        if separate and not args.draft:
+            parser.error(f"modes {separate} need --draft")
+        for tokens in args.working_sets:
+            working_set_config(args, tokens)
+        models = [args.target] + ([args.draft] if args.draft else [])
+        args.max_model_len = args.max_model_len or model_limit(*models)
     return args
 
 

@@ -2,12 +2,14 @@
 
 One engine per kind: ``none`` (no speculation), ``draft_model`` (vLLM's draft
 model with full KV, plugin off), ``spec_extend`` (the same plus
-``--spec-extend``) and ``spec_extend_compact`` (with ``compact_positions``:
+``--spec-extend``), ``spec_extend_compact`` (with ``compact_positions``:
 the draft sees its working set at positions 0..W-1, as a draft trained on
-short text saw its inputs). The ``streaming`` and ``cmr`` modes share the
-spec_extend engine, their ``_compact`` twins the other: between runs the live
-proposer is switched with ``harness.drafter.reconfigure``, so a policy or
-parameter change costs no engine start-up. Engines run in this process
+short text saw its inputs) and ``self_draft`` (the target drafts for itself, no
+draft model). The ``streaming`` and ``cmr`` modes share the spec_extend engine,
+their ``_compact`` twins the other, and ``self_full`` / ``self_streaming`` /
+``self_cmr`` (full KV, window, retrieval) the self_draft engine: between runs
+the live proposer is switched with ``harness.drafter.reconfigure``, so a policy
+or parameter change costs no engine start-up. Engines run in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) to reach the drafter.
 """
 
@@ -19,27 +21,37 @@ import os
 import time
 from dataclasses import dataclass, field
 
-MODES = ("none", "draft_model", "streaming", "cmr", "streaming_compact", "cmr_compact")
+MODES = ("none", "draft_model", "streaming", "cmr", "streaming_compact", "cmr_compact",
+         "self_full", "self_streaming", "self_cmr")
 DEFAULT_MODES = MODES[:4]
 SPEC_EXTEND_MODES = MODES[2:]
-KINDS = ("none", "draft_model", "spec_extend", "spec_extend_compact")
+SELF_DRAFT_MODES = MODES[6:]
+KINDS = ("none", "draft_model", "spec_extend", "spec_extend_compact", "self_draft")
 _request_ids = itertools.count()
 
 
 def engine_kind(mode: str) -> str:
+    if mode in SELF_DRAFT_MODES:
+        return "self_draft"
     if mode not in SPEC_EXTEND_MODES:
         return mode
     return "spec_extend_compact" if mode.endswith("_compact") else "spec_extend"
 
 
+def policy(mode: str) -> str:
+    """The SpecExtend policy a plugin mode runs."""
+    return mode.removeprefix("self_").removesuffix("_compact")
+
+
 def is_spec_extend(kind: str) -> bool:
-    return kind.startswith("spec_extend")
+    """The plugin drafts (its proposer can be read and reconfigured)."""
+    return kind.startswith("spec_extend") or kind == "self_draft"
 
 
 @dataclass
 class EngineSettings:
     target: str
-    draft: str
+    draft: str | None
     num_spec_tokens: int
     dtype: str
     block_size: int
@@ -77,7 +89,11 @@ def build(s: EngineSettings, kind: str, spec_extend: dict | None = None):
         kwargs["max_num_batched_tokens"] = s.max_num_batched_tokens
     if s.cudagraph_sizes and not s.enforce_eager:
         kwargs["compilation_config"] = {"cudagraph_capture_sizes": s.cudagraph_sizes}
-    if kind != "none":
+    if kind == "self_draft":
+        # The plugin makes the target its own draft (no draft model).
+        kwargs["speculative_config"] = {"num_speculative_tokens": s.num_spec_tokens}
+        spec_extend = {**(spec_extend or {}), "self_draft": True}
+    elif kind != "none":
         kwargs["speculative_config"] = {
             "method": "draft_model",
             "model": s.draft,

@@ -15,7 +15,17 @@ import json
 from collections import defaultdict
 
 MODE_ORDER = {"none": 0, "draft_model": 1, "streaming": 2, "cmr": 3,
-              "streaming_compact": 4, "cmr_compact": 5}
+              "streaming_compact": 4, "cmr_compact": 5, "self_full": 6,
+              "self_streaming": 7, "self_cmr": 8}
+
+
+def working_set(config: dict | None) -> int | None:
+    """Tokens a view keeps besides the tokens added since its last refresh:
+    sinks, retrieved chunks and the recent window (None without a view)."""
+    if not config or config.get("policy") == "full":
+        return None
+    return (config["sink_tokens"] + config["top_k"] * config["chunk_size"]
+            + config["recent_tokens"])
 
 
 def token_hash(ids) -> str:
@@ -79,7 +89,8 @@ def _table(header: list[str], lines: list[list]) -> str:
 
 
 def _key(row) -> tuple:
-    return (row["dataset"], row["length"], MODE_ORDER[row["mode"]])
+    return (row["dataset"], row["length"], MODE_ORDER[row["mode"]],
+            row.get("working_set") or 0)
 
 
 def context_share(row) -> float | None:
@@ -98,11 +109,12 @@ def eval_table(rows: list[dict]) -> str:
         speedup = r["decode_tok_s"] / base["decode_tok_s"] if base else None
         lines.append([
             r["dataset"], r["length"], r["prompt_len"], r["mode"],
-            r["mean_accepted_length"], r["acceptance_rate"], r["decode_tok_s"],
+            r.get("working_set"), r["mean_accepted_length"], r["acceptance_rate"], r["decode_tok_s"],
             r["e2e_tok_s"], speedup, context_share(r), r.get("mismatches"),
         ])
     return _table(
-        ["dataset", "length", "prompt tokens", "mode", "accepted length",
+        ["dataset", "length", "prompt tokens", "mode", "working set",
+         "accepted length",
          "acceptance rate", "decode tok/s", "e2e tok/s", "decode speedup vs none",
          "draft context %", "mismatches vs none"],
         lines,
@@ -155,21 +167,24 @@ def sweep_table(rows: list[dict]) -> str:
 
 
 def needle_summary(rows: list[dict]) -> list[dict]:
-    """Per (length, depth, mode): target accuracy and the draft's scores on
-    the prompts the target answered."""
+    """Per (length, depth, mode, working set): target accuracy and the draft's
+    scores on the prompts the target answered."""
     groups = defaultdict(list)
     for r in rows:
         if r["task"] == "needle":
-            groups[(r["length"], r["depth"], r["mode"])].append(r)
+            key = (r["length"], r["depth"], r["mode"], r.get("working_set"))
+            groups[key].append(r)
     out = []
-    for (length, depth, mode), group in sorted(
-        groups.items(), key=lambda kv: (kv[0][0], kv[0][1], MODE_ORDER[kv[0][2]])
+    for (length, depth, mode, budget), group in sorted(
+        groups.items(),
+        key=lambda kv: (kv[0][0], kv[0][1], MODE_ORDER[kv[0][2]], kv[0][3] or 0),
     ):
         answered = [r for r in group if r["target_correct"]]
         proposed = sum(r["proposed"] for r in answered)
         scored = [r for r in answered if r["all_matched"] is not None]
         out.append({
-            "length": length, "depth": depth, "mode": mode, "prompts": len(group),
+            "length": length, "depth": depth, "mode": mode, "working_set": budget,
+            "prompts": len(group),
             "target_accuracy": len(answered) / len(group),
             "token_match_rate": (sum(r["matched"] for r in answered) / proposed
                                  if proposed else None),
@@ -181,11 +196,13 @@ def needle_summary(rows: list[dict]) -> list[dict]:
 
 
 def needle_table(rows: list[dict]) -> str:
-    lines = [[s["length"], s["depth"], s["mode"], s["prompts"], s["target_accuracy"],
+    lines = [[s["length"], s["depth"], s["mode"], s["working_set"], s["prompts"],
+              s["target_accuracy"],
               s["token_match_rate"], s["all_digits_rate"], s["replay_consistent"]]
              for s in needle_summary(rows)]
     return _table(
-        ["length", "depth", "mode", "prompts", "target correct", "draft token match",
+        ["length", "depth", "mode", "working set", "prompts", "target correct",
+         "draft token match",
          "draft all digits", "replay = counters"],
         lines,
     )

@@ -98,3 +98,33 @@ def test_compact_modes_get_their_own_engine_and_config(plan):
     assert configs["streaming_compact"] == {**configs["cmr_compact"],
                                             "policy": "streaming"}
     assert configs["cmr_compact"]["compact_positions"] is True
+
+
+def test_self_draft_modes_share_one_engine_and_run_each_working_set(plan):
+    _, runs = plan("--lengths", "512", "--datasets", "pg19", "--modes", "self_full",
+                   "self_streaming", "self_cmr", "--working-sets", "256", "512")
+    assert {eval_longinput.engine.engine_kind(r.mode) for r in runs} == {"self_draft"}
+    got = sorted((r.mode, eval_longinput.report.working_set(r.config)) for r in runs)
+    assert got == [("self_cmr", 256), ("self_cmr", 512), ("self_full", None),
+                   ("self_streaming", 256), ("self_streaming", 512)]
+    for r in runs:
+        assert r.config["self_draft"] is True
+        assert r.config["policy"] == r.mode.removeprefix("self_")
+    cmr512 = next(r.config for r in runs if r.mode == "self_cmr"
+                  and r.config["top_k"] == 11)
+    assert (cmr512["recent_tokens"], cmr512["sink_tokens"]) == (128, 32)
+
+
+def test_self_draft_modes_need_no_draft(tiny_target):
+    args = eval_longinput.parse_args(["run", "--target", tiny_target, "--out", "x.json",
+                                      "--modes", "none", "self_cmr"])
+    assert args.draft is None
+    with pytest.raises(SystemExit):
+        eval_longinput.parse_args(["run", "--target", tiny_target, "--out", "x.json",
+                                   "--modes", "cmr"])
+
+
+def test_working_sets_must_split_into_whole_chunks(tiny_target):
+    with pytest.raises(ValueError, match="whole 32-token chunks"):
+        eval_longinput.parse_args(["run", "--target", tiny_target, "--out", "x.json",
+                                   "--modes", "self_cmr", "--working-sets", "300"])

@@ -76,9 +76,24 @@ def test_eval_table_orders_modes_and_computes_speedup_and_context_share():
     report.count_mismatches(rows)
     got = table_rows(report.eval_table(rows))
     assert [line[3] for line in got] == ["none", "cmr"]
-    # accepted length, acceptance rate, decode, e2e, speedup, context %, mismatches
-    assert got[1][4:] == ["2.50", "0.38", "150.00", "75.00", "1.50", "25.00", "0"]
-    assert got[0][8] == "1.00" and got[0][10] == "–"
+    # working set, accepted length, acceptance rate, decode, e2e, speedup,
+    # context %, mismatches
+    assert got[1][4:] == ["–", "2.50", "0.38", "150.00", "75.00", "1.50", "25.00",
+                          "0"]
+    assert got[0][9] == "1.00" and got[0][11] == "–"
+
+
+def test_rows_of_one_mode_sort_by_working_set():
+    config = {"policy": "cmr", "sink_tokens": 32, "chunk_size": 32,
+              "recent_tokens": 128}
+    rows = []
+    for top_k in (11, 4):
+        row = run_row("self_cmr", [[1], [2]], 100.0, config={**config, "top_k": top_k})
+        row["working_set"] = report.working_set(row["config"])
+        rows.append(row)
+    got = table_rows(report.eval_table(rows))
+    assert [line[4] for line in got] == ["288", "512"]
+    assert report.working_set({**config, "top_k": 4, "policy": "full"}) is None
 
 
 def test_cost_table_puts_cmr_next_to_full_kv():
