@@ -1,29 +1,47 @@
-"""Decode speed of plain decoding, vLLM speculation, and the same + SpecExtend.
+"""Decode speed of plain decoding, vLLM's speculation and SpecExtend, driven as
+users drive vLLM: ``LLM(...).generate`` with vLLM's defaults (its engine core
+in its own process), one engine per mode, run one after another.
 
-Real model shapes with random weights (``load_format="dummy"``) and vLLM's
-synthetic rejection sampler at one fixed acceptance length, so every mode
-verifies the same number of tokens per step and only the cost differs. One
-engine per (mode, draft); inside it every (context, batch) pair runs on the
-same random token prompts. Per run it reports decode tokens/s (after every
-request has its first token), the draft's GPU time per step (CUDA events
-around ``propose``) and, with SpecExtend, the plugin's scoring time.
+Real model shapes with random weights (``load_format="dummy"``, config dirs
+holding only ``config.json``) and vLLM's synthetic rejection sampler at one
+fixed acceptance length (``--acceptance-length``, 0: real rejection sampling),
+so every speculative mode verifies the same number of tokens per step and
+only the cost differs. For every (context, batch) cell each engine first runs
+a warm-up at that shape, then ``--runs`` timed runs on the warm-up's
+random-token prompts (the same ones in every mode, so greedy digests compare
+across modes with real rejection sampling). vLLM's prefix cache (on by
+default) then serves the timed runs' prompts: the prefill is paid once per
+cell, which the decode figures exclude anyway, while their time to first
+token and end-to-end figures leave it out (``num_cached_tokens`` says so);
+``--fresh-prompts`` gives every run prompts of its own. A cell whose batch does
+not fit the KV cache is skipped and says so.
 
-``--method`` picks vLLM's speculation (``draft_model``, ``eagle``, ``eagle3``);
-the ``draft_model`` entry of ``--modes`` is that method without the plugin, and
-its rows record ``mode`` as the method's name. EAGLE-3 heads have 2048
-positions: past them vLLM alone never runs the head (``draft_steps`` 0) and
-verifies token-0 placeholders, which the synthetic sampler accepts at the set
-rate, so that row is the target's speed at that acceptance with no draft cost,
-not a drafting baseline (with real rejection sampling, ``acceptance_length`` 1).
+Per run: decode tok/s (output tokens after each request's first token over the
+time after the first tokens, from the ``RequestOutput.metrics`` timestamps of
+vLLM's engine core; ``benchmarks.harness.measure``), end-to-end tok/s (all
+output tokens over the ``generate`` call), median time to first token,
+acceptance length (vLLM's spec-decode counters), the output digest, and in the
+plugin's modes the deltas of the plugin's counters and seconds from every
+worker (``collective_rpc("specextend_state")``). Per cell: min / median / max
+over the runs. ``--draft-timing`` also times every ``propose`` (and
+SpecExtend's per-step view preparation) inside the workers; it ships the
+timers there with ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``.
 
-    python -m benchmarks.bench_decode --target-config ../shared/gpu/models/llama31_8b \
-        --draft-config ../shared/gpu/models/llama_68m --contexts 4096 16384 32768 \
-        --batch-sizes 1 8 --out benchmarks/results/decode/<stamp>_h100.json
-    python -m benchmarks.bench_decode --target-config ../shared/gpu/models/llama31_8b \
-        --draft-config benchmarks/models/configs/llama31_8b_eagle3 --method eagle3 ...
+Modes (``benchmarks.harness.modes``): ``plain``, ``draft_model`` (``--method``
+without the plugin; its rows say the method's name), ``spec_extend`` and
+``self_draft`` (the target drafting for itself; no draft model). The result
+file's ``engines`` list says, per engine, every setting this script changed
+from vLLM's defaults, the environment, whether vLLM turned async scheduling on,
+its start-up time and KV cache capacity.
 
-Runs the engine in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) to reach the
-drafter; the same setting is used for every mode.
+    python -m benchmarks.bench_decode --target-config ../shared/gpu/models/llama31_8b \\
+        --draft-config ../shared/gpu/models/llama32_1b --contexts 4096 32768 \\
+        --batch-sizes 1 8 --out benchmarks/results/decode/<stamp>_h100_8b-1b.json
+
+EAGLE-3 heads have 2048 positions: past them vLLM alone never runs the head
+and verifies token-0 placeholders, which the synthetic sampler accepts at the
+set rate, so that row is the target's speed at that acceptance with no draft
+cost, not a drafting baseline.
 """
 
 from __future__ import annotations
@@ -34,21 +52,19 @@ import json
 import os
 import random
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-# Every mode on the V1 runner, which --spec-extend needs: vLLM 0.26 would run
-# EAGLE alone on V2 (dense models), so the comparison would mix runners.
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+from benchmarks.harness import drafter as access
+from benchmarks.harness import modes
+from benchmarks.harness.measure import decode_throughput, spread
+from benchmarks.harness.meta import run_metadata
+from benchmarks.longinput.acceptance import counter_delta, spec_counters
 
-from benchmarks.harness import drafter as access  # noqa: E402
-from benchmarks.harness.meta import run_metadata  # noqa: E402
-from benchmarks.longinput.acceptance import counter_delta, spec_counters  # noqa: E402
+DEFAULT_SPEC_EXTEND = '{"top_k": 32, "recent_tokens": 256}'
 
 
 def model_dir(config_dir: str, root: Path) -> str:
@@ -59,249 +75,301 @@ def model_dir(config_dir: str, root: Path) -> str:
     return str(out)
 
 
-def _prompt_index(request_id: str) -> int:
-    # vLLM may suffix the id given to add_request.
-    return int(request_id.split("-")[0])
+def prompts_for(vocab: int, seed: int, context: int, batch: int,
+                run: int) -> list[list[int]]:
+    """Random-token prompts of one cell (``run``: -1 for the warm-up with
+    ``--fresh-prompts``), the same in every mode."""
+    rng = random.Random(f"{seed}:{context}:{batch}:{run}")
+    return [[rng.randrange(3, vocab) for _ in range(context)] for _ in range(batch)]
 
 
-def run_once(llm, prompts, output_len, timer):
+def engine_args(args, mode: str, target: str, draft: str | None) -> dict:
+    """The ``LLM`` keyword arguments of one engine: the ones every mode shares
+    (only those this script or the command line changes), then the mode's."""
+    kwargs: dict = dict(
+        model=target,
+        max_model_len=max(args.contexts) + args.output_len + args.num_spec_tokens + 16,
+        # RequestOutput.metrics (first/last token times) and the spec-decode
+        # counters exist only with stats on.
+        disable_log_stats=False,
+    )
+    if args.load_format != "auto":
+        kwargs["load_format"] = args.load_format
+    if args.load_format == "dummy":
+        kwargs["skip_tokenizer_init"] = True  # config.json only; token ids in
+    optional = {
+        "dtype": args.dtype, "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
+        "block_size": args.block_size,
+        "tensor_parallel_size": args.tensor_parallel_size,
+        "distributed_executor_backend": args.distributed_executor_backend,
+        "async_scheduling": args.async_scheduling,
+    }
+    kwargs.update({k: v for k, v in optional.items() if v is not None})
+    if args.enforce_eager:
+        kwargs["enforce_eager"] = True
+    if args.compilation_config:
+        kwargs["compilation_config"] = json.loads(args.compilation_config)
+    spec = modes.Speculation(draft=draft, method=args.method,
+                             num_spec_tokens=args.num_spec_tokens,
+                             acceptance_length=args.acceptance_length,
+                             spec_extend=json.loads(args.spec_extend))
+    kwargs.update(modes.engine_settings(mode, spec))
+    return kwargs
+
+
+def engine_env(args, mode: str) -> dict:
+    """Environment this script sets for an engine."""
+    env = {}
+    if args.method in ("eagle", "eagle3"):
+        # vLLM 0.26 runs EAGLE alone on its V2 runner (dense models), the plugin
+        # on V1: the comparison must not mix runners.
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    if args.draft_timing and mode != "plain":
+        env.update(access.WORKER_TIMING_ENV)
+    return env
+
+
+def generate(llm, prompts: list[list[int]], output_len: int) -> dict:
+    """One batch to completion; the run's figures from vLLM's own timestamps."""
     from vllm import SamplingParams
 
-    engine = llm.llm_engine
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
-    first: dict[str, float] = {}
-    tokens: dict[str, int] = {}
-    finished: dict[str, list[int]] = {}
     start = time.perf_counter()
-    for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), {"prompt_token_ids": prompt}, params)
-    decode_start = None
-    while engine.has_unfinished_requests():
-        outputs = engine.step()
-        now = time.perf_counter()
-        for out in outputs:
-            n = len(out.outputs[0].token_ids)
-            if n and out.request_id not in first:
-                first[out.request_id] = now
-            tokens[out.request_id] = n
-            if out.finished:
-                finished[out.request_id] = list(out.outputs[0].token_ids)
-        if decode_start is None and len(first) == len(prompts):
-            decode_start = now
-            if timer is not None:
-                timer.take_ms()
-                timer.enabled = True
-    end = time.perf_counter()
-    if timer is not None:
-        timer.enabled = False
-    decode_tokens = sum(tokens.values()) - len(prompts)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                           use_tqdm=False)
+    e2e_s = time.perf_counter() - start
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    stats = [o.metrics for o in outputs]
+    if any(s is None or not s.first_token_ts for s in stats):
+        raise RuntimeError("RequestOutput.metrics is empty: the engine needs "
+                           "disable_log_stats=False")
+    decode = decode_throughput((s.first_token_ts, s.last_token_ts, len(t))
+                               for s, t in zip(stats, tokens, strict=True))
+    output_tokens = sum(map(len, tokens))
     return {
-        "prefill_s": decode_start - start,
-        "decode_s": end - decode_start,
-        "decode_tokens": decode_tokens,
-        "decode_tok_s": decode_tokens / (end - decode_start),
-        "draft_ms": timer.take_ms() if timer is not None else [],
+        **decode,
+        "num_cached_tokens": sum(o.num_cached_tokens or 0 for o in outputs),
+        "e2e_s": e2e_s,
+        "output_tokens": output_tokens,
+        "e2e_tok_s": output_tokens / e2e_s,
+        "ttft_s_median": spread([s.first_token_latency for s in stats])["median"],
         # Same prompts and greedy: equal digests mean token-identical outputs
         # (with real rejection sampling, i.e. --acceptance-length 0).
-        "output_sha256": hashlib.sha256(
-            json.dumps([finished[k] for k in sorted(finished, key=_prompt_index)]).encode()
-        ).hexdigest(),
+        "output_sha256": hashlib.sha256(json.dumps(tokens).encode()).hexdigest(),
     }
 
 
-def build_llm(args, mode, target, draft, max_len):
+def plugin_state(llm) -> dict | None:
+    """Rank 0's SpecExtend counters (ranks count the same rows), or None on an
+    engine without the plugin's worker."""
+    try:
+        return access.worker_state(llm)[0]["stats"]
+    except Exception:  # any failure means: no plugin worker to answer
+        return None
+
+
+def kv_cache_tokens(llm) -> int | None:
+    cache = llm.llm_engine.vllm_config.cache_config
+    if not cache.num_gpu_blocks:
+        return None
+    return cache.num_gpu_blocks * cache.block_size
+
+
+def timed_run(llm, prompts, args, plugin: bool, timed: bool) -> dict:
+    """One timed run; ``plugin``: read the plugin's counters, ``timed``: the
+    workers' draft timers."""
+    counts = spec_counters(llm)
+    before = plugin_state(llm) if plugin else None
+    if timed:
+        llm.collective_rpc(access.take_worker_timings)  # drop the warm-up's
+    run = generate(llm, prompts, args.output_len)
+    spec = counter_delta(counts, spec_counters(llm))
+    run["acceptance_length"] = (1 + spec["accepted_tokens"] / spec["drafts"]
+                                if spec["drafts"] else None)
+    if before is not None:
+        delta = access.stats_delta(before, plugin_state(llm))
+        run["spec_extend"] = delta
+        run["scoring_share_of_decode"] = delta["scoring_seconds"] / run["decode_s"]
+    if timed:
+        timing = llm.collective_rpc(access.take_worker_timings)[0]
+        propose, view = timing["propose_ms"], timing["prepare_view_ms"]
+        run["draft_steps"] = len(propose)
+        run["draft_step_ms_median"] = spread(propose)["median"]
+        if view:
+            run["prepare_view_cpu_ms_median"] = spread(view)["median"]
+    return run
+
+
+def run_engine(args, mode: str, index: int, out: Path) -> int:
     from vllm import LLM
 
-    kwargs = dict(
-        model=target,
-        load_format=args.load_format,
-        skip_tokenizer_init=True,
-        dtype=args.dtype,
-        max_model_len=max_len,
-        max_num_seqs=max(args.batch_sizes),
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        block_size=args.block_size,
-        enable_prefix_caching=False,
-        enforce_eager=args.enforce_eager,
-        tensor_parallel_size=args.tensor_parallel_size,
-        distributed_executor_backend=args.distributed_executor_backend,
-        seed=0,
-        disable_log_stats=False,
-        # Verification batches are at most batch * (K + 1) tokens: capture only those.
-        compilation_config={
-            "cudagraph_capture_sizes": [1, 2, 4, 8, 16, 24, 32, 40, 48, 64],
-            **json.loads(args.compilation_config),
-        },
+    spec = modes.Speculation(method=args.method)
+    label = modes.label(mode, spec)
+    draft_config = args.draft_config[index] if index >= 0 else None
+    root = Path(tempfile.mkdtemp(prefix="bench-models-"))
+    target, draft = args.target_config, draft_config
+    if args.load_format == "dummy":
+        target = model_dir(target, root)
+        draft = draft and model_dir(draft, root)
+    vocab = json.loads(Path(target, "config.json").read_text())["vocab_size"]
+    kwargs = engine_args(args, mode, target, draft)
+    env = engine_env(args, mode)
+    os.environ.update(env)
+    # The copies' paths are temporary: record the config dirs given.
+    shown = json.dumps(kwargs).replace(str(root / Path(args.target_config).name),
+                                       args.target_config)
+    if draft_config:
+        shown = shown.replace(str(root / Path(draft_config).name), draft_config)
+    engine = {"mode": label, "draft": draft and Path(draft).name,
+              "engine_args": json.loads(shown), "env_set": env,
+              "vllm_env": {k: v for k, v in os.environ.items()
+                           if k.startswith("VLLM_")}}
+    start = time.perf_counter()
+    try:
+        llm = LLM(**kwargs)
+    except Exception as e:
+        # Recorded; the parent goes on with the next engine.
+        append(out, "engines", {**engine, "error": f"{type(e).__name__}: {e}"})
+        raise
+    plugin = plugin_state(llm) is not None
+    engine.update(
+        startup_s=time.perf_counter() - start,
+        async_scheduling=llm.llm_engine.vllm_config.scheduler_config.async_scheduling,
+        kv_cache_tokens=kv_cache_tokens(llm),
+        plugin_active=plugin,
     )
-    if args.kv_cache_memory_bytes:
-        kwargs["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
-    if mode != "plain":
-        kwargs["speculative_config"] = {
-            "method": args.method,
-            "model": draft,
-            "num_speculative_tokens": args.num_spec_tokens,
-        }
-        if args.acceptance_length > 0:
-            kwargs["speculative_config"].update(
-                rejection_sample_method="synthetic",
-                synthetic_acceptance_length=args.acceptance_length,
-            )
-    if mode == "spec_extend":
-        kwargs["additional_config"] = {"spec_extend": json.loads(args.spec_extend)}
-    return LLM(**kwargs)
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target-config", required=True)
-    parser.add_argument("--draft-config", nargs="+", required=True)
-    parser.add_argument(
-        "--modes",
-        nargs="+",
-        default=["plain", "draft_model", "spec_extend"],
-        help="draft_model: --method without the plugin",
-    )
-    parser.add_argument(
-        "--method", choices=["draft_model", "eagle", "eagle3"], default="draft_model"
-    )
-    parser.add_argument("--contexts", nargs="+", type=int, default=[4096, 16384, 32768])
-    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8])
-    parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--num-spec-tokens", type=int, default=4)
-    parser.add_argument(
-        "--acceptance-length",
-        type=float,
-        default=3.0,
-        help="synthetic mean acceptance length; 0: real rejection sampling (CPU)",
-    )
-    parser.add_argument("--spec-extend", default='{"top_k": 32, "recent_tokens": 256}')
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--kv-cache-memory-bytes", type=int, help="CPU runs")
-    parser.add_argument("--tensor-parallel-size", type=int, default=1)
-    parser.add_argument(
-        "--load-format", default="dummy", help="'auto': the config dirs are checkpoints"
-    )
-    parser.add_argument("--distributed-executor-backend", choices=["mp", "ray"])
-    parser.add_argument("--enforce-eager", action="store_true")
-    parser.add_argument(
-        "--compilation-config", default="{}", metavar="JSON", help="merged into the default"
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--profile", action="store_true", help="also write a torch.profiler table"
-    )
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--only", help=argparse.SUPPRESS)  # MODE:DRAFT_INDEX, internal
-    args = parser.parse_args()
-    engines = [("plain", -1)] if "plain" in args.modes else []
-    engines += [
-        (m, i) for i in range(len(args.draft_config)) for m in args.modes if m != "plain"
-    ]
-    if args.only is None:
-        # One process per engine: an in-process engine does not give all of its
-        # GPU memory back, and each engine must start from the same state.
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"meta": run_metadata(args), "results": []},
-                                  indent=1))
-        failed = 0
-        for mode, index in engines:
-            cmd = [sys.executable, "-m", "benchmarks.bench_decode", *sys.argv[1:],
-                   "--only", f"{mode}:{index}"]
-            failed += subprocess.run(cmd).returncode != 0
-        return 1 if failed else 0
-    mode, index = args.only.split(":")
-    run_engine(args, mode, int(index))
+    append(out, "engines", engine)
+    timed = args.draft_timing and mode != "plain"
+    if timed:
+        llm.collective_rpc(access.install_worker_timers)
+    capacity = engine["kv_cache_tokens"]
+    for context in args.contexts:
+        for batch in args.batch_sizes:
+            row = {"mode": label, "method": args.method if mode != "plain" else None,
+                   "draft": engine["draft"], "context": context, "batch": batch,
+                   "output_len": args.output_len,
+                   "tensor_parallel_size": args.tensor_parallel_size}
+            need = batch * (context + args.output_len + args.num_spec_tokens)
+            if capacity is not None and need > capacity:
+                append(out, "results", {**row, "skipped": (
+                    f"{batch} x {context}-token requests need {need} KV tokens, "
+                    f"the cache holds {capacity}")})
+                continue
+            # Warm-up at this shape: kernels compiled or captured for a new
+            # batch size or length land here, not in a timed run.
+            warm_set = prompts_for(vocab, args.seed, context, batch,
+                                   -1 if args.fresh_prompts else 0)
+            run_sets = ([prompts_for(vocab, args.seed, context, batch, i)
+                         for i in range(args.runs)] if args.fresh_prompts
+                        else [warm_set] * args.runs)
+            warm = generate(llm, warm_set, args.warmup_len)
+            runs = [timed_run(llm, prompts, args, plugin, timed)
+                    for prompts in run_sets]
+            row.update(warmup_e2e_s=warm["e2e_s"], runs=runs,
+                       decode_tok_s=spread([r["decode_tok_s"] for r in runs]),
+                       e2e_tok_s=spread([r["e2e_tok_s"] for r in runs]))
+            print(json.dumps({k: v for k, v in row.items() if k != "runs"}),  # noqa: T201
+                  flush=True)
+            append(out, "results", row)
+    llm.llm_engine.engine_core.shutdown()
+    shutil.rmtree(root, ignore_errors=True)
     return 0
 
 
-def run_engine(args, mode: str, index: int) -> None:
-
-    root = Path(tempfile.mkdtemp(prefix="bench-models-"))
-    # Dummy weights differ with the TP degree (each rank draws its own shard),
-    # so comparing outputs across TP degrees needs real checkpoints.
-    dirs = [args.target_config] + ([args.draft_config[index]] if index >= 0 else [None])
-    if args.load_format == "dummy":
-        dirs = [d and model_dir(d, root) for d in dirs]
-    target, draft = dirs
-    # The no-plugin mode is named after its method, so eagle3 rows say eagle3.
-    label = args.method if mode == "draft_model" else mode
-    max_len = max(args.contexts) + args.output_len + 64
-    vocab = json.loads(Path(target, "config.json").read_text())["vocab_size"]
-    rng = random.Random(args.seed)
-    prompts = {
-        (ctx, bs): [[rng.randrange(3, vocab) for _ in range(ctx)] for _ in range(bs)]
-        for ctx in args.contexts
-        for bs in args.batch_sizes
-    }
-    out = Path(args.out)
-    t0 = time.perf_counter()
-    llm = build_llm(args, mode, target, draft, max_len)
-    startup = time.perf_counter() - t0
-    # The drafter is reachable in-process only without worker processes.
-    local = args.distributed_executor_backend is None and args.tensor_parallel_size == 1
-    timer = (access.ProposeTimer(access.drafter(llm))
-             if mode != "plain" and local else None)
-    host = (access.HostTimer(access.drafter(llm))
-            if mode == "spec_extend" and local else None)
-    if host is not None:
-        host.enabled = True
-    # Warm-up at every batch size: kernels compiled for a new shape (Triton JIT)
-    # would otherwise land in the first measured row of that size.
-    for bs in args.batch_sizes:
-        run_once(llm, prompts[(args.contexts[0], bs)], 8, timer)
-    for (ctx, bs), batch in prompts.items():
-        before = (access.worker_state(llm)[0]["stats"]
-                  if mode == "spec_extend" else None)
-        counts = spec_counters(llm)
-        row = run_once(llm, batch, args.output_len, timer)
-        # Placeholder drafts (vLLM past the draft's length) count here too.
-        spec = counter_delta(counts, spec_counters(llm))
-        drafts, accepted = spec["drafts"], spec["accepted_tokens"]
-        draft_ms = row.pop("draft_ms")
-        row.update(
-            mode=label,
-            method=args.method if draft else None,
-            draft=Path(draft).name if draft else None,
-            context=ctx,
-            batch=bs,
-            tensor_parallel_size=args.tensor_parallel_size,
-            executor=args.distributed_executor_backend,
-            engine_startup_s=startup,
-            draft_step_ms_median=statistics.median(draft_ms) if draft_ms else None,
-            draft_steps=len(draft_ms),
-            # Worker processes (TP, Ray) keep the drafter out of this one's reach.
-            draft_timed=timer is not None,
-            acceptance_length=1 + accepted / drafts if drafts else None,
-        )
-        if before is not None:
-            delta = access.stats_delta(before, access.worker_state(llm)[0]["stats"])
-            row["spec_extend"] = delta
-            row["scoring_share_of_decode"] = delta["scoring_seconds"] / row["decode_s"]
-        if host is not None:
-            row["prepare_view_cpu_ms_median"] = statistics.median(
-                host.take_ms() or [0.0])
-        print(json.dumps(row), flush=True)
-        result = json.loads(out.read_text())
-        result["results"].append(row)
-        out.write_text(json.dumps(result, indent=1))
-    if args.profile:
-        profile(llm, prompts[(args.contexts[0], max(args.batch_sizes))], out, label)
+def append(out: Path, key: str, item: dict) -> None:
+    """Add to the result file as soon as there is something (a run cut short
+    keeps what it finished)."""
+    result = json.loads(out.read_text())
+    result.setdefault(key, []).append(item)
+    out.write_text(json.dumps(result, indent=1))
 
 
-def profile(llm, batch, out: Path, mode: str) -> None:
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    p.add_argument("--target-config", required=True)
+    p.add_argument("--draft-config", nargs="+", default=[],
+                   help="one engine per draft in the draft_model and spec_extend modes")
+    p.add_argument("--modes", nargs="+", choices=modes.MODES,
+                   default=["plain", "draft_model", "spec_extend"])
+    p.add_argument("--method", choices=modes.METHODS, default="draft_model")
+    p.add_argument("--contexts", nargs="+", type=int,
+                   default=[4096, 16384, 32768, 65536])
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 4, 8])
+    p.add_argument("--runs", type=int, default=3, help="timed runs per cell")
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--warmup-len", type=int, default=16,
+                   help="output tokens of the warm-up run at each shape")
+    p.add_argument("--fresh-prompts", action="store_true",
+                   help="new prompts for every run (each pays its prefill)")
+    p.add_argument("--num-spec-tokens", type=int, default=4)
+    p.add_argument("--acceptance-length", type=float, default=3.0,
+                   help="synthetic mean acceptance length; 0: real rejection sampling")
+    p.add_argument("--spec-extend", default=DEFAULT_SPEC_EXTEND, metavar="JSON",
+                   help="the plugin's config in the spec_extend and self_draft modes")
+    p.add_argument("--load-format", default="dummy",
+                   help="'auto': the config dirs are checkpoints")
+    p.add_argument("--draft-timing", action="store_true",
+                   help="time propose() in the workers (insecure serialization)")
+    p.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("engine settings (default: vLLM's)")
+    g.add_argument("--dtype")
+    g.add_argument("--max-num-seqs", type=int)
+    g.add_argument("--max-num-batched-tokens", type=int)
+    g.add_argument("--gpu-memory-utilization", type=float)
+    g.add_argument("--kv-cache-memory-bytes", type=int)
+    g.add_argument("--block-size", type=int)
+    g.add_argument("--tensor-parallel-size", type=int)
+    g.add_argument("--distributed-executor-backend", choices=["mp", "ray"])
+    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
+                   default=None)
+    g.add_argument("--enforce-eager", action="store_true")
+    g.add_argument("--compilation-config", metavar="JSON")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--only", help=argparse.SUPPRESS)  # MODE:DRAFT_INDEX, internal
+    args = p.parse_args(argv)
+    if set(args.modes) & {"draft_model", "spec_extend"} and not args.draft_config:
+        p.error("--draft-config is needed by the draft_model and spec_extend modes")
+    return args
 
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        run_once(llm, batch, 32, None)
-    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30)
-    table += "\n" + prof.key_averages().table(sort_by="cpu_time_total", row_limit=40)
-    out.with_name(f"{out.stem}_profile_{mode}.txt").write_text(table)
+
+def engines(args) -> list[tuple[str, int]]:
+    """(mode, draft index) in order; -1: no draft."""
+    out = []
+    for mode in args.modes:
+        if modes.needs_draft(mode):
+            out += [(mode, i) for i in range(len(args.draft_config))]
+        else:
+            out.append((mode, -1))
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.only is not None:
+        mode, index = args.only.split(":")
+        return run_engine(args, mode, int(index), args.out)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(
+        {"meta": run_metadata(args, bench="decode"), "engines": [], "results": []},
+        indent=1))
+    # One process per engine: each starts from the same state, and a mode that
+    # fails (self_draft before the plugin has it) does not stop the others.
+    failed = []
+    for mode, index in engines(args):
+        cmd = [sys.executable, "-m", "benchmarks.bench_decode",
+               *(argv if argv is not None else sys.argv[1:]),
+               "--only", f"{mode}:{index}"]
+        if subprocess.run(cmd).returncode != 0:
+            failed.append(f"{mode}:{index}")
+    from benchmarks.summarize_decode import table
+
+    print(table(json.loads(args.out.read_text())))  # noqa: T201
+    if failed:
+        print(f"engines that failed: {', '.join(failed)}", file=sys.stderr)  # noqa: T201
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,54 +1,104 @@
-"""Serving load test: ``vllm bench serve`` against ``vllm serve`` for plain
-decoding, vLLM's draft_model and draft_model + SpecExtend.
+"""Serving load test: ``vllm bench serve`` against one ``vllm serve`` per mode
+(plain, vLLM's draft_model, SpecExtend, self_draft), started one after another
+with the same flags but the speculation ones, on workloads where decoding is
+the work, and one where prefill is.
 
-Per mode it starts ``vllm serve TARGET`` on a free local port, with the same
-flags in every mode except the speculation ones (draft_model:
-``--speculative-config``; spec_extend: the same plus ``--spec-extend``), waits
-for ``/health``, sends one warm-up request, then runs ``vllm bench serve`` once
-per concurrency on a ``custom`` dataset of long documents (PG-19, GovReport from
-``../shared/data``, see ``benchmarks/prompts.py``) cut to ``--input-len`` tokens of
-the tokenizer, and stops the server. Every run gets documents of its own, so
-no run reuses the prefix cache of an earlier one.
+Workloads, each at every ``--input-lens`` and ``--concurrency``:
+
+* ``long``: long inputs, long outputs (``--long-output-len``, 1,024), every
+  request its own document;
+* ``shared-doc``: one document, many questions: the run's requests share one
+  document and differ in a short question at its end (``--doc-output-len``,
+  512). A one-token request primes the prefix cache first, so the document's
+  prefill is paid once and decoding dominates (document QA, agent loops);
+* ``short``: the prefill-bound reference (``--short-output-len``, 128), every
+  request its own document.
+
+Prompts are documents of PG-19 and GovReport (``../shared/data``,
+``benchmarks.prompts``) cut to the input length with the tokenizer; outputs
+have exactly their length (``ignore_eos``). Every run gets documents of its
+own, the same ones in every mode, so no run reuses an earlier run's cache.
+Each server gets one warm-up request, then ``--runs`` runs per (workload,
+input length, concurrency).
+
+Per run, from ``vllm bench serve --save-result --save-detailed``: output
+tok/s, TTFT, TPOT and ITL (p50 / p99), completed and failed requests, and the
+decode-phase throughput (output tokens after each request's first token over
+the time after the first tokens, ``benchmarks.harness.measure``, from the
+per-request start times, TTFTs and ITLs); from ``/metrics``: acceptance and
+the deltas of the ``vllm:spec_decode_*`` / ``vllm:spec_extend_*`` counters;
+a digest of the generated texts (equal across modes with real rejection
+sampling). Per cell: min / median / max over the runs. Per server: its
+command, start-up time, whether vLLM turned async scheduling on (its log
+line), and whether it stopped cleanly.
 
     python -m benchmarks.bench_serve --target TARGET --draft DRAFT \\
-        --input-len 8192 --output-len 128 --concurrency 1 4 16 --num-prompts 8 32 64 \\
-        --out-dir benchmarks/results/serve/<stamp> -- --max-model-len 8448 ...
+        --workloads long shared-doc --input-lens 16384 32768 --concurrency 1 4 16 32 \\
+        --out-dir benchmarks/results/serve/<stamp> -- --max-model-len 33792 ...
 
 Arguments after ``--`` go to every ``vllm serve`` (``--load-format dummy``,
-``--tensor-parallel-size``, ``--distributed-executor-backend``, ...). Writes to
-``--out-dir``: ``results.json`` (metadata and one row per mode and concurrency:
-vLLM's bench metrics, acceptance, and the deltas of the server's
-``vllm:spec_decode_*`` / ``vllm:spec_extend_*`` counters over the run),
-``summary.md`` (the table), the datasets, and the bench results and logs of
-every run, and ``serve.png`` (``benchmarks.plot_serve``) where matplotlib
-is installed (the ``bench`` extra). Rows of modes not run again are kept, so
-modes can be run by separate invocations into one directory.
-
+``--max-num-seqs``, ``--async-scheduling``, ...). Writes to ``--out-dir``:
+``results.json`` (metadata, ``servers``, and a row per workload, input length,
+mode and concurrency with its runs), ``summary.md`` (the tables),
+``serve_<workload>_<input len>.png`` (``benchmarks.plot_serve``, where
+matplotlib is installed), the datasets, and every run's bench result and log.
 Servers get ``VLLM_LOG_STATS_INTERVAL=1`` unless it is set: SpecExtend's
-counters reach ``/metrics`` once per interval while drafting, so they can lag
-behind a run by up to that long. vLLM's spec-decode counters do not lag.
+counters reach ``/metrics`` once per interval while drafting.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
+import re
 import shlex
 import signal
 import subprocess
 import sys
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import prompts
 from benchmarks.harness import modes
-from benchmarks.harness.meta import run_metadata
-from benchmarks.harness.server import scrape, serve, tail, vllm_command
+from benchmarks.harness.measure import decode_throughput, spread
+from benchmarks.harness.meta import device, run_metadata
+from benchmarks.harness.server import log_errors, scrape, serve, tail, vllm_command
 
-VLLM = vllm_command()
-MODES = modes.MODES[:3]
+WORKLOADS = ("long", "shared-doc", "short")
 METRIC_PREFIXES = ("vllm:spec_decode_", "vllm:spec_extend_")
+QUESTIONS = (
+    "Summarize the text above in three sentences.",
+    "Who are the main people or organisations in the text above?",
+    "List the five most important facts stated above.",
+    "What happens at the end of the text above?",
+    "Which places are named in the text above?",
+    "Write a title for the text above and explain it.",
+    "What problem does the text above describe, and what solution?",
+    "Quote the sentence above that matters most, and say why.",
+)
+# Per-run figures summarized per cell: (row key, bench result key).
+FIGURES = (
+    ("output_tok_s", "output_throughput"), ("decode_tok_s", "decode_tok_s"),
+    ("ttft_p50_ms", "median_ttft_ms"), ("ttft_p99_ms", "p99_ttft_ms"),
+    ("tpot_p50_ms", "median_tpot_ms"), ("tpot_p99_ms", "p99_tpot_ms"),
+    ("itl_p50_ms", "median_itl_ms"), ("itl_p99_ms", "p99_itl_ms"),
+)
+
+
+@dataclass
+class Cell:
+    workload: str
+    input_len: int
+    concurrency: int
+    num_prompts: int
+    output_len: int
+    datasets: list[Path]
+    """One custom-dataset jsonl per run."""
+    primes: list[str | None]
+    """Per run: the shared document to cache before the run (shared-doc)."""
 
 
 def counter_deltas(before: dict, after: dict) -> dict[str, float]:
@@ -70,20 +120,45 @@ def document_prompts(tokenizer: str, datasets: list[str], input_len: int,
             for i in range(n)]
 
 
-def write_datasets(args) -> tuple[str, list[Path]]:
-    """The warm-up prompt and one ``custom`` jsonl per concurrency."""
-    texts = document_prompts(args.tokenizer, args.datasets, args.input_len,
-                             1 + sum(args.num_prompts))
-    paths, start = [], 1
-    for c, n in zip(args.concurrency, args.num_prompts, strict=True):
-        path = args.out_dir / "datasets" / f"c{c}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        rows = [{"prompt": t, "output_tokens": args.output_len}
-                for t in texts[start:start + n]]
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        paths.append(path)
-        start += n
-    return texts[0], paths
+def output_len(args, workload: str) -> int:
+    return {"long": args.long_output_len, "shared-doc": args.doc_output_len,
+            "short": args.short_output_len}[workload]
+
+
+def write_dataset(path: Path, texts: list[str], out_len: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"prompt": t, "output_tokens": out_len}) + "\n"
+                            for t in texts))
+    return path
+
+
+def plan(args) -> tuple[dict[int, str], list[Cell]]:
+    """The warm-up prompt per input length and every cell with its datasets."""
+    warmups, cells = {}, []
+    root = args.out_dir / "datasets"
+    for input_len in args.input_lens:
+        counts = {"long": sum(args.num_prompts), "short": sum(args.num_prompts),
+                  "shared-doc": len(args.concurrency)}
+        need = 1 + args.runs * sum(counts[w] for w in args.workloads)
+        texts = iter(document_prompts(args.tokenizer, args.datasets, input_len, need))
+        warmups[input_len] = next(texts)
+        for workload in args.workloads:
+            out_len = output_len(args, workload)
+            for c, n in zip(args.concurrency, args.num_prompts, strict=True):
+                paths, primes = [], []
+                for run in range(args.runs):
+                    path = root / f"{workload}_{input_len}_c{c}_run{run}.jsonl"
+                    if workload == "shared-doc":
+                        doc = next(texts)
+                        rows = [f"{doc}\n\nQuestion {i + 1}: "
+                                f"{QUESTIONS[i % len(QUESTIONS)]}" for i in range(n)]
+                        primes.append(doc)
+                    else:
+                        rows = [next(texts) for _ in range(n)]
+                        primes.append(None)
+                    paths.append(write_dataset(path, rows, out_len))
+                cells.append(Cell(workload, input_len, c, n, out_len, paths, primes))
+    return warmups, cells
 
 
 def serve_args(args, mode: str) -> list[str]:
@@ -97,7 +172,7 @@ def serve_args(args, mode: str) -> list[str]:
 def bench_command(args, base: str, dataset: Path, concurrency: int,
                   num_prompts: int, result: Path) -> list[str]:
     return [
-        *VLLM, "bench", "serve", "--backend", "openai", "--base-url", base,
+        *vllm_command(), "bench", "serve", "--backend", "openai", "--base-url", base,
         "--model", args.target, "--tokenizer", args.tokenizer,
         "--dataset-name", "custom", "--dataset-path", str(dataset),
         "--custom-output-len", "-1", "--skip-chat-template",
@@ -107,15 +182,14 @@ def bench_command(args, base: str, dataset: Path, concurrency: int,
         # the run's first prompt early and leave it in the prefix cache.
         "--ready-check-timeout-sec", "0", "--disable-tqdm",
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-        "--save-result", "--result-dir", str(result.parent),
+        "--save-result", "--save-detailed", "--result-dir", str(result.parent),
         "--result-filename", result.name, *args.bench_arg,
     ]
 
 
-def warm_up(base: str, model: str, prompt: str, timeout_s: float) -> None:
-    """One long request (it also compiles what runs on first use, such as the
-    scoring kernel), so that the first run does not pay for it."""
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 16,
+def complete(base: str, model: str, prompt: str, max_tokens: int,
+             timeout_s: float) -> None:
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
                        "temperature": 0, "ignore_eos": True}).encode()
     req = urllib.request.Request(f"{base}/v1/completions", data=body,
                                  headers={"Content-Type": "application/json"})
@@ -137,97 +211,179 @@ def acceptance(bench: dict, delta: dict) -> tuple[float | None, float | None]:
     return accepted / drafted, 1 + accepted / drafts
 
 
-def run_mode(args, mode: str, warmup: str, datasets: list[Path]):
-    """Yield one row per concurrency (or one error row if the server fails)."""
+def decode_phase(bench: dict) -> dict:
+    """Decode throughput from the per-request data of ``--save-detailed``."""
+    return decode_throughput(
+        (start + ttft, start + ttft + sum(itls), n)
+        for start, ttft, itls, n, error in zip(
+            bench["start_times"], bench["ttfts"], bench["itls"],
+            bench["output_lens"], bench["errors"], strict=True)
+        if not error and n)
+
+
+def run_figures(bench: dict, delta: dict) -> dict:
+    rate, length = acceptance(bench, delta)
+    texts = bench.get("generated_texts") or []
+    return {
+        # Scalars only: per-request lists stay in the bench file.
+        **{k: v for k, v in bench.items() if not isinstance(v, (list, dict))},
+        **decode_phase(bench),
+        "errors": [e for e in bench.get("errors", []) if e][:5],
+        "acceptance_rate": rate,
+        "acceptance_length": length,
+        "output_sha256": hashlib.sha256(json.dumps(texts).encode()).hexdigest(),
+        "server_metrics": delta,
+    }
+
+
+def run_cell(args, base: str, mode: str, cell: Cell, logs: Path) -> list[dict]:
+    runs = []
+    for i, (dataset, prime) in enumerate(zip(cell.datasets, cell.primes, strict=True)):
+        tag = f"{mode}_{cell.workload}_{cell.input_len}_c{cell.concurrency}_run{i}"
+        result = args.out_dir / "bench" / f"{tag}.json"
+        cmd = bench_command(args, base, dataset, cell.concurrency, cell.num_prompts,
+                            result)
+        if prime is not None:
+            complete(base, args.target, prime, 1, args.run_timeout)
+        before = scrape(base)
+        log = logs / f"bench_{tag}.log"
+        with log.open("wb") as out:
+            try:
+                rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL,
+                                    timeout=args.run_timeout).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        delta = counter_deltas(before, scrape(base))
+        run = {"bench_command": shlex.join(cmd),
+               "bench_result": str(result.relative_to(args.out_dir))}
+        if rc != 0 or not result.exists():
+            runs.append({**run, "error": f"vllm bench serve: {rc}\n{tail(log)}"})
+            continue
+        runs.append({**run, **run_figures(json.loads(result.read_text()), delta)})
+    return runs
+
+
+def cell_row(args, mode: str, cell: Cell, runs: list[dict]) -> dict:
+    ok = [r for r in runs if "error" not in r]
+    row = {"workload": cell.workload, "input_len": cell.input_len,
+           "output_len": cell.output_len, "mode": mode,
+           "draft": Path(args.draft).name if modes.needs_draft(mode) else None,
+           "concurrency": cell.concurrency, "num_prompts": cell.num_prompts,
+           "runs": runs,
+           "failed_requests": sum(r.get("failed", 0) for r in ok),
+           "failed_runs": len(runs) - len(ok)}
+    for key, source in FIGURES:
+        row[key] = spread([r[source] for r in ok if r.get(source) is not None])
+    lengths = [r["acceptance_length"] for r in ok if r["acceptance_length"]]
+    row["acceptance_length"] = spread(lengths)["median"]
+    return row
+
+
+def async_scheduling(log: Path) -> bool | None:
+    """What vLLM decided, from its log: the last such line, the engine core's
+    (the API server logs its own first, before the platform may turn it off)."""
+    found = re.findall(r"Asynchronous scheduling is (enabled|disabled)",
+                       log.read_text(errors="replace"))
+    return found[-1] == "enabled" if found else None
+
+
+def run_mode(args, mode: str, warmups: dict[int, str], cells: list[Cell],
+             result: dict, out: Path) -> None:
+    """Start the mode's server, run every cell, record as it goes."""
     logs = args.out_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    log = logs / f"serve_{mode}.log"
+    record = {"mode": mode}
+    result["servers"].append(record)
     try:
-        server = serve(serve_args(args, mode), logs / f"serve_{mode}.log",
-                       args.startup_timeout)
-        with server as srv:
-            base, serve_cmd = srv.base, srv.command
-            warm_up(base, args.target, warmup, args.run_timeout)
-            runs = zip(args.concurrency, args.num_prompts, datasets, strict=True)
-            for c, n, dataset in runs:
-                result = args.out_dir / "bench" / f"{mode}_c{c}.json"
-                cmd = bench_command(args, base, dataset, c, n, result)
-                row = {"mode": mode, "concurrency": c, "num_prompts": n,
-                       "serve_command": shlex.join(serve_cmd),
-                       "bench_command": shlex.join(cmd)}
-                before = scrape(base)
-                log = logs / f"bench_{mode}_c{c}.log"
-                with log.open("wb") as out:
-                    try:
-                        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL,
-                                            timeout=args.run_timeout).returncode
-                    except subprocess.TimeoutExpired:
-                        rc = "timeout"
-                delta = counter_deltas(before, scrape(base))
-                if rc != 0 or not result.exists():
-                    yield {**row, "error": f"vllm bench serve: {rc}\n{tail(log)}"}
-                    continue
-                bench = json.loads(result.read_text())
-                rate, length = acceptance(bench, delta)
-                yield {
-                    **row,
-                    # Scalars only: per-request lists stay in the bench file.
-                    **{k: v for k, v in bench.items() if not isinstance(v, list)},
-                    "errors": [e for e in bench.get("errors", []) if e][:5],
-                    "acceptance_rate": rate,
-                    "acceptance_length": length,
-                    "server_metrics": delta,
-                    "bench_result": str(result.relative_to(args.out_dir)),
-                }
+        with serve(serve_args(args, mode), log, args.startup_timeout) as server:
+            record.update(command=shlex.join(server.command),
+                          startup_s=server.startup_s,
+                          async_scheduling=async_scheduling(log))
+            for prompt in warmups.values():
+                # Compiles what runs on first use (the scoring kernel, ...).
+                complete(server.base, args.target, prompt, 16, args.run_timeout)
+            for cell in cells:
+                row = cell_row(args, mode, cell, run_cell(args, server.base, mode,
+                                                          cell, logs))
+                print(json.dumps({k: v for k, v in row.items() if k != "runs"}),  # noqa: T201
+                      flush=True)
+                result["results"].append(row)
+                out.write_text(json.dumps(result, indent=1))
     except (RuntimeError, OSError) as e:
-        yield {"mode": mode, "error": str(e)}
+        record["error"] = str(e)
+    if "command" in record:
+        record.update(forced_stop=server.forced_stop, log_errors=log_errors(log)[:5])
+    out.write_text(json.dumps(result, indent=1))
 
 
-def _ms(row: dict, metric: str, stats=("mean", "p50", "p99")) -> str:
-    return " / ".join(f"{row[f'{s}_{metric}_ms']:.0f}" for s in stats)
+# --------------------------------------------------------------------------- #
+# report
+# --------------------------------------------------------------------------- #
+def _s(stats: dict, digits: int = 0) -> str:
+    """median (min–max)."""
+    if not stats or stats.get("median") is None:
+        return "–"
+    fmt = f"{{:.{digits}f}}"
+    if stats["n"] == 1:
+        return fmt.format(stats["median"])
+    return (f"{fmt.format(stats['median'])} ({fmt.format(stats['min'])}–"
+            f"{fmt.format(stats['max'])})")
 
 
 def table(result: dict) -> str:
-    """Markdown table: one line per mode and concurrency."""
-    lines = [
-        "| mode | concurrency | completed / failed | output tok/s "
-        "| TTFT ms mean / p50 / p99 | TPOT ms mean / p50 / p99 | ITL ms p50 / p99 "
-        "| acceptance rate | acceptance length | draft context |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    order = {m: i for i, m in enumerate(MODES)}
-    for r in sorted(result["runs"],
-                    key=lambda r: (order.get(r["mode"], 9), r.get("concurrency", 0))):
-        if "error" in r:
-            first = r["error"].splitlines()[0]
-            lines.append(f"| {r['mode']} | {r.get('concurrency', '–')} "
-                         f"| error: {first} | | | | | | | |")
+    """Markdown: a table per workload and input length, a line per mode and
+    concurrency; then the servers and the setup."""
+    order = {m: i for i, m in enumerate(modes.MODES)}
+    out = []
+    groups = dict.fromkeys((r["workload"], r["input_len"], r["output_len"])
+                           for r in result["results"])
+    for workload, input_len, out_len in groups:
+        out += [f"### {workload}: {input_len}-token inputs, {out_len} output tokens",
+                "",
+                "| mode | concurrency | runs | failed requests | output tok/s "
+                "| decode tok/s | TTFT ms p50 / p99 | TPOT ms p50 / p99 "
+                "| ITL ms p50 / p99 | acceptance length | draft context |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
+        rows = [r for r in result["results"]
+                if (r["workload"], r["input_len"]) == (workload, input_len)]
+        rows.sort(key=lambda r: (order.get(r["mode"], 9), r["concurrency"]))
+        for r in rows:
+            ok = [x for x in r["runs"] if "error" not in x]
+            metrics = [x["server_metrics"] for x in ok]
+            full = sum(m.get("vllm:spec_extend_full_context_tokens_total", 0)
+                       for m in metrics)
+            draft = sum(m.get("vllm:spec_extend_draft_context_tokens_total", 0)
+                        for m in metrics)
+            length = r["acceptance_length"]
+            out.append(
+                f"| {r['mode']} | {r['concurrency']} | {len(ok)}/{len(r['runs'])} "
+                f"| {r['failed_requests']} | {_s(r['output_tok_s'])} "
+                f"| {_s(r['decode_tok_s'])} "
+                f"| {_s(r['ttft_p50_ms'])} / {_s(r['ttft_p99_ms'])} "
+                f"| {_s(r['tpot_p50_ms'], 1)} / {_s(r['tpot_p99_ms'], 1)} "
+                f"| {_s(r['itl_p50_ms'], 1)} / {_s(r['itl_p99_ms'], 1)} "
+                f"| {'–' if length is None else f'{length:.2f}'} "
+                f"| {f'{100 * draft / full:.1f}%' if full else '–'} |")
+        out.append("")
+    out += ["| server | start-up s | async scheduling | stopped cleanly |",
+            "|---|---|---|---|"]
+    for s in result["servers"]:
+        if "error" in s:
+            out.append(f"| {s['mode']} | error: {s['error'].splitlines()[0]} | | |")
             continue
-        m = r["server_metrics"]
-        full = m.get("vllm:spec_extend_full_context_tokens_total", 0)
-        share = (f"{100 * m['vllm:spec_extend_draft_context_tokens_total'] / full:.1f}%"
-                 if full else "–")
-        rate, length = ((f"{100 * r['acceptance_rate']:.1f}%",
-                         f"{r['acceptance_length']:.2f}")
-                        if r["acceptance_rate"] is not None else ("–", "–"))
-        lines.append(
-            f"| {r['mode']} | {r['concurrency']} | {r['completed']} / {r['failed']} "
-            f"| {r['output_throughput']:.1f} | {_ms(r, 'ttft')} | {_ms(r, 'tpot')} "
-            f"| {_ms(r, 'itl', ('p50', 'p99'))} | {rate} | {length} | {share} |"
-        )
+        clean = not s.get("forced_stop") and not s.get("log_errors")
+        out.append(f"| {s['mode']} | {s['startup_s']:.0f} | {s['async_scheduling']} "
+                   f"| {'yes' if clean else 'no'} |")
     meta, cfg = result["meta"], result["meta"]["config"]
-    hw = meta["hardware"]
-    device = (", ".join(hw["gpus"]) if hw["gpus"]
-              else f"{hw['cpu']} ({hw['cpu_count']} CPUs)")
     synthetic = (f"synthetic acceptance length {cfg['acceptance_length']}"
                  if cfg["acceptance_length"] > 0 else "real acceptance")
-    lines.append(
-        f"\n{device}, vLLM {meta['vllm']}, torch {meta['torch']}, {meta['date_utc']}, "
-        f"commit {(meta['git_commit'] or '?')[:7]}; {cfg['input_len']}-token inputs "
-        f"({', '.join(cfg['datasets'])}), {cfg['output_len']} output tokens, "
-        f"K={cfg['num_spec_tokens']}, {synthetic}."
-    )
-    return "\n".join(lines)
+    out.append(
+        f"\n{device(meta)}, vLLM {meta['vllm']}, torch {meta['torch']}, "
+        f"{meta['date_utc']}, commit {(meta['git_commit'] or '?')[:7]}; "
+        f"{', '.join(cfg['datasets'])} documents, K={cfg['num_spec_tokens']}, "
+        f"{synthetic}; median (min–max) of {cfg['runs']} runs per cell.")
+    return "\n".join(out)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -238,16 +394,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=" ".join(__doc__.split("\n\n")[0].split()),
         usage="%(prog)s [options] [-- VLLM_SERVE_ARGS...]")
     p.add_argument("--target", required=True, help="target model (dir or name)")
-    p.add_argument("--draft", help="draft model; needed by the speculative modes")
+    p.add_argument("--draft",
+                   help="draft model of the draft_model and spec_extend modes")
     p.add_argument("--tokenizer", help="for the servers, the client and the "
-                   "dataset (default: --target)")
-    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    p.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16])
-    p.add_argument("--num-prompts", nargs="+", type=int, default=[8, 32, 64],
-                   help="requests per run: one number, or one per concurrency")
-    p.add_argument("--input-len", type=int, default=8192,
+                   "datasets (default: --target)")
+    p.add_argument("--modes", nargs="+", choices=modes.MODES,
+                   default=["plain", "draft_model", "spec_extend"])
+    p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    p.add_argument("--input-lens", nargs="+", type=int, default=[16384, 32768],
                    help="prompt tokens (before the server adds BOS)")
-    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16, 32])
+    p.add_argument("--num-prompts", nargs="+", type=int,
+                   help="requests per run: one number, or one per concurrency "
+                   "(default: 2 x concurrency)")
+    p.add_argument("--runs", type=int, default=3, help="runs per cell")
+    p.add_argument("--long-output-len", type=int, default=1024)
+    p.add_argument("--doc-output-len", type=int, default=512)
+    p.add_argument("--short-output-len", type=int, default=128)
     p.add_argument("--datasets", nargs="+", choices=prompts.DATASETS,
                    default=list(prompts.DATASETS))
     p.add_argument("--num-spec-tokens", type=int, default=4)
@@ -259,7 +422,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--startup-timeout", type=float, default=900.0)
     p.add_argument("--run-timeout", type=float, default=1800.0,
-                   help="seconds for each bench run (and the warm-up request)")
+                   help="seconds for each bench run (and each warm-up request)")
     p.add_argument("--bench-arg", action="append", default=[],
                    help="extra argument for vllm bench serve (repeatable), "
                    "e.g. --bench-arg=--request-rate=4")
@@ -267,11 +430,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.serve_args = serve_extra
     args.tokenizer = args.tokenizer or args.target
+    args.num_prompts = args.num_prompts or [2 * c for c in args.concurrency]
     if len(args.num_prompts) == 1:
         args.num_prompts *= len(args.concurrency)
     if len(args.num_prompts) != len(args.concurrency):
         p.error("--num-prompts needs one number or one per --concurrency")
-    if args.draft is None and set(args.modes) - {"plain"}:
+    if args.draft is None and any(map(modes.needs_draft, args.modes)):
         p.error("--draft is needed by the draft_model and spec_extend modes")
     return args
 
@@ -282,27 +446,19 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / "results.json"
-    runs = []
-    if out.exists():
-        runs = [r for r in json.loads(out.read_text())["runs"]
-                if r["mode"] not in args.modes]
-    result = {"meta": run_metadata(args), "runs": runs}
-    warmup, datasets = write_datasets(args)
+    result = {"meta": run_metadata(args, bench="serve"), "servers": [], "results": []}
+    warmups, cells = plan(args)
     for mode in args.modes:
-        for row in run_mode(args, mode, warmup, datasets):
-            print(json.dumps({k: v for k, v in row.items()  # noqa: T201
-                              if not k.endswith("_command")}), flush=True)
-            result["runs"].append(row)
-            out.write_text(json.dumps(result, indent=1))
+        run_mode(args, mode, warmups, cells, result, out)
     summary = table(result)
     (args.out_dir / "summary.md").write_text(summary + "\n")
     print(summary)  # noqa: T201
     if importlib.util.find_spec("matplotlib"):
-        from benchmarks.plot_serve import plot
+        from benchmarks.plot_serve import plot_all
 
-        plot(result, args.out_dir / "serve.png")
-    bad = [r for r in result["runs"] if r["mode"] in args.modes and (
-        "error" in r or r["failed"] or r["completed"] != r["num_prompts"])]
+        plot_all(result, args.out_dir)
+    bad = [s for s in result["servers"] if "error" in s]
+    bad += [r for r in result["results"] if r["failed_requests"] or r["failed_runs"]]
     return 1 if bad else 0
 
 

@@ -1,11 +1,12 @@
 """Merge the result files of one benchmark that separate device calls wrote
-(one mode per call, to fit a call's time limit) into one file.
+(a mode or a workload per call, to fit a call's time limit) into one file.
 
-Rows are concatenated in the order given; ``meta`` is the first file's, with the
-modes of all files, the earliest date, and ``meta.calls`` keeping each call's
-modes, date and command. A merged ``bench_serve.py`` result (``runs``) gets its
-``summary.md`` and ``serve.png`` beside it; ``bench_decode`` results
-(``results``) go to ``benchmarks.summarize_decode`` / ``benchmarks.plot_decode``.
+Every list of the files (``results``, ``engines``, ``servers``; ``runs`` in
+older serve files) is concatenated in the order given; ``meta`` is the first
+file's, with the modes of all files, the earliest date, and ``meta.calls``
+keeping each call's modes, date and command. A merged ``benchmarks.bench_serve``
+result gets its ``summary.md`` and plots beside it; ``benchmarks.bench_decode``
+results go to ``benchmarks.summarize_decode`` / ``benchmarks.plot_decode``.
 
     python -m benchmarks.merge_results OUT_DIR/results.json CALL1.json CALL2.json ...
 """
@@ -18,9 +19,13 @@ import json
 from pathlib import Path
 
 
+def _lists(part: dict) -> list[str]:
+    return [k for k, v in part.items() if isinstance(v, list)]
+
+
 def merge(parts: list[dict]) -> dict:
-    key = "runs" if "runs" in parts[0] else "results"
-    if any(key not in p for p in parts):
+    keys = _lists(parts[0])
+    if not keys or any(_lists(p) != keys for p in parts):
         raise ValueError("all files must come from the same benchmark")
     meta = dict(parts[0]["meta"])
     modes = [m for p in parts for m in p["meta"]["config"]["modes"]]
@@ -29,7 +34,7 @@ def merge(parts: list[dict]) -> dict:
     meta["calls"] = [{"modes": p["meta"]["config"]["modes"],
                       "date_utc": p["meta"]["date_utc"],
                       "command": p["meta"]["command"]} for p in parts]
-    return {"meta": meta, key: [row for p in parts for row in p[key]]}
+    return {"meta": meta, **{k: [item for p in parts for item in p[k]] for k in keys}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,14 +46,14 @@ def main(argv: list[str] | None = None) -> int:
     merged = merge([json.loads(p.read_text()) for p in args.parts])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(merged, indent=1))
-    if "runs" in merged:
+    if merged["meta"].get("bench") == "serve":
         from benchmarks.bench_serve import table
 
         (args.out.parent / "summary.md").write_text(table(merged) + "\n")
         if importlib.util.find_spec("matplotlib"):
-            from benchmarks.plot_serve import plot
+            from benchmarks.plot_serve import plot_all
 
-            plot(merged, args.out.parent / "serve.png")
+            plot_all(merged, args.out.parent)
     print(args.out)  # noqa: T201
     return 0
 

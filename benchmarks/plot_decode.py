@@ -1,6 +1,7 @@
 """Decode tokens/s against context, one panel per batch size, from one or more
-``bench_decode.py`` result files: a colour per mode, a line style per file, so
-repeated runs show their spread. Needs matplotlib (the ``bench`` extra).
+``benchmarks.bench_decode`` result files: a colour per mode, a line style per
+file, error bars from a cell's runs (min to max around the median). Needs
+matplotlib (the ``bench`` extra).
 
     python -m benchmarks.plot_decode RUN1.json [RUN2.json ...] --out decode.png
 """
@@ -16,6 +17,14 @@ from benchmarks.harness.meta import device
 STYLES = ["o-", "s--", "^:", "d-."]
 
 
+def _spread(row: dict) -> tuple[float, float, float]:
+    """(median, min, max) decode tok/s of a row (older files: one run)."""
+    tok = row["decode_tok_s"]
+    if isinstance(tok, dict):
+        return tok["median"], tok["min"], tok["max"]
+    return tok, tok, tok
+
+
 def plot(files: list[Path], out: Path) -> None:
     import matplotlib
 
@@ -23,6 +32,8 @@ def plot(files: list[Path], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     results = [json.loads(f.read_text()) for f in files]
+    for res in results:
+        res["results"] = [r for r in res["results"] if "skipped" not in r]
     batches = sorted({r["batch"] for res in results for r in res["results"]})
     fig, axes = plt.subplots(1, len(batches), figsize=(5.5 * len(batches), 4),
                              constrained_layout=True, squeeze=False)
@@ -37,10 +48,13 @@ def plot(files: list[Path], out: Path) -> None:
                 if not rows:
                     continue
                 color = colors.setdefault(mode, f"C{len(colors)}")
-                ax.plot([r["context"] // 1024 for r in rows],
-                        [r["decode_tok_s"] for r in rows], style, color=color,
-                        label=f"{mode} ({path.stem.rsplit('_', 1)[-1]})"
-                        if len(files) > 1 else mode)
+                mid, low, high = zip(*map(_spread, rows), strict=True)
+                ax.errorbar([r["context"] // 1024 for r in rows], mid,
+                            yerr=[[m - lo for m, lo in zip(mid, low, strict=True)],
+                                  [h - m for m, h in zip(mid, high, strict=True)]],
+                            fmt=style, capsize=3, color=color,
+                            label=f"{mode} ({path.stem.rsplit('_', 1)[-1]})"
+                            if len(files) > 1 else mode)
     for ax, batch in zip(axes[0], batches, strict=True):
         ax.set_title(f"batch {batch}", fontsize=10)
         ax.set_xlabel("context (K tokens)")

@@ -1,8 +1,9 @@
-"""Output tokens/s and TPOT against concurrency, one line per mode, from a
-``bench_serve.py`` result. Needs matplotlib (the ``bench`` extra);
-``bench_serve.py`` calls it itself where matplotlib is installed.
+"""Output tok/s and TPOT against concurrency, one line per mode, error bars
+from the runs (min to max around the median): one PNG per workload and input
+length of a ``benchmarks.bench_serve`` result. Needs matplotlib (the ``bench``
+extra); ``bench_serve`` calls it itself where matplotlib is installed.
 
-    python -m benchmarks.plot_serve DIR/results.json [--out DIR/serve.png]
+    python -m benchmarks.plot_serve DIR/results.json [--out-dir DIR]
 """
 
 from __future__ import annotations
@@ -11,56 +12,73 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.harness.meta import device as device_name
+from benchmarks.harness.meta import device
 from benchmarks.harness.modes import MODES
 
 
-def plot(result: dict, out: Path) -> None:
+def _errorbar(ax, rows: list[dict], key: str, style: str, label: str, color=None):
+    x = [r["concurrency"] for r in rows]
+    mid = [r[key]["median"] for r in rows]
+    err = [[m - r[key]["min"] for m, r in zip(mid, rows, strict=True)],
+           [r[key]["max"] - m for m, r in zip(mid, rows, strict=True)]]
+    line = ax.errorbar(x, mid, yerr=err, fmt=style, capsize=3, label=label,
+                       color=color)
+    return line.lines[0].get_color()
+
+
+def plot(result: dict, workload: str, input_len: int, out: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (tput, tpot) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    cells = [r for r in result["results"] if (r["workload"], r["input_len"])
+             == (workload, input_len) and r["output_tok_s"]["n"]]
     for mode in MODES:
-        rows = sorted((r for r in result["runs"]
-                       if r["mode"] == mode and "error" not in r),
+        rows = sorted((r for r in cells if r["mode"] == mode),
                       key=lambda r: r["concurrency"])
         if not rows:
             continue
-        x = [r["concurrency"] for r in rows]
-        tput.plot(x, [r["output_throughput"] for r in rows], "o-", label=mode)
-        (line,) = tpot.plot(x, [r["median_tpot_ms"] for r in rows], "o-",
-                            label=f"{mode} p50")
-        tpot.plot(x, [r["p99_tpot_ms"] for r in rows], "x--", color=line.get_color(),
-                  alpha=0.6, label=f"{mode} p99")
+        color = _errorbar(tput, rows, "output_tok_s", "o-", mode)
+        _errorbar(tpot, rows, "tpot_p50_ms", "o-", f"{mode} p50", color)
+        _errorbar(tpot, rows, "tpot_p99_ms", "x--", f"{mode} p99", color)
+    concurrency = sorted({r["concurrency"] for r in cells})
     for ax, ylabel in ((tput, "output tokens/s"), (tpot, "TPOT (ms)")):
         ax.set_xscale("log", base=2)
-        ax.set_xticks(result["meta"]["config"]["concurrency"],
-                      labels=map(str, result["meta"]["config"]["concurrency"]))
+        ax.set_xticks(concurrency, labels=map(str, concurrency))
         ax.set_xlabel("concurrency")
         ax.set_ylabel(ylabel)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     meta, cfg = result["meta"], result["meta"]["config"]
-    device = device_name(meta)
-    fig.suptitle(f"{Path(cfg['target']).name} / {Path(cfg['draft'] or '-').name}, "
-                 f"{cfg['input_len']}-token inputs, {cfg['output_len']} output tokens; "
-                 f"{device}, vLLM {meta['vllm']}", fontsize=10)
+    out_len = cells[0]["output_len"] if cells else "?"
+    fig.suptitle(f"{workload}: {Path(cfg['target']).name} / "
+                 f"{Path(cfg['draft'] or '-').name}, {input_len}-token inputs, "
+                 f"{out_len} output tokens; {device(meta)}, vLLM {meta['vllm']}, "
+                 f"median and min–max of {cfg['runs']} runs", fontsize=10)
     fig.savefig(out, dpi=120)
     plt.close(fig)
+    return out
 
 
-def main() -> None:
+def plot_all(result: dict, out_dir: Path) -> list[Path]:
+    """``serve_<workload>_<input len>.png`` for every workload and length."""
+    groups = dict.fromkeys((r["workload"], r["input_len"]) for r in result["results"])
+    return [plot(result, w, n, Path(out_dir) / f"serve_{w}_{n}.png")
+            for w, n in groups]
+
+
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(
         description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("results", type=Path)
-    parser.add_argument("--out", type=Path, help="default: serve.png beside RESULTS")
-    args = parser.parse_args()
-    out = args.out or args.results.with_name("serve.png")
-    plot(json.loads(args.results.read_text()), out)
-    print(out)  # noqa: T201
+    parser.add_argument("--out-dir", type=Path, help="default: beside RESULTS")
+    args = parser.parse_args(argv)
+    out_dir = args.out_dir or args.results.parent
+    for path in plot_all(json.loads(args.results.read_text()), out_dir):
+        print(path)  # noqa: T201
 
 
 if __name__ == "__main__":

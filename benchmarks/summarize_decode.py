@@ -1,4 +1,5 @@
-"""Markdown table of a ``bench_decode.py`` result file (modes side by side).
+"""Markdown table of a ``benchmarks.bench_decode`` result file (modes side by
+side; median (min–max) of the runs where a cell has several).
 
     python -m benchmarks.summarize_decode benchmarks/results/decode/<file>.json
 """
@@ -7,9 +8,49 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from collections import defaultdict
 
 from benchmarks.harness.meta import device
+
+
+def _tok(r: dict | None) -> str:
+    if r is None:
+        return "–"
+    if "skipped" in r:
+        return "skipped"
+    tok = r["decode_tok_s"]
+    if not isinstance(tok, dict):  # older files: one run per row
+        return f"{tok:.0f}"
+    if tok["n"] == 1:
+        return f"{tok['median']:.0f}"
+    return f"{tok['median']:.0f} ({tok['min']:.0f}–{tok['max']:.0f})"
+
+
+def _runs(r: dict) -> list[dict]:
+    """The row's runs (older files: the row is its one run)."""
+    return r.get("runs") or [r]
+
+
+def _step(r: dict) -> str:
+    runs = _runs(r)
+    if not all(run.get("draft_timed", "draft_step_ms_median" in run) for run in runs):
+        return "not timed"
+    times = [run["draft_step_ms_median"] for run in runs
+             if run.get("draft_step_ms_median") is not None]
+    # None: the drafter never ran (a head shorter than the context, vLLM alone).
+    return f"{statistics.median(times):.2f}" if times else "no draft"
+
+
+def _plugin(r: dict) -> tuple[str, str]:
+    """(draft context share, scoring share of decode) over the runs."""
+    runs = [run for run in _runs(r) if run.get("spec_extend")]
+    if not runs:
+        return "", ""
+    full = sum(run["spec_extend"].get("full_context_tokens", 0) for run in runs)
+    draft = sum(run["spec_extend"].get("draft_context_tokens", 0) for run in runs)
+    scoring = statistics.median(run["scoring_share_of_decode"] for run in runs)
+    return f"{100 * draft / max(1, full):.1f}%", f"{100 * scoring:.1f}%"
 
 
 def table(result: dict) -> str:
@@ -19,42 +60,36 @@ def table(result: dict) -> str:
     plain = {(k[1], k[2]): v["plain"] for k, v in rows.items() if "plain" in v}
     # The no-plugin speculative rows carry the method's name (older files: draft_model).
     method = result["meta"]["config"].get("method", "draft_model")
+    plugin_modes = [m for m in ("spec_extend", "self_draft")
+                    if any(m in modes for modes in rows.values())] or ["spec_extend"]
     lines = [
-        f"| draft | context | batch | plain tok/s | {method} tok/s | +SpecExtend tok/s "
-        "| draft step ms (full KV → view) | draft context | scoring share |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| draft | context | batch | plain tok/s | {method} tok/s | "
+        + " | ".join(f"{m} tok/s" for m in plugin_modes)
+        + " | draft step ms (full KV → view) | draft context | scoring share |",
+        "|---|---|---|---|---|" + "---|" * len(plugin_modes) + "---|---|---|",
     ]
     for (draft, ctx, batch), modes in sorted(rows.items()):
-        if not draft:
+        if not draft and "self_draft" not in modes:
             continue
         dm, se = modes.get(method), modes.get("spec_extend")
-        base = plain.get((ctx, batch))
-        stats = (se or {}).get("spec_extend") or {}
-        share = stats.get("draft_context_tokens", 0) / max(1, stats.get("full_context_tokens", 0))
-
-        def tok(r):
-            return f"{r['decode_tok_s']:.0f}" if r else "–"
-
-        def step(r):
-            # None: the drafter never ran (a head shorter than the context, vLLM alone).
-            ms = r["draft_step_ms_median"]
-            if not r.get("draft_timed", True):
-                return "not timed"
-            return "no draft" if ms is None else f"{ms:.2f}"
-
+        steps = share = scoring = ""
+        if dm and se and "skipped" not in dm and "skipped" not in se:
+            steps = f"{_step(dm)} → {_step(se)}"
+            share, scoring = _plugin(se)
         lines.append(
-            f"| {draft} | {ctx // 1024}K | {batch} | {tok(base)} | {tok(dm)} | {tok(se)} "
-            f"| {step(dm)} → {step(se)} "
-            f"| {100 * share:.1f}% | {100 * se['scoring_share_of_decode']:.1f}% |"
-            if dm and se
-            else f"| {draft} | {ctx // 1024}K | {batch} | {tok(base)} | {tok(dm)} | {tok(se)} | | | |"
-        )
-    meta = result["meta"]
+            f"| {draft or '–'} | {ctx // 1024}K | {batch} "
+            f"| {_tok(plain.get((ctx, batch)))} | {_tok(dm)} | "
+            + " | ".join(_tok(modes.get(m)) for m in plugin_modes)
+            + f" | {steps} | {share} | {scoring} |")
+    meta, cfg = result["meta"], result["meta"]["config"]
+    runs = f", {cfg['runs']} runs per cell" if "runs" in cfg else ""
     lines.append(
-        f"\n{device(meta)}, vLLM {meta['vllm']}, torch {meta['torch']}, {meta['date_utc']}; "
-        f"synthetic acceptance length {meta['config']['acceptance_length']}, "
-        f"K={meta['config']['num_spec_tokens']}, {meta['config']['output_len']} new tokens."
-    )
+        f"\n{device(meta)}, vLLM {meta['vllm']}, torch {meta['torch']}, "
+        f"{meta['date_utc']}; synthetic acceptance length {cfg['acceptance_length']}, "
+        f"K={cfg['num_spec_tokens']}, {cfg['output_len']} new tokens{runs}.")
+    for engine in result.get("engines", []):
+        if "error" in engine:
+            lines.append(f"\n{engine['mode']} engine failed: {engine['error']}")
     return "\n".join(lines)
 
 

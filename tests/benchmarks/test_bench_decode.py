@@ -1,7 +1,7 @@
-"""``python -m benchmarks.bench_decode --method eagle3`` end to end on CPU (fp32, real
-rejection sampling): the tiny target with the 256-position EAGLE-3 head on a
-1024-token prompt, vLLM alone and with SpecExtend (one engine process each).
-"""
+"""``python -m benchmarks.bench_decode`` end to end on CPU (fp32, real rejection
+sampling): every mode on vLLM's default engine (its core in its own process),
+three runs per cell, the plugin's counters from the workers, greedy outputs
+equal across modes."""
 
 from __future__ import annotations
 
@@ -16,35 +16,139 @@ import pytest
 pytestmark = pytest.mark.engine
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+MODES = ["plain", "draft_model", "spec_extend", "self_draft"]
+CONTEXTS, BATCHES, RUNS, OUTPUT_LEN, K = [512, 1024], [1, 2], 3, 16, 3
+SPEC_EXTEND = {"top_k": 4, "recent_tokens": 64, "min_context": 256}
 # Fits the head's 256 positions with K=3 (working set 206).
-SPEC_EXTEND = json.dumps({"top_k": 2, "recent_tokens": 64, "retrieve_every": 2,
-                          "min_context": 256})
+EAGLE_SPEC_EXTEND = {"top_k": 2, "recent_tokens": 64, "retrieve_every": 2,
+                     "min_context": 256}
+CPU = ["--load-format", "auto", "--dtype", "float32", "--acceptance-length", "0",
+       "--enforce-eager", "--kv-cache-memory-bytes", "1000000000", "--block-size", "32"]
 
 
-def test_eagle3_rows(tiny_target, tiny_short_eagle3, tmp_path):
-    out = tmp_path / "decode.json"
-    cmd = [sys.executable, "-m", "benchmarks.bench_decode", "--target-config", tiny_target,
-           "--draft-config", tiny_short_eagle3, "--method", "eagle3",
-           "--modes", "draft_model", "spec_extend", "--spec-extend", SPEC_EXTEND,
-           "--load-format", "auto", "--dtype", "float32", "--acceptance-length", "0",
-           "--enforce-eager", "--kv-cache-memory-bytes", "1000000000",
-           "--block-size", "32", "--contexts", "1024", "--batch-sizes", "1",
-           "--output-len", "16", "--num-spec-tokens", "3", "--out", str(out)]
+def bench(out: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPYCACHEPREFIX":
            os.environ.get("PYTHONPYCACHEPREFIX", "/tmp/pycache")}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env,
+    # In-process engine tests of this session set it; users' runs do not.
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    cmd = [sys.executable, "-m", "benchmarks.bench_decode", *CPU, *args,
+           "--out", str(out)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env,
                           stdin=subprocess.DEVNULL, cwd=REPO_ROOT)
+
+
+@pytest.fixture(scope="module")
+def decode_run(tiny_target, tiny_draft, tmp_path_factory):
+    """All four modes, two contexts x two batch sizes (~4 min on 2 cores)."""
+    out = tmp_path_factory.mktemp("bench_decode") / "decode.json"
+    proc = bench(out, "--target-config", tiny_target, "--draft-config", tiny_draft,
+                 "--modes", *MODES, "--contexts", *map(str, CONTEXTS),
+                 "--batch-sizes", *map(str, BATCHES), "--runs", str(RUNS),
+                 "--output-len", str(OUTPUT_LEN), "--num-spec-tokens", str(K),
+                 "--spec-extend", json.dumps(SPEC_EXTEND), "--draft-timing")
+    assert out.is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, json.loads(out.read_text())
+
+
+def test_engines_say_what_they_changed(decode_run):
+    proc, result = decode_run
+    engines = {e["mode"]: e for e in result["engines"]}
+    assert list(engines) == MODES
+    for mode in ("plain", "draft_model", "spec_extend"):
+        assert "error" not in engines[mode], (engines[mode], proc.stderr[-3000:])
+    # self_draft is wired: the plugin's config, no draft model. Until the
+    # plugin implements it, its engine fails, says why, and the others run.
+    self_draft = engines["self_draft"]
+    assert self_draft["engine_args"]["additional_config"] == {
+        "spec_extend": {**SPEC_EXTEND, "self_draft": True}}
+    assert "speculative_config" not in self_draft["engine_args"]
+    assert proc.returncode == (1 if "error" in self_draft else 0), proc.stderr[-3000:]
+
+    plain, vllm_spec, plugin = (engines[m]["engine_args"] for m in MODES[:3])
+    assert "speculative_config" not in plain and "additional_config" not in plain
+    assert vllm_spec["speculative_config"]["num_speculative_tokens"] == K
+    assert "rejection_sample_method" not in vllm_spec["speculative_config"]
+    assert "additional_config" not in vllm_spec
+    assert plugin["speculative_config"] == vllm_spec["speculative_config"]
+    assert plugin["additional_config"] == {"spec_extend": SPEC_EXTEND}
+    for mode in MODES[:3]:
+        engine = engines[mode]
+        assert engine["engine_args"]["disable_log_stats"] is False
+        assert engine["engine_args"]["kv_cache_memory_bytes"] == 1_000_000_000
+        assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in engine["vllm_env"]
+        assert isinstance(engine["async_scheduling"], bool)
+        assert engine["kv_cache_tokens"] > 0 and engine["startup_s"] > 0
+        # The plugin's worker answers only in its modes.
+        assert engine["plugin_active"] == (mode == "spec_extend")
+
+
+def test_cells_have_runs_and_spreads(decode_run):
+    _, result = decode_run
+    rows = [r for r in result["results"] if r["mode"] != "self_draft"]
+    assert sorted((r["mode"], r["context"], r["batch"]) for r in rows) == sorted(
+        (m, c, b) for m in MODES[:3] for c in CONTEXTS for b in BATCHES)
+    for row in rows:
+        runs = row["runs"]
+        assert len(runs) == RUNS
+        tok = row["decode_tok_s"]
+        assert tok["n"] == RUNS and tok["min"] <= tok["median"] <= tok["max"]
+        assert row["e2e_tok_s"]["n"] == RUNS
+        for run in runs:
+            assert run["output_tokens"] == row["batch"] * OUTPUT_LEN
+            assert run["decode_tokens"] == row["batch"] * (OUTPUT_LEN - 1)
+            assert run["decode_tok_s"] > 0 and run["e2e_tok_s"] > 0
+            assert 0 < run["decode_s"] <= run["e2e_s"]
+            # The warm-up's prompts, served from the prefix cache.
+            assert run["num_cached_tokens"] > 0
+            if row["mode"] == "plain":
+                assert run["acceptance_length"] is None and "draft_steps" not in run
+                assert "spec_extend" not in run
+                continue
+            assert 1.0 <= run["acceptance_length"] <= K + 1
+            assert run["draft_steps"] > 0 and run["draft_step_ms_median"] > 0
+            if row["mode"] == "spec_extend":
+                stats = run["spec_extend"]
+                assert stats["view_rows"] > 0 and stats["retrievals"] > 0
+                assert stats["draft_context_tokens"] < stats["full_context_tokens"]
+                assert run["scoring_share_of_decode"] >= 0
+                assert run["prepare_view_cpu_ms_median"] > 0
+            else:
+                assert "spec_extend" not in run
+
+
+def test_greedy_outputs_equal_across_modes(decode_run):
+    _, result = decode_run
+    digests: dict = {}
+    for row in result["results"]:
+        for run in row.get("runs", []):
+            digests.setdefault((row["context"], row["batch"]), set()).add(
+                run["output_sha256"])
+    assert len(digests) == len(CONTEXTS) * len(BATCHES)
+    assert all(len(d) == 1 for d in digests.values()), digests
+
+
+def test_eagle3_head_shorter_than_the_context(tiny_target, tiny_short_eagle3,
+                                              tmp_path):
+    """The 256-position EAGLE-3 head on 1024-token prompts: vLLM alone never
+    runs it; SpecExtend drafts through compacted views; both lossless."""
+    out = tmp_path / "decode.json"
+    proc = bench(out, "--target-config", tiny_target,
+                 "--draft-config", tiny_short_eagle3, "--method", "eagle3",
+                 "--modes", "draft_model", "spec_extend",
+                 "--spec-extend", json.dumps(EAGLE_SPEC_EXTEND),
+                 "--contexts", "1024", "--batch-sizes", "1", "--runs", "1",
+                 "--output-len", "16", "--num-spec-tokens", "3", "--draft-timing")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(out.read_text())
-    alone, extend = result["results"]
+    alone, extend = (r["runs"][0] for r in result["results"])
 
-    assert result["meta"]["config"]["method"] == "eagle3"
-    assert (alone["mode"], extend["mode"]) == ("eagle3", "spec_extend")
-    assert alone["method"] == extend["method"] == "eagle3"
-    assert alone["output_sha256"] == extend["output_sha256"]  # both lossless
+    assert [r["mode"] for r in result["results"]] == ["eagle3", "spec_extend"]
+    assert all(r["method"] == "eagle3" for r in result["results"])
+    assert all(e["env_set"]["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+               for e in result["engines"])
+    assert alone["output_sha256"] == extend["output_sha256"]
     # Past the head's positions vLLM alone never runs it: its token-0
     # placeholders are verified and rejected.
     assert alone["draft_steps"] == 0 and alone["acceptance_length"] == 1.0
-    # SpecExtend drafts, through compacted views.
     assert extend["draft_steps"] > 0 and extend["spec_extend"]["view_rows"] > 0
     assert extend["spec_extend"]["compactions"] > 0

@@ -1,4 +1,5 @@
-"""benchmarks/summarize_decode.py and plot_decode.py on bench_decode result files."""
+"""benchmarks.summarize_decode and plot_decode on bench_decode result files
+(older files: one run per row; newer: runs per cell, engines, skipped cells)."""
 
 from __future__ import annotations
 
@@ -53,4 +54,48 @@ def test_plot_overlays_runs(tmp_path):
         files[-1].write_text(json.dumps(result(tp=2, timed=False, scale=scale)))
     out = tmp_path / "decode.png"
     plot_decode.plot(files, out)
+    assert out.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def new_result() -> dict:
+    def cell(mode, context, batch, tok_s, **extra):
+        runs = [{"decode_tok_s": t, "draft_step_ms_median": 2.0, "draft_steps": 9,
+                 **extra} for t in tok_s]
+        return {"mode": mode, "draft": None if mode == "plain" else "d",
+                "context": context, "batch": batch, "runs": runs,
+                "decode_tok_s": {"min": min(tok_s), "median": sorted(tok_s)[1],
+                                 "max": max(tok_s), "n": 3}}
+
+    plugin = {"spec_extend": {"draft_context_tokens": 20, "full_context_tokens": 100},
+              "scoring_share_of_decode": 0.01}
+    rows = [cell("plain", 32768, 1, [100, 90, 110]),
+            cell("draft_model", 32768, 1, [150, 140, 160]),
+            cell("spec_extend", 32768, 1, [200, 180, 210], **plugin),
+            {"mode": "spec_extend", "draft": "d", "context": 65536, "batch": 8,
+             "skipped": "does not fit"}]
+    config = {"method": "draft_model", "acceptance_length": 3.0, "num_spec_tokens": 4,
+              "output_len": 256, "runs": 3, "target_config": "t", "draft_config": ["d"]}
+    meta = {"hardware": {"device": "GPU"}, "vllm": "0.26.0", "torch": "2.11",
+            "date_utc": "d", "config": config}
+    engines = [{"mode": "self_draft", "error": "RuntimeError: not yet"}]
+    return {"meta": meta, "engines": engines, "results": rows}
+
+
+def test_runs_per_cell_skipped_cells_and_failed_engines():
+    text = summarize_decode.table(new_result())
+    assert ("| d | 32K | 1 | 100 (90–110) | 150 (140–160) | 200 (180–210) "
+            "| 2.00 → 2.00 | 20.0% | 1.0% |") in text
+    assert "| d | 64K | 8 | – | – | skipped |" in text
+    assert "3 runs per cell" in text
+    assert "self_draft engine failed: RuntimeError: not yet" in text
+
+
+def test_plot_takes_medians_and_skips_cells(tmp_path):
+    pytest.importorskip("matplotlib")
+    from benchmarks import plot_decode
+
+    path = tmp_path / "new.json"
+    path.write_text(json.dumps(new_result()))
+    out = tmp_path / "decode.png"
+    plot_decode.plot([path], out)
     assert out.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")

@@ -1,16 +1,13 @@
-"""benchmarks/merge_results.py joins one benchmark's per-call result files."""
+"""benchmarks.merge_results: result files of separate device calls as one."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from benchmarks import merge_results
-
-SERVE = (Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "serve"
-         / "20261122T1548Z_h100_8b-1b" / "results.json")
 
 
 def part(key, mode, date):
@@ -34,17 +31,45 @@ def test_refuses_different_benchmarks():
         merge_results.merge([part("runs", "plain", "a"), part("results", "plain", "b")])
 
 
-def test_serve_parts_get_summary(tmp_path):
-    # Split a committed three-server result back into per-call files.
-    result = json.loads(SERVE.read_text())
+def serve_part(mode: str) -> dict:
+    """A bench_serve result of one server: one long-workload cell, 3 runs."""
+    def spread(v):
+        return {"min": v - 1, "median": v, "max": v + 1, "n": 3}
+
+    run = {"output_throughput": 100.0, "server_metrics": {}, "completed": 4,
+           "failed": 0}
+    row = {"workload": "long", "input_len": 16384, "output_len": 1024, "mode": mode,
+           "draft": None if mode == "plain" else "d", "concurrency": 4,
+           "num_prompts": 4, "runs": [run] * 3, "failed_requests": 0,
+           "failed_runs": 0, "acceptance_length": None if mode == "plain" else 3.0,
+           **{key: spread(10.0) for key in (
+               "output_tok_s", "decode_tok_s", "ttft_p50_ms", "ttft_p99_ms",
+               "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms")}}
+    return {"meta": {"bench": "serve", "date_utc": f"2026-12-01T0{len(mode)}",
+                     "command": f"serve {mode}", "vllm": "0.26.0", "torch": "2.11",
+                     "git_commit": "abc", "hardware": {"device": "GPU"},
+                     "config": {"modes": [mode], "target": "t", "draft": "d",
+                                "acceptance_length": 3.0, "datasets": ["pg19"],
+                                "num_spec_tokens": 4, "runs": 3}},
+            "servers": [{"mode": mode, "command": "vllm serve t", "startup_s": 90.0,
+                         "async_scheduling": mode == "plain", "forced_stop": [],
+                         "log_errors": []}],
+            "results": [row]}
+
+
+def test_serve_parts_get_summary_and_plots(tmp_path):
     files = []
     for mode in ("plain", "spec_extend"):
-        meta = dict(result["meta"], config=dict(result["meta"]["config"], modes=[mode]))
         files.append(tmp_path / f"{mode}.json")
-        files[-1].write_text(json.dumps(
-            {"meta": meta, "runs": [r for r in result["runs"] if r["mode"] == mode]}))
+        files[-1].write_text(json.dumps(serve_part(mode)))
     out = tmp_path / "merged" / "results.json"
     assert merge_results.main([str(out), *map(str, files)]) == 0
+    merged = json.loads(out.read_text())
+    assert [s["mode"] for s in merged["servers"]] == ["plain", "spec_extend"]
     summary = (out.parent / "summary.md").read_text()
-    assert summary.count("| plain |") == 3 and summary.count("| spec_extend |") == 3
-    assert "| draft_model |" not in summary
+    assert "### long: 16384-token inputs, 1024 output tokens" in summary
+    assert summary.count("| plain | 4 |") == 1 and summary.count("| spec_extend |") == 2
+    assert "| plain | 90 | True | yes |" in summary
+    if importlib.util.find_spec("matplotlib"):
+        png = out.parent / "serve_long_16384.png"
+        assert png.read_bytes().startswith(b"\x89PNG")

@@ -1,0 +1,56 @@
+"""The figures both speed benchmarks report, computed one way.
+
+Decode throughput: output tokens after each request's first token, over the
+time during which at least one request was past its first token (the union of
+the requests' [first token, last token] intervals). For one request that is
+``(n - 1) / (last - first)``; for a batch or a serving run it leaves out the
+time when every request waited for its prefill.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+
+
+def spread(values: Sequence[float]) -> dict:
+    """{"min", "median", "max", "n"} of the runs' figures."""
+    values = list(values)
+    if not values:
+        return {"min": None, "median": None, "max": None, "n": 0}
+    return {"min": min(values), "median": statistics.median(values),
+            "max": max(values), "n": len(values)}
+
+
+def covered_seconds(intervals: Iterable[tuple[float, float]]) -> float:
+    """Length of the union of [start, end] intervals."""
+    total, end = 0.0, None
+    for start, stop in sorted(intervals):
+        if end is None or start > end:
+            total += stop - start
+            end = stop
+        elif stop > end:
+            total += stop - end
+            end = stop
+    return total
+
+
+def decode_throughput(requests: Iterable[tuple[float, float, int]]) -> dict:
+    """From (first token time, last token time, output tokens) per request:
+    {"decode_s", "decode_tokens", "decode_tok_s"} (tok/s None without time)."""
+    requests = list(requests)
+    seconds = covered_seconds((first, last) for first, last, _ in requests)
+    tokens = sum(max(0, n - 1) for _, _, n in requests)
+    return {"decode_s": seconds, "decode_tokens": tokens,
+            "decode_tok_s": tokens / seconds if seconds > 0 else None}
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0-100), linear between ranks (numpy's default)."""
+    values = sorted(values)
+    if not values:
+        return None
+    rank = (len(values) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (rank - low)

@@ -1,0 +1,260 @@
+"""``benchmarks/results/summary.json`` from the committed result files, and the
+headline tables rendered from it. Never edit either by hand: run this.
+
+    python -m benchmarks.summarize                 # write summary.json
+    python -m benchmarks.summarize --write README.md benchmarks/results/README.md
+    python -m benchmarks.summarize --check README.md benchmarks/results/README.md
+
+summary.json is a list of rows, one per (result file, mode, draft, context,
+batch or concurrency): ``{"bench": "decode"|"serve", "device", "mode",
+"draft", "context", "batch"|"concurrency", "tok_s": [one figure per run],
+"file"}``, plus ``"workload"`` (serve), ``"synthetic_acceptance"`` (the
+synthetic acceptance length, None for real rejection sampling) and
+``"date_utc"``. Decode ``tok_s`` is decode tok/s, serve ``tok_s`` output tok/s;
+``context`` is the prompt length. Files under ``results/archive/`` (superseded
+runs) are left out.
+
+``--write`` replaces what lies between ``<!-- summary:start -->`` and
+``<!-- summary:end -->`` in each file with the headline tables: for every cell
+the newest file's runs, median (min–max), linked to that file; only runs at a
+synthetic acceptance (speed runs; real-acceptance runs check correctness).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+from benchmarks.harness.meta import device
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SUMMARY = RESULTS / "summary.json"
+START, END = "<!-- summary:start -->", "<!-- summary:end -->"
+MODE_ORDER = ("plain", "draft_model", "eagle", "eagle3", "spec_extend", "self_draft")
+PLUGIN_MODES = ("spec_extend", "self_draft")
+
+
+# --------------------------------------------------------------------------- #
+# summary.json
+# --------------------------------------------------------------------------- #
+def _synthetic(config: dict) -> float | None:
+    value = config.get("acceptance_length") or 0
+    return value if value > 0 else None
+
+
+def decode_rows(result: dict, file: str) -> list[dict]:
+    meta = result["meta"]
+    rows = []
+    for r in result["results"]:
+        if "skipped" in r:
+            continue
+        runs = r.get("runs")
+        tok_s = [run["decode_tok_s"] for run in runs] if runs else [r["decode_tok_s"]]
+        rows.append({"bench": "decode", "device": device(meta), "mode": r["mode"],
+                     "draft": r["draft"], "context": r["context"], "batch": r["batch"],
+                     "tok_s": tok_s, "file": file,
+                     "synthetic_acceptance": _synthetic(meta["config"]),
+                     "date_utc": meta["date_utc"]})
+    return rows
+
+
+def serve_rows(result: dict, file: str) -> list[dict]:
+    meta, cfg = result["meta"], result["meta"]["config"]
+    rows = []
+    if "results" in result:  # one row per (workload, mode, concurrency)
+        for r in result["results"]:
+            tok_s = [run["output_throughput"] for run in r.get("runs", [])
+                     if "error" not in run]
+            if not tok_s:
+                continue
+            rows.append({"bench": "serve", "device": device(meta), "mode": r["mode"],
+                         "draft": r["draft"], "workload": r["workload"],
+                         "context": r["input_len"], "concurrency": r["concurrency"],
+                         "tok_s": tok_s,
+                         "file": file, "synthetic_acceptance": _synthetic(cfg),
+                         "date_utc": meta["date_utc"]})
+        return rows
+    # Older files: one run per row, one workload (short outputs) per file.
+    for r in result["runs"]:
+        if "error" in r:
+            continue
+        speculative = r["mode"] != "plain" and cfg["draft"]
+        draft = Path(cfg["draft"]).name if speculative else None
+        rows.append({"bench": "serve", "device": device(meta), "mode": r["mode"],
+                     "draft": draft, "workload": "short", "context": cfg["input_len"],
+                     "concurrency": r["concurrency"],
+                     "tok_s": [r["output_throughput"]], "file": file,
+                     "synthetic_acceptance": _synthetic(cfg),
+                     "date_utc": meta["date_utc"]})
+    return rows
+
+
+def kind(result: dict) -> str | None:
+    """"decode", "serve", or None for other result files."""
+    if not isinstance(result, dict) or "meta" not in result:
+        return None
+    bench = result["meta"].get("bench")
+    if bench in ("decode", "serve"):
+        return bench
+    rows = result.get("results")
+    if rows and isinstance(rows, list) and "decode_tok_s" in rows[0]:
+        return "decode"
+    runs = result.get("runs")
+    if runs and isinstance(runs, list) and "concurrency" in runs[0]:
+        return "serve"
+    return None
+
+
+def summarize(results_dir: Path | None = None) -> list[dict]:
+    results_dir = results_dir or RESULTS
+    rows = []
+    for path in sorted(results_dir.rglob("*.json")):
+        rel = path.relative_to(results_dir)
+        if rel.parts[0] == "archive" or path == results_dir / SUMMARY.name:
+            continue
+        result = json.loads(path.read_text())
+        bench = kind(result)
+        if bench == "decode":
+            rows += decode_rows(result, rel.as_posix())
+        elif bench == "serve":
+            rows += serve_rows(result, rel.as_posix())
+    return rows
+
+
+def dumps(rows: list[dict]) -> str:
+    return json.dumps(rows, indent=1, ensure_ascii=False) + "\n"
+
+
+# --------------------------------------------------------------------------- #
+# headline tables
+# --------------------------------------------------------------------------- #
+def _newest(rows: list[dict], key) -> dict:
+    """Per key, the row of the newest file (stamped names sort by time)."""
+    out: dict = {}
+    for r in sorted(rows, key=lambda r: (Path(r["file"]).name, r["file"])):
+        out[key(r)] = r
+    return out
+
+
+def _cell(row: dict | None, link_base: Path | None) -> str:
+    if row is None:
+        return "–"
+    values = row["tok_s"]
+    text = f"{statistics.median(values):.0f}"
+    text += (f" ({min(values):.0f}–{max(values):.0f})" if len(values) > 1
+             else " (1 run)")
+    if link_base is None:
+        return text
+    return f"[{text}]({os.path.relpath(RESULTS / row['file'], link_base)})"
+
+
+def _ratio(a: dict | None, b: dict | None) -> str:
+    if a is None or b is None:
+        return "–"
+    return f"{statistics.median(a['tok_s']) / statistics.median(b['tok_s']):.2f}"
+
+
+def _table(rows: list[dict], key_cols: list[str], x: str, link_base: Path | None,
+           caption: str) -> str:
+    """Rows keyed by ``key_cols`` + draft + ``x``; a column per mode; plain rows
+    (no draft) serve every draft of their key; the last column: SpecExtend over
+    vLLM's own speculation."""
+    newest = _newest(rows, lambda r: (*[r.get(c) for c in key_cols], r["draft"],
+                                      r[x], r["mode"]))
+    modes = [m for m in MODE_ORDER if any(r["mode"] == m for r in newest.values())]
+    vllm_spec = [m for m in modes if m not in ("plain", *PLUGIN_MODES)]
+    lines_keys = sorted({(*k[:-1],) for k, r in newest.items() if r["mode"] != "plain"},
+                        key=lambda k: tuple((v is None, v) for v in k))
+    head = [*key_cols, "draft", x, *modes,
+            "spec_extend / " + (" or ".join(vllm_spec) or "draft_model")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for k in lines_keys:
+        *keys, draft, xv = k
+        cells = {m: newest.get((*keys, draft, xv, m)) for m in modes}
+        # Plain from the file of the row's speculative cells where it has one.
+        files = {c["file"] for c in cells.values() if c}
+        cells["plain"] = next(
+            (r for r in rows if r["mode"] == "plain" and r["file"] in files
+             and (*[r.get(c) for c in key_cols], r[x]) == (*keys, xv)),
+            newest.get((*keys, None, xv, "plain")))
+        base = next((cells[m] for m in vllm_spec if cells.get(m)), None)
+        lines.append("| " + " | ".join(
+            [*map(_fmt, keys), draft, str(xv), *(_cell(cells.get(m), link_base)
+                                                  for m in modes),
+             _ratio(cells.get("spec_extend"), base)]) + " |")
+    return "\n".join([caption, "", *lines])
+
+
+def _fmt(value) -> str:
+    if isinstance(value, int) and value >= 1024 and value % 1024 == 0:
+        return f"{value // 1024}K"
+    return str(value)
+
+
+def render(rows: list[dict], link_base: Path | None = None) -> str:
+    """The headline tables (markdown), links relative to ``link_base``."""
+    speed = [r for r in rows if r["synthetic_acceptance"]]
+    parts = []
+    for bench, x, key_cols, what in (
+        ("decode", "batch", ["device", "context"],
+         "decode tok/s after the first token"),
+        ("serve", "concurrency", ["device", "workload", "context"], "output tok/s"),
+    ):
+        mine = [r for r in speed if r["bench"] == bench]
+        if not mine:
+            continue
+        acceptance = sorted({r["synthetic_acceptance"] for r in mine})
+        caption = (f"**{bench}**: {what}, median (min–max) over the runs of the "
+                   f"newest result file per cell (linked); synthetic acceptance "
+                   f"length {', '.join(map(str, acceptance))}. Generated by "
+                   "`python -m benchmarks.summarize` from `summary.json`.")
+        parts.append(_table(mine, key_cols, x, link_base, caption))
+    return "\n\n".join(parts) + "\n"
+
+
+def replace_region(text: str, table: str, name: str = "file") -> str:
+    """``text`` with the part between the markers replaced by ``table``."""
+    if START not in text or END not in text:
+        raise ValueError(f"{name} has no {START} ... {END} region: add the two "
+                         "markers where the headline tables go")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{table}{END}{tail}"
+
+
+def rendered(path: Path, rows: list[dict]) -> str:
+    path = Path(path)
+    return replace_region(path.read_text(), render(rows, path.resolve().parent),
+                          str(path))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--write", nargs="*", type=Path, default=[], metavar="MD",
+                   help="also rewrite the marked region of these files")
+    p.add_argument("--check", nargs="*", type=Path, metavar="MD",
+                   help="write nothing; fail if summary.json or these files' "
+                   "regions differ from a fresh generation")
+    args = p.parse_args(argv)
+    rows = summarize()
+    if args.check is not None:
+        stale = [str(SUMMARY)] if SUMMARY.read_text() != dumps(rows) else []
+        stale += [str(f) for f in args.check if rendered(f, rows) != f.read_text()]
+        if stale:
+            print("out of date (run python -m benchmarks.summarize --write ...): "  # noqa: T201
+                  + ", ".join(stale), file=sys.stderr)
+            return 1
+        return 0
+    SUMMARY.write_text(dumps(rows))
+    for f in args.write:
+        f.write_text(rendered(f, rows))
+    print(f"{SUMMARY}: {len(rows)} rows")  # noqa: T201
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

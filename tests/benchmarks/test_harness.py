@@ -1,0 +1,66 @@
+"""The benchmark harness's pure parts: the figures (``measure``), how each mode
+differs from plain decoding (``modes``) and the device a result names
+(``meta``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.harness import measure, modes
+from benchmarks.harness.meta import device
+
+
+def test_spread():
+    assert measure.spread([3.0, 1.0, 2.0]) == {"min": 1.0, "median": 2.0, "max": 3.0,
+                                               "n": 3}
+    assert measure.spread([]) == {"min": None, "median": None, "max": None, "n": 0}
+
+
+def test_covered_seconds_counts_overlaps_once():
+    assert measure.covered_seconds([(0, 2), (1, 3), (5, 6), (5.5, 5.8)]) == 4
+    assert measure.covered_seconds([]) == 0
+
+
+def test_decode_throughput_leaves_out_first_tokens_and_waits():
+    # Request b decodes from 3 to 4 while a has finished: 1 s of waiting for
+    # b's first token (2 to 3) is not decode time.
+    out = measure.decode_throughput([(0.0, 2.0, 5), (3.0, 4.0, 3)])
+    assert out == {"decode_s": 3.0, "decode_tokens": 6, "decode_tok_s": 2.0}
+    assert measure.decode_throughput([(1.0, 1.0, 1)])["decode_tok_s"] is None
+
+
+def test_percentile_interpolates_like_numpy():
+    values = [1.0, 2.0, 3.0, 4.0]
+    assert measure.percentile(values, 50) == 2.5
+    assert measure.percentile(values, 99) == pytest.approx(3.97)
+    assert measure.percentile([], 50) is None
+
+
+def test_each_mode_adds_only_its_settings():
+    spec = modes.Speculation(draft="D", num_spec_tokens=3, acceptance_length=2.5,
+                             spec_extend={"top_k": 8})
+    assert modes.engine_settings("plain", spec) == {}
+    speculative = {"method": "draft_model", "model": "D", "num_speculative_tokens": 3,
+                   "rejection_sample_method": "synthetic",
+                   "synthetic_acceptance_length": 2.5}
+    assert modes.engine_settings("draft_model", spec) == {
+        "speculative_config": speculative}
+    assert modes.engine_settings("spec_extend", spec) == {
+        "speculative_config": speculative,
+        "additional_config": {"spec_extend": {"top_k": 8}}}
+    assert modes.engine_settings("self_draft", spec) == {
+        "additional_config": {"spec_extend": {"top_k": 8, "self_draft": True}}}
+    assert modes.serve_flags(modes.engine_settings("spec_extend", spec))[2:] == [
+        "--spec-extend", '{"top_k": 8}']
+    assert modes.label("draft_model", modes.Speculation(method="eagle3")) == "eagle3"
+    with pytest.raises(ValueError, match="needs a draft model"):
+        modes.engine_settings("draft_model", modes.Speculation())
+
+
+def test_device_reads_every_metadata_block():
+    assert device({"hardware": {"device": "H100"}, "config": {}}) == "H100"
+    assert device({"gpu": "NVIDIA H200",
+                   "config": {"tensor_parallel_size": 2}}) == "NVIDIA H200 ×2 (TP=2)"
+    assert device({"hardware": {"gpus": ["NVIDIA H100 80GB HBM3, 81559 MiB, 580"],
+                                "cpu": "x"}, "config": {}}) == "NVIDIA H100 80GB HBM3"
+    assert device({"gpu": "cpu", "config": {}}) == "CPU"

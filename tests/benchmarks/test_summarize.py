@@ -1,0 +1,122 @@
+"""benchmarks/results/summary.json and the headline tables come from the result
+files (``python -m benchmarks.summarize``), never from a hand edit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import summarize
+
+RESULTS_README = summarize.RESULTS / "README.md"
+
+
+def test_committed_summary_is_a_fresh_generation():
+    assert summarize.SUMMARY.read_text() == summarize.dumps(summarize.summarize()), (
+        "benchmarks/results/summary.json is stale or edited by hand: run "
+        "python -m benchmarks.summarize --write benchmarks/results/README.md")
+
+
+def test_results_readme_table_is_a_fresh_generation():
+    rows = json.loads(summarize.SUMMARY.read_text())
+    assert summarize.rendered(RESULTS_README, rows) == RESULTS_README.read_text()
+
+
+def _decode(date, rows, acceptance=3.0):
+    return {"meta": {"bench": "decode", "date_utc": date, "hardware": {"device": "GPU"},
+                     "config": {"acceptance_length": acceptance}},
+            "engines": [], "results": rows}
+
+
+def _decode_row(mode, tok_s, draft="d", context=32768, batch=1):
+    return {"mode": mode, "draft": None if mode == "plain" else draft,
+            "context": context, "batch": batch,
+            "runs": [{"decode_tok_s": t} for t in tok_s]}
+
+
+def _serve(rows):
+    return {"meta": {"bench": "serve", "date_utc": "d", "hardware": {"device": "GPU"},
+                     "config": {"acceptance_length": 3.0}},
+            "servers": [], "results": rows}
+
+
+def _serve_row(mode, tok_s):
+    return {"workload": "long", "input_len": 16384, "mode": mode,
+            "draft": None if mode == "plain" else "d", "concurrency": 4,
+            "runs": [{"output_throughput": t} for t in tok_s] + [{"error": "x"}]}
+
+
+@pytest.fixture
+def results(tmp_path, monkeypatch):
+    (tmp_path / "decode").mkdir()
+    (tmp_path / "archive").mkdir()
+    (tmp_path / "serve" / "20261201T0000Z").mkdir(parents=True)
+    old = _decode("a", [_decode_row("spec_extend", [50.0, 60.0, 70.0])])
+    new = _decode("b", [_decode_row("plain", [100.0, 90.0, 110.0]),
+                        _decode_row("draft_model", [150.0, 140.0, 160.0]),
+                        _decode_row("spec_extend", [200.0, 180.0, 210.0]),
+                        {**_decode_row("spec_extend", []), "batch": 8,
+                         "skipped": "does not fit"}])
+    (tmp_path / "decode" / "20261201T0000Z_x.json").write_text(json.dumps(old))
+    (tmp_path / "decode" / "20261202T0000Z_x.json").write_text(json.dumps(new))
+    (tmp_path / "decode" / "real.json").write_text(json.dumps(
+        _decode("c", [_decode_row("plain", [1.0])], acceptance=0)))
+    (tmp_path / "archive" / "20261203T0000Z_x.json").write_text(json.dumps(new))
+    (tmp_path / "serve" / "20261201T0000Z" / "results.json").write_text(json.dumps(
+        _serve([_serve_row("plain", [10.0, 12.0, 11.0]),
+                _serve_row("spec_extend", [15.0, 16.0, 14.0])])))
+    (tmp_path / "other.json").write_text(json.dumps({"meta": {}, "rows": []}))
+    monkeypatch.setattr(summarize, "RESULTS", tmp_path)
+    return tmp_path
+
+
+def test_rows_carry_every_run(results):
+    rows = summarize.summarize(results)
+    assert {r["file"] for r in rows} == {
+        "decode/20261201T0000Z_x.json", "decode/20261202T0000Z_x.json",
+        "decode/real.json", "serve/20261201T0000Z/results.json"}
+    new = [r for r in rows if r["file"] == "decode/20261202T0000Z_x.json"]
+    assert [(r["mode"], r["tok_s"]) for r in new] == [
+        ("plain", [100.0, 90.0, 110.0]), ("draft_model", [150.0, 140.0, 160.0]),
+        ("spec_extend", [200.0, 180.0, 210.0])]  # skipped cells left out
+    assert new[0] == {"bench": "decode", "device": "GPU", "mode": "plain",
+                      "draft": None, "context": 32768, "batch": 1,
+                      "tok_s": [100.0, 90.0, 110.0],
+                      "file": "decode/20261202T0000Z_x.json",
+                      "synthetic_acceptance": 3.0, "date_utc": "b"}
+    serve = [r for r in rows if r["bench"] == "serve"]
+    assert [(r["mode"], r["workload"], r["context"], r["concurrency"], r["tok_s"])
+            for r in serve] == [("plain", "long", 16384, 4, [10.0, 12.0, 11.0]),
+                                ("spec_extend", "long", 16384, 4, [15.0, 16.0, 14.0])]
+
+
+def test_headline_takes_the_newest_file_and_links_it(results):
+    text = summarize.render(summarize.summarize(results), results / "docs")
+    link = "../decode/20261202T0000Z_x.json"
+    assert (f"| GPU | 32K | d | 1 | [100 (90–110)]({link}) | [150 (140–160)]({link}) "
+            f"| [200 (180–210)]({link}) | 1.33 |") in text
+    assert "real.json" not in text, "real-acceptance runs are no speed runs"
+    serve = next(ln for ln in text.splitlines() if ln.startswith("| GPU | long |"))
+    assert serve.startswith("| GPU | long | 16K | d | 4 | [11 (10–12)](")
+    assert serve.endswith("| – |"), "no draft_model column to compare with"
+
+
+def test_region_between_the_markers_is_replaced():
+    text = f"intro\n{summarize.START}\nold\n{summarize.END}\nrest\n"
+    assert summarize.replace_region(text, "new\n") == (
+        f"intro\n{summarize.START}\nnew\n{summarize.END}\nrest\n")
+    with pytest.raises(ValueError, match="add the two markers"):
+        summarize.replace_region("no markers", "new\n", "README.md")
+
+
+def test_check_fails_on_a_stale_file(results, tmp_path, monkeypatch):
+    monkeypatch.setattr(summarize, "SUMMARY", results / "summary.json")
+    md = tmp_path / "page.md"
+    md.write_text(f"{summarize.START}\n{summarize.END}\n")
+    assert summarize.main(["--write", str(md)]) == 0
+    assert summarize.main(["--check", str(md)]) == 0
+    md.write_text(md.read_text().replace("200 (180–210)", "250 (180–210)"))
+    assert summarize.main(["--check", str(md)]) == 1
+    assert Path(summarize.SUMMARY).is_file()
