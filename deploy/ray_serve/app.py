@@ -1,32 +1,29 @@
 """Ray Serve LLM application: vLLM draft-model speculative decoding + SpecExtend.
 
-Untested here: Ray is not installed on this project's CI machine. The module is
-import-safe without Ray (``ray`` is imported inside :func:`build_app`), and
-``tests/unit/test_deploy.py`` checks the engine settings built by
-:func:`llm_config_kwargs`. Written against the ``ray.serve.llm`` API of Ray 2.x
-(``LLMConfig`` + ``build_openai_app``) with vLLM 0.26.
+Built on ``ray.serve.llm`` (``LLMConfig`` + ``build_openai_app``) of Ray 2.58.1,
+the release whose ``ray[llm]`` extra pins ``vllm==0.26.0``. The module imports
+without Ray (``ray`` is imported inside :func:`build_app`), so
+:func:`llm_config_kwargs` is unit-tested anywhere; ``tests/deploy/test_ray_serve.py``
+runs the app for real on CPU (``deploy/README.md``).
 
 Every Ray worker that hosts a replica needs ``vllm==0.26.0`` and this plugin
-installed (for example the ``docker/Dockerfile`` image with Ray added, or a
-``runtime_env`` with ``pip: ["vllm-specextend"]``). vLLM loads the plugin through
-its ``vllm.general_plugins`` entry point; because ``additional_config`` has a
-``spec_extend`` key, the plugin validates it and swaps in its worker.
+installed (the ``docker/Dockerfile`` image with ``ray[serve]==2.58.1`` added, or
+a ``runtime_env``). vLLM loads the plugin through its ``vllm.general_plugins``
+entry point; because ``additional_config`` has a ``spec_extend`` key, the plugin
+validates it and swaps in its worker, as with ``vllm serve --spec-extend``.
 
-Usage, from the repository root::
+Usage, from the repository root (``deploy/`` must be importable on the cluster)::
 
-    serve run deploy.ray_serve.app:app_builder
+    serve run deploy/ray_serve/config.yaml
     serve run deploy.ray_serve.app:app_builder \\
         target=meta-llama/Llama-3.1-8B-Instruct \\
         draft=meta-llama/Llama-3.2-1B-Instruct \\
         spec_extend='{"top_k": 32, "retrieve_every": 4}' replicas=2
 
-``serve run MODULE:FUNCTION key=value ...`` calls an application builder with a
-dict of the ``key=value`` arguments (all strings). The app serves the OpenAI API
-on port 8000 (``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``);
-the model id is ``model_id`` (default: the target's name).
-
-``python deploy/ray_serve/app.py`` builds the app with the defaults and runs it
-with ``serve.run`` (blocking).
+``serve run MODULE:FUNCTION key=value ...`` calls the application builder with
+a dict of strings; a config file's ``args`` may also hold mappings and numbers.
+The app serves the OpenAI API (``/v1/chat/completions``, ``/v1/completions``,
+``/v1/models``); the model id is ``model_id`` (default: the target's name).
 """
 
 from __future__ import annotations
@@ -39,6 +36,23 @@ DEFAULT_DRAFT = "meta-llama/Llama-3.2-1B-Instruct"
 DEFAULT_SPEC_EXTEND: dict[str, Any] = {"top_k": 32, "retrieve_every": 4}
 DEFAULT_REPLICAS = 2
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
+# "gpu" is Ray Serve LLM's default placement (one GPU per engine); "cpu" asks
+# for CPU bundles only and vLLM's "mp" executor (vLLM's CPU build).
+ACCELERATORS = ("gpu", "cpu")
+
+
+def _mapping(name: str, value: dict[str, Any] | str | None) -> dict[str, Any]:
+    """A dict argument given as a dict (config file) or JSON text (``k=v``)."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError as e:
+            raise ValueError(f"{name} must be a JSON object, got {value!r}: {e}") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a JSON object, got {value!r}")
+    return value
 
 
 def _validate_spec_extend(spec_extend: dict[str, Any]) -> None:
@@ -54,19 +68,27 @@ def llm_config_kwargs(
     target: str = DEFAULT_TARGET,
     draft: str = DEFAULT_DRAFT,
     spec_extend: dict[str, Any] | str | None = None,
-    replicas: int = DEFAULT_REPLICAS,
-    num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
+    replicas: int | str = DEFAULT_REPLICAS,
+    num_speculative_tokens: int | str = DEFAULT_NUM_SPECULATIVE_TOKENS,
     model_id: str | None = None,
-    max_model_len: int | None = None,
+    max_model_len: int | str | None = None,
+    engine_kwargs: dict[str, Any] | str | None = None,
+    accelerator: str = "gpu",
 ) -> dict[str, Any]:
-    """Keyword arguments for ``ray.serve.llm.LLMConfig``. Pure: no Ray needed."""
-    if spec_extend is None:
-        spec_extend = dict(DEFAULT_SPEC_EXTEND)
-    elif isinstance(spec_extend, str):
-        spec_extend = json.loads(spec_extend) if spec_extend.strip() else {}
+    """Keyword arguments for ``ray.serve.llm.LLMConfig``. Pure: no Ray needed.
+
+    ``target`` and ``draft`` are Hugging Face ids or local checkpoint paths.
+    ``engine_kwargs`` adds vLLM engine arguments (``dtype``, ``block_size``,
+    ``kv_cache_memory_bytes``, ``enforce_eager``, ...) to the ones set here.
+    """
+    spec_extend = (dict(DEFAULT_SPEC_EXTEND) if spec_extend is None
+                   else _mapping("spec_extend", spec_extend))
     _validate_spec_extend(spec_extend)
+    if accelerator not in ACCELERATORS:
+        raise ValueError(
+            f"accelerator must be one of {ACCELERATORS}, got {accelerator!r}")
     replicas = int(replicas)
-    engine_kwargs: dict[str, Any] = {
+    engine: dict[str, Any] = {
         "speculative_config": {
             "method": "draft_model",
             "model": draft,
@@ -78,13 +100,21 @@ def llm_config_kwargs(
         "pipeline_parallel_size": 1,
     }
     if max_model_len is not None:
-        engine_kwargs["max_model_len"] = int(max_model_len)
-    return {
+        engine["max_model_len"] = int(max_model_len)
+    extra = _mapping("engine_kwargs", engine_kwargs)
+    owned = sorted(set(extra) & {*engine, "max_model_len"})
+    if owned:
+        raise ValueError(
+            f"engine_kwargs must not set {owned}: pass draft, spec_extend, "
+            "num_speculative_tokens or max_model_len to the builder instead"
+        )
+    engine.update(extra)
+    kwargs: dict[str, Any] = {
         "model_loading_config": {
             "model_id": model_id or target,
             "model_source": target,
         },
-        "engine_kwargs": engine_kwargs,
+        "engine_kwargs": engine,
         "deployment_config": {
             "autoscaling_config": {
                 "min_replicas": replicas,
@@ -93,21 +123,24 @@ def llm_config_kwargs(
             },
         },
     }
+    if accelerator == "cpu":
+        kwargs["accelerator_config"] = {"kind": "cpu"}
+    return kwargs
 
 
 def build_app(**kwargs: Any):
-    """The Ray Serve application (needs ``ray[serve,llm]``)."""
+    """The Ray Serve application (needs ``ray[serve]`` and vLLM)."""
     from ray.serve.llm import LLMConfig, build_openai_app
 
     llm_config = LLMConfig(**llm_config_kwargs(**kwargs))
     return build_openai_app({"llm_configs": [llm_config]})
 
 
-def app_builder(args: dict[str, str] | None = None):
-    """Application builder for ``serve run deploy.ray_serve.app:app_builder k=v``.
+def app_builder(args: dict[str, Any] | None = None):
+    """Application builder for ``serve run`` (import path or config file).
 
     Keys: target, draft, spec_extend (JSON), replicas, num_speculative_tokens,
-    model_id, max_model_len.
+    model_id, max_model_len, engine_kwargs (JSON), accelerator (gpu or cpu).
     """
     return build_app(**dict(args or {}))
 
@@ -115,5 +148,4 @@ def app_builder(args: dict[str, str] | None = None):
 if __name__ == "__main__":
     from ray import serve
 
-    app = build_app()
-    serve.run(app, blocking=True)
+    serve.run(build_app(), blocking=True)

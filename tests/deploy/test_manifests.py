@@ -1,0 +1,235 @@
+"""deploy/k8s/ and docker/compose.yaml: real schemas, then what the plugin needs.
+
+The Kubernetes manifests are validated, strictly (unknown fields are errors),
+against Kubernetes' own OpenAPI schemas for ``K8S_VERSION`` as shipped by
+``kubernetes-validate``. The checks after that are ones a schema cannot
+express: probes on /health, the GPU limit, the scrape annotations, the Service
+selecting the pod, the ``--spec-extend`` JSON accepted by ``SpecExtendConfig``.
+Nothing is applied to a cluster or started here.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vllm_specextend.config import SpecExtendConfig
+
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "deploy" / "k8s"
+DOCKER = REPO / "docker"
+# The oldest minor release the manifests are checked against; they use only
+# stable APIs (apps/v1, v1), so later releases accept them too.
+K8S_VERSION = "1.35"
+
+YAML_FILES = sorted([*K8S.glob("*.y*ml"), *DOCKER.glob("*.y*ml")])
+K8S_FILES = sorted(K8S.glob("*.y*ml"))
+
+
+def _docs(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def _k8s_objects() -> list[dict]:
+    return [d for p in K8S_FILES for d in _docs(p)]
+
+
+def _one(kind: str) -> dict:
+    found = [o for o in _k8s_objects() if o.get("kind") == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def _validate(obj: dict) -> str:
+    """Kubernetes' schema for the object's kind; returns the version used."""
+    return kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def _container(deployment: dict) -> dict:
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+# --- YAML and the real schemas --------------------------------------------------------
+
+
+def test_yaml_files_present():
+    names = {p.relative_to(REPO).as_posix() for p in YAML_FILES}
+    assert {
+        "deploy/k8s/configmap.yaml",
+        "deploy/k8s/deployment.yaml",
+        "deploy/k8s/service.yaml",
+        "docker/compose.yaml",
+        "docker/prometheus.yml",
+    } <= names
+
+
+@pytest.mark.parametrize(
+    "path", YAML_FILES, ids=lambda p: p.relative_to(REPO).as_posix()
+)
+def test_yaml_parses(path):
+    assert _docs(path), f"{path} has no YAML documents"
+
+
+@pytest.mark.parametrize(
+    "path", K8S_FILES, ids=lambda p: p.relative_to(REPO).as_posix()
+)
+def test_manifest_matches_kubernetes_schema(path):
+    for obj in _docs(path):
+        assert _validate(obj) == K8S_VERSION
+
+
+def test_k8s_kinds():
+    assert sorted(o["kind"] for o in _k8s_objects()) == [
+        "ConfigMap", "Deployment", "Service"]
+
+
+def _set(obj: dict, path: str, value) -> None:
+    """``path`` like ``spec.template.spec.containers.0.name``; ``value`` None
+    deletes the key."""
+    *parents, last = path.split(".")
+    for key in parents:
+        obj = obj[int(key)] if isinstance(obj, list) else obj[key]
+    if value is None:
+        del obj[last]
+    else:
+        obj[int(last) if isinstance(obj, list) else last] = value
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("spec.replicas", "one", "is not of type"),
+    ("spec.template.spec.containers.0.ports.0.containerPort", "8000",
+     "is not of type"),
+    ("spec.template.spec.containers.0.readinessProbe.httpGett", {"path": "/"},
+     "Additional properties are not allowed"),
+    ("spec.template.spec.containers.0.name", None, "'name' is a required property"),
+], ids=["wrong-type", "port-as-string", "unknown-field", "missing-required"])
+def test_schema_rejects_broken_deployment(path, value, message):
+    broken = copy.deepcopy(_one("Deployment"))
+    _set(broken, path, value)
+    with pytest.raises(kubernetes_validate.ValidationError, match=message):
+        _validate(broken)
+
+
+def test_schema_rejects_unknown_kind():
+    obj = {"apiVersion": "v1", "kind": "Deploymnet", "metadata": {"name": "x"}}
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        _validate(obj)
+
+
+# --- what the schemas cannot express ----------------------------------------------
+
+
+@pytest.mark.parametrize("probe", ["readinessProbe", "livenessProbe"])
+def test_probes_hit_health(probe):
+    spec = _container(_one("Deployment"))[probe]
+    assert spec["httpGet"] == {"path": "/health", "port": 8000}
+    # Model download and loading take minutes: an early probe kills the pod.
+    assert spec["initialDelaySeconds"] >= 30
+
+
+def test_deployment():
+    dep = _one("Deployment")
+    assert dep["spec"]["replicas"] == 1
+    pod = dep["spec"]["template"]
+    assert dep["spec"]["selector"]["matchLabels"].items() <= pod["metadata"][
+        "labels"
+    ].items()
+    assert pod["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "8000",
+        "prometheus.io/path": "/metrics",
+    }
+    container = _container(dep)
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert {"name": "http", "containerPort": 8000} in container["ports"]
+    args = container["args"]
+    for flag in ("--speculative-model", "--num-speculative-tokens", "--spec-extend"):
+        assert flag in args
+    assert args[args.index("--spec-extend") + 1] == "$(SPEC_EXTEND)"
+    # $(VAR) in args expands only from the container's own env.
+    env = {e["name"]: e for e in container.get("env", [])}
+    for var in re.findall(r"\$\((\w+)\)", " ".join(args)):
+        assert var in env, f"args use $({var}) but env has no {var}"
+    ref = env["SPEC_EXTEND"]["valueFrom"]["configMapKeyRef"]
+    cm = _one("ConfigMap")
+    assert ref["name"] == cm["metadata"]["name"]
+    assert ref["key"] == "spec-extend.json"
+    for var, e in env.items():
+        cm_ref = e.get("valueFrom", {}).get("configMapKeyRef")
+        if cm_ref:
+            assert cm_ref["key"] in cm["data"], var
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts.get("shm") == "/dev/shm"
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["shm"]["emptyDir"]["medium"] == "Memory"
+    assert "hf-cache" in mounts and "hf-cache" in volumes
+
+
+def test_service_selects_the_pod():
+    svc, dep = _one("Service"), _one("Deployment")
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= labels.items()
+    (port,) = svc["spec"]["ports"]
+    assert port["port"] == 8000
+    container_ports = {p["name"]: p["containerPort"] for p in _container(dep)["ports"]}
+    target = port.get("targetPort", port["port"])
+    assert container_ports.get(target, target) == 8000
+
+
+def test_configmap_spec_extend_is_valid():
+    text = _one("ConfigMap")["data"]["spec-extend.json"]
+    assert json.loads(text)
+    SpecExtendConfig.from_json(text)
+
+
+# --- docker compose -------------------------------------------------------------------
+
+
+def _resolve_compose_default(value: str) -> str:
+    """``${VAR:-default}`` -> default (VAR unset), nested braces allowed."""
+    out, i = [], 0
+    while i < len(value):
+        if value.startswith("${", i):
+            depth, j = 1, i + 2
+            while depth:
+                depth += {"{": 1, "}": -1}.get(value[j], 0)
+                j += 1
+            body = value[i + 2 : j - 1]
+            out.append(body.split(":-", 1)[1] if ":-" in body else "")
+            i = j
+        else:
+            out.append(value[i])
+            i += 1
+    return "".join(out)
+
+
+def test_compose():
+    compose = _docs(DOCKER / "compose.yaml")[0]
+    vllm = compose["services"]["vllm"]
+    cmd = vllm["command"]
+    assert "--spec-extend" in cmd and "--speculative-model" in cmd
+    assert "--num-speculative-tokens" in cmd
+    resolved = [_resolve_compose_default(c) for c in cmd]
+    assert resolved[0] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert resolved[cmd.index("--speculative-model") + 1] == (
+        "meta-llama/Llama-3.2-1B-Instruct"
+    )
+    SpecExtendConfig.from_json(resolved[cmd.index("--spec-extend") + 1])
+    assert vllm["build"]["dockerfile"] == "docker/Dockerfile"
+    devices = vllm["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["driver"] == "nvidia" and devices[0]["count"] == 1
+    assert any(str(p).endswith(":8000") for p in vllm["ports"])
+    assert "/health" in " ".join(vllm["healthcheck"]["test"])
+    assert any("/root/.cache/huggingface" in v for v in vllm["volumes"])
+    prom = compose["services"]["prometheus"]
+    assert any("prometheus.yml" in v for v in prom["volumes"])
+    scrape = _docs(DOCKER / "prometheus.yml")[0]["scrape_configs"][0]
+    assert scrape["metrics_path"] == "/metrics"
+    assert scrape["static_configs"][0]["targets"] == ["vllm:8000"]

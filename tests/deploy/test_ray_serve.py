@@ -1,0 +1,315 @@
+"""deploy/ray_serve/: the app's LLMConfig arguments, and the app run for real.
+
+``test_ray_serve_matches_plain_vllm_serve`` (marker ``ray``, CPU) starts a local
+Ray head (``ray start --head --block``) and ``serve run`` on
+``deploy/ray_serve/config.yaml`` with its args and port replaced: SmolLM2 as
+target and draft, SpecExtend on, one CPU replica. A long greedy chat request
+must return what a plain ``vllm serve`` (no speculation) returns, and the
+plugin's worker snapshot must show retrievals. Then Serve and Ray are stopped
+and no process of either may be left.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vllm_specextend.config import SpecExtendConfig
+from vllm_specextend.metrics import METRICS_DIR_ENV, SnapshotCollector
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import bench_serve  # noqa: E402
+import prompts as prompt_data  # noqa: E402  (tests/, on sys.path via conftest)
+from bench_serve import free_port, tail  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+RAY_APP = REPO / "deploy" / "ray_serve" / "app.py"
+RAY_CONFIG = REPO / "deploy" / "ray_serve" / "config.yaml"
+BIN = Path(sys.executable).parent
+
+SPEC_EXTEND = {"min_context": 256, "top_k": 8, "recent_tokens": 128}
+NUM_SPEC_TOKENS = 4
+MAX_MODEL_LEN = 4096
+# The CPU engine settings of the engine tests; both servers get exactly these.
+ENGINE_KWARGS = {"dtype": "float32", "block_size": 32,
+                 "kv_cache_memory_bytes": 1 << 30, "enforce_eager": True, "seed": 0}
+PROMPT_TOKENS = 1000  # document tokens; the chat template adds a few
+MAX_TOKENS = 48
+STARTUP_S = 600  # Ray head, Serve and the engine on 2 shared cores
+STOP_S = 120
+
+
+def _ray_app():
+    spec = importlib.util.spec_from_file_location("ray_serve_app", RAY_APP)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- the app's arguments (no Ray needed) -------------------------------------------
+
+
+def test_ray_app_imports_ray_lazily():
+    tree = ast.parse(RAY_APP.read_text(), filename=str(RAY_APP))
+    for node in tree.body:  # module level only
+        if isinstance(node, ast.Import):
+            assert not any(a.name.split(".")[0] == "ray" for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert (node.module or "").split(".")[0] != "ray"
+    module = _ray_app()
+    assert callable(module.build_app) and callable(module.app_builder)
+
+
+def test_ray_app_llm_config_kwargs():
+    module = _ray_app()
+    kw = module.llm_config_kwargs()
+    assert set(kw) == {"model_loading_config", "engine_kwargs", "deployment_config"}
+    engine = kw["engine_kwargs"]
+    assert engine["speculative_config"] == {
+        "method": "draft_model",
+        "model": module.DEFAULT_DRAFT,
+        "num_speculative_tokens": 4,
+    }
+    spec_extend = engine["additional_config"]["spec_extend"]
+    SpecExtendConfig.from_dict(spec_extend)
+    auto = kw["deployment_config"]["autoscaling_config"]
+    assert auto["min_replicas"] == auto["max_replicas"] == 2
+    assert kw["model_loading_config"]["model_source"] == module.DEFAULT_TARGET
+    # String arguments, as `serve run ... key=value` passes them.
+    kw = module.llm_config_kwargs(spec_extend='{"top_k": 8}', replicas="3",
+                                  engine_kwargs='{"dtype": "float32"}',
+                                  accelerator="cpu")
+    assert kw["engine_kwargs"]["additional_config"]["spec_extend"] == {"top_k": 8}
+    assert kw["engine_kwargs"]["dtype"] == "float32"
+    assert kw["deployment_config"]["autoscaling_config"]["max_replicas"] == 3
+    assert kw["accelerator_config"] == {"kind": "cpu"}
+    with pytest.raises(ValueError):
+        module.llm_config_kwargs(spec_extend={"no_such_key": 1})
+    with pytest.raises(ValueError, match="accelerator"):
+        module.llm_config_kwargs(accelerator="tpu")
+    with pytest.raises(ValueError, match="must not set"):
+        module.llm_config_kwargs(engine_kwargs={"speculative_config": {}})
+    with pytest.raises(ValueError, match="engine_kwargs must be a JSON object"):
+        module.llm_config_kwargs(engine_kwargs="dtype=float32")
+
+
+def test_ray_config_builds_the_default_app():
+    """The committed config passes Serve's schema and builds the production
+    LLMConfig (GPU placement, 2 replicas)."""
+    schema = pytest.importorskip("ray.serve.schema")
+    config = schema.ServeDeploySchema.model_validate(
+        yaml.safe_load(RAY_CONFIG.read_text()))
+    (app,) = config.applications
+    assert app.import_path == "deploy.ray_serve.app:app_builder"
+    kw = _ray_app().llm_config_kwargs(**app.args)
+    assert "accelerator_config" not in kw
+    assert kw["deployment_config"]["autoscaling_config"]["min_replicas"] == 2
+    llm = pytest.importorskip("ray.serve.llm")
+    config = llm.LLMConfig(**kw)
+    assert config.engine_kwargs["additional_config"] == {
+        "spec_extend": {"top_k": 32, "retrieve_every": 4}}
+
+
+# --- the app, run for real -----------------------------------------------------------
+
+
+def _cli_flags(engine_kwargs: dict) -> list[str]:
+    """``vllm serve`` flags for engine keyword arguments."""
+    flags = []
+    for key, value in engine_kwargs.items():
+        flag = "--" + key.replace("_", "-")
+        flags += [flag] if value is True else [flag, str(value)]
+    return flags
+
+
+def _session_pids(sid: int) -> list[int]:
+    """Live processes of session ``sid`` (Ray's actors get their own process
+    groups, but stay in the session of the ``ray start`` that spawned them)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != sid:
+            with contextlib.suppress(OSError):
+                if os.getsid(int(entry.name)) == sid:
+                    pids.append(int(entry.name))
+    return pids
+
+
+def _stop_session(proc: subprocess.Popen, sig: int, leftovers: list[int]) -> None:
+    """Signal ``proc`` (a session leader), wait, then SIGKILL what is left of its
+    session, by pid, and record those pids in ``leftovers``."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=STOP_S)
+    deadline = time.monotonic() + 10  # children exit right after their parent
+    while (pids := _session_pids(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if proc.poll() is None:
+        pids.append(proc.pid)
+    leftovers += pids
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _popen(cmd: list[str], log: Path, env: dict) -> subprocess.Popen:
+    with log.open("wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+
+
+@contextlib.contextmanager
+def _ray_head(temp_dir: Path, log: Path, env: dict, leftovers: list[int]):
+    """``ray start --head --block`` on free ports; yields the GCS address.
+
+    The agent ports are given, not discovered: the raylet otherwise waits 15 s
+    (not configurable in Ray 2.58) for the dashboard agent to write its port
+    file, and aborts on a loaded 2-core machine. SIGTERM stops the head and
+    every process it started.
+    """
+    port = free_port()
+    cmd = [str(BIN / "ray"), "start", "--head", "--block", "--port", str(port),
+           "--num-cpus", "4", "--object-store-memory", str(256 << 20),
+           "--include-dashboard", "false", "--disable-usage-stats",
+           "--temp-dir", str(temp_dir)]
+    for flag in ("--dashboard-port", "--dashboard-agent-grpc-port",
+                 "--dashboard-agent-listen-port", "--metrics-export-port",
+                 "--runtime-env-agent-port", "--ray-client-server-port"):
+        cmd += [flag, str(free_port())]
+    proc = _popen(cmd, log, env)
+    try:
+        deadline = time.monotonic() + STARTUP_S
+        while "Ray runtime started" not in log.read_text(errors="replace"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"ray start did not start:\n{tail(log)}")
+            time.sleep(1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        _stop_session(proc, signal.SIGTERM, leftovers)
+
+
+@contextlib.contextmanager
+def _serve_run(config: Path, address: str, log: Path, env: dict,
+               leftovers: list[int]):
+    """``serve run CONFIG`` against ``address``; SIGINT (Ctrl-C) makes it call
+    ``serve.shutdown()``, which stops the app's replicas and engines."""
+    proc = _popen([str(BIN / "serve"), "run", "--address", address, str(config)],
+                  log, env)
+    try:
+        yield proc
+    finally:
+        _stop_session(proc, signal.SIGINT, leftovers)
+
+
+def _chat(base: str, model: str | None, text: str, timeout_s: float):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{base}/v1", api_key="x", timeout=timeout_s,
+                    max_retries=0)
+    return client.chat.completions.create(
+        model=model or client.models.list().data[0].id,
+        messages=[{"role": "user", "content": text}],
+        max_tokens=MAX_TOKENS, temperature=0, extra_body={"ignore_eos": True})
+
+
+def _wait_for_models(base: str, proc: subprocess.Popen, log: Path) -> None:
+    """Until the Serve proxy routes ``/v1/models`` (the app was built)."""
+    import urllib.request
+
+    deadline = time.monotonic() + STARTUP_S
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"serve run exited ({proc.returncode}):\n{tail(log)}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"Ray Serve app not routed in {STARTUP_S} s:\n{tail(log)}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"{base}/v1/models", timeout=5) as r:
+                if r.status == 200:
+                    return
+        time.sleep(2)
+
+
+@pytest.fixture(scope="module")
+def document(smollm2_model) -> str:
+    if not (prompt_data.data_dir() / "pg19").is_dir():
+        pytest.skip(f"long-context data not found under {prompt_data.data_dir()}")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_model)
+    ids = prompt_data.long_prompts(tokenizer, [PROMPT_TOKENS])[0]
+    return tokenizer.decode(ids) + "\n\nWho wrote the text above?"
+
+
+@pytest.mark.ray
+def test_ray_serve_matches_plain_vllm_serve(smollm2_model, document, tmp_path):
+    """The Ray Serve app drafts through SpecExtend views and answers exactly as
+    plain decoding does; Serve and Ray stop without leaving processes."""
+    pytest.importorskip("ray.serve.llm")
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1",
+           "VLLM_LOG_STATS_INTERVAL": "1", METRICS_DIR_ENV: str(metrics),
+           # Serve is shut down before Ray: nothing to drain on SIGTERM (30 s).
+           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+           # `deploy.ray_serve.app` is imported on the cluster, not the driver.
+           "PYTHONPATH": os.pathsep.join(
+               p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    config = yaml.safe_load(RAY_CONFIG.read_text())
+    config["http_options"] = {"host": "127.0.0.1", "port": free_port()}
+    config["applications"][0]["args"] = {
+        "target": smollm2_model, "draft": smollm2_model, "model_id": "smollm2",
+        "spec_extend": SPEC_EXTEND, "replicas": 1,
+        "num_speculative_tokens": NUM_SPEC_TOKENS, "max_model_len": MAX_MODEL_LEN,
+        "engine_kwargs": ENGINE_KWARGS, "accelerator": "cpu"}
+    config_path = tmp_path / "serve_config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    base = f"http://127.0.0.1:{config['http_options']['port']}"
+    serve_log, head_log = tmp_path / "serve_run.log", tmp_path / "ray_head.log"
+    # Short: Ray's unix socket paths under it must fit in 107 bytes.
+    temp_dir = Path(tempfile.mkdtemp(prefix="ray-"))
+    leftovers: list[int] = []
+    try:
+        with _ray_head(temp_dir, head_log, env, leftovers) as address, \
+                _serve_run(config_path, address, serve_log, env, leftovers) as proc:
+            _wait_for_models(base, proc, serve_log)
+            try:
+                ray_resp = _chat(base, "smollm2", document, STARTUP_S)
+            except Exception as e:
+                pytest.fail(f"chat request failed: {e!r}\n{tail(serve_log)}")
+            # The worker publishes its snapshot when the last request ends.
+            deadline = time.monotonic() + 30
+            while (stats := SnapshotCollector(metrics).read())["retrievals"] == 0:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(1)
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    assert not leftovers, f"processes left after shutdown: {leftovers}"
+    assert ray_resp.usage.prompt_tokens > PROMPT_TOKENS
+    assert ray_resp.usage.completion_tokens == MAX_TOKENS
+    assert stats["retrievals"] > 0 and stats["view_rows"] > 0, stats
+    assert 0 < stats["draft_context_tokens"] < stats["full_context_tokens"], stats
+
+    flags = _cli_flags({"max_model_len": MAX_MODEL_LEN, **ENGINE_KWARGS})
+    try:
+        with bench_serve.serve([smollm2_model, *flags], tmp_path / "plain.log",
+                               STARTUP_S) as (plain_base, _):
+            plain_resp = _chat(plain_base, None, document, STARTUP_S)
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    assert ray_resp.usage.prompt_tokens == plain_resp.usage.prompt_tokens
+    assert ray_resp.choices[0].message.content == plain_resp.choices[0].message.content
