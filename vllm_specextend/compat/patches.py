@@ -26,16 +26,16 @@ from vllm_specextend.patching import Patch, PatchRegistry
 # --- process-wide ----------------------------------------------------------------
 
 
-def _wrap_add_cli_args(engine_args, on_parser: Callable[[Any], None]) -> dict:
-    original = engine_args.add_cli_args
+def _then(original: Callable, hook: Callable[[Any], None]) -> Callable:
+    """``original``, then ``hook(its result)``; returns that result."""
 
     @functools.wraps(original)
-    def add_cli_args(parser, *args, **kwargs):
-        parser = original(parser, *args, **kwargs)
-        on_parser(parser)
-        return parser
+    def wrapped(*args, **kwargs):
+        result = original(*args, **kwargs)
+        hook(result)
+        return result
 
-    return {"add_cli_args": staticmethod(add_cli_args)}
+    return wrapped
 
 
 ENGINE_ARGS_CLI = Patch(
@@ -45,20 +45,10 @@ ENGINE_ARGS_CLI = Patch(
     "invites parser changes): every engine parser gets --spec-extend and the "
     "--speculative-model aliases.",
     attrs=("add_cli_args",),
-    replace=_wrap_add_cli_args,
+    replace=lambda engine_args, on_parser: {
+        "add_cli_args": staticmethod(_then(engine_args.add_cli_args, on_parser))
+    },
 )
-
-
-def _wrap_create_engine_config(engine_args, on_config: Callable[[Any], None]) -> dict:
-    original = engine_args.create_engine_config
-
-    @functools.wraps(original)
-    def create_engine_config(self, *args, **kwargs):
-        vllm_config = original(self, *args, **kwargs)
-        on_config(vllm_config)
-        return vllm_config
-
-    return {"create_engine_config": create_engine_config}
 
 
 ENGINE_ARGS_CONFIG = Patch(
@@ -67,7 +57,9 @@ ENGINE_ARGS_CONFIG = Patch(
     why="vLLM has no hook after the engine config resolves: SpecExtend validates "
     "it there, before any engine process starts, and picks its worker.",
     attrs=("create_engine_config",),
-    replace=_wrap_create_engine_config,
+    replace=lambda engine_args, on_config: {
+        "create_engine_config": _then(engine_args.create_engine_config, on_config)
+    },
 )
 
 BRIEF_CONFIG_ERRORS = Patch(
