@@ -209,9 +209,11 @@ def test_bad_config_fails_at_startup(tiny_target, tiny_draft, tmp_path,
 
 
 def _vllm(argv: list[str], tmp_path: Path, timeout_s: float = 180):
+    """``vllm ARGV`` to its end, output captured."""
+    env = {**ENV, METRICS_DIR_ENV: str(tmp_path)}
     return subprocess.run([*VLLM, *argv], capture_output=True, text=True,
-                          timeout=timeout_s, env={**ENV, METRICS_DIR_ENV: str(tmp_path)},
-                          stdin=subprocess.DEVNULL, start_new_session=True)
+                          timeout=timeout_s, env=env, stdin=subprocess.DEVNULL,
+                          start_new_session=True)
 
 
 def test_help_shows_the_spec_extend_group(tmp_path):
