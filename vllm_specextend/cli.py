@@ -1,22 +1,35 @@
-"""``--spec-extend [JSON]`` and the ``--speculative-model`` aliases.
+"""``--spec-extend [JSON]``, the ``--speculative-model`` aliases, brief errors.
 
 vLLM 0.26 has no API for plugin flags, so these are added to every parser that
 ``EngineArgs.add_cli_args`` builds (``vllm serve``, ``vllm bench``, offline
-entry points). The flag only fills ``additional_config["spec_extend"]``; the
-engine-config hook in ``plugin`` validates it and selects the worker. Bad JSON
-or keys fail at parse time as a usage error.
+entry points), in a help group ``SpecExtend`` (``--help=SpecExtend``). The
+flag only fills ``additional_config["spec_extend"]``; the engine-config hook
+in ``plugin`` validates it and selects the worker. Bad JSON or keys fail at
+parse time as a usage error; a config the resolved engine cannot serve fails
+when the engine config resolves, and :func:`report_config_errors_briefly`
+makes that a one-line error too.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
+from vllm_specextend import compat
 from vllm_specextend.config import (
     ADDITIONAL_CONFIG_KEY,
     SpecExtendConfig,
     SpecExtendConfigError,
 )
 
+GROUP = "SpecExtend"
+# vLLM's plain --help lists each group's title and description on one line.
+GROUP_DESCRIPTION = (
+    "Cross-model Retrieval for long-input speculative decoding (vllm-specextend "
+    "plugin): --spec-extend [JSON], --speculative-model DRAFT, "
+    "--num-speculative-tokens K."
+)
 HELP = (
     "Enable SpecExtend Cross-model Retrieval for draft-model and EAGLE "
     "speculative decoding. "
@@ -55,9 +68,9 @@ def _merging(action_cls: type) -> type:
 
 
 def add_spec_extend_args(parser: argparse.ArgumentParser) -> None:
-    if "--spec-extend" in parser._option_string_actions:
+    if compat.has_option(parser, "--spec-extend"):
         return
-    group = parser.add_argument_group("SpecExtend (vllm-specextend plugin)")
+    group = parser.add_argument_group(GROUP, GROUP_DESCRIPTION)
     group.add_argument(
         "--spec-extend",
         nargs="?",
@@ -80,6 +93,42 @@ def add_spec_extend_args(parser: argparse.ArgumentParser) -> None:
         metavar="K",
         help="Alias of --spec-tokens: draft tokens per step.",
     )
-    additional = parser._option_string_actions.get("--additional-config")
-    if additional is not None:
-        additional.__class__ = _merging(type(additional))
+    compat.merge_into_option(parser, "--additional-config", _merging)
+
+
+def config_error(exc: BaseException | None) -> SpecExtendConfigError | None:
+    """The SpecExtendConfigError ``exc`` is or was raised from, if any."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, SpecExtendConfigError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _brief(previous):
+    """An excepthook printing an uncaught SpecExtendConfigError as one line."""
+
+    def excepthook(exc_type, exc, tb):
+        error = config_error(exc)
+        if error is None:
+            return previous(exc_type, exc, tb)
+        sys.stderr.write(f"{_prog()}: error: {error}\n")
+        sys.stderr.flush()
+
+    return excepthook
+
+
+def _prog() -> str:
+    """``vllm`` for the console script, as argparse names a program."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    return "python" if argv0 in ("", "-c") else os.path.basename(argv0)
+
+
+def report_config_errors_briefly() -> None:
+    """Once per process: an uncaught SpecExtendConfigError (e.g. from the
+    engine-config hook under ``vllm serve``) ends the process with its message
+    on one line and exit status 1, not a traceback. Code that calls vLLM
+    itself (``LLM(...)``) still gets the exception to catch."""
+    compat.report_errors_briefly(_brief)

@@ -29,6 +29,7 @@ import torch
 from vllm_specextend import compat
 from vllm_specextend.config import SpecExtendConfig, SpecExtendConfigError
 from vllm_specextend.metrics import SpecExtendStats
+from vllm_specextend.rope import exact_ropes
 from vllm_specextend.scratch import copy_shifted, scratch_nbytes
 from vllm_specextend.staging import HostStaging
 from vllm_specextend.state import SelectionState
@@ -54,7 +55,7 @@ class Compactor:
     def extend_rope(self, model, max_model_len: int) -> None:
         """New tokens keep their real positions: the draft's RoPE table must
         cover the target's context even though distances stay short."""
-        ropes = compat.draft_ropes(model)
+        ropes = exact_ropes(compat.rotary_embeddings(model))
         for rope in ropes:
             compat.extend_rope(rope, max_model_len)
         inv_freq = compat.rope_inv_freq(ropes[0])

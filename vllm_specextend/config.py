@@ -51,54 +51,18 @@ class SpecExtendConfig:
     (``self_draft.py``): no draft model, no draft KV."""
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise SpecExtendConfigError(
-                f"spec_extend.policy={self.policy!r} is not one of {POLICIES}."
-            )
-        for name, low in (
-            ("chunk_size", 1),
-            ("top_k", 1),
-            ("retrieve_every", 1),
-            ("sink_tokens", 0),
-            ("recent_tokens", 0),
-            ("min_context", 0),
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise SpecExtendConfigError(
-                    f"spec_extend.{name}={value!r} must be an integer >= {low}."
-                )
-        if not isinstance(self.self_draft, bool):
-            raise SpecExtendConfigError(
-                f"spec_extend.self_draft={self.self_draft!r} must be true or false."
-            )
-        if not isinstance(self.compact_positions, bool) and (
-            self.compact_positions != "auto"
-        ):
-            raise SpecExtendConfigError(
-                f"spec_extend.compact_positions={self.compact_positions!r} must be "
-                '"auto", true or false.'
-            )
-        if self.sink_tokens % self.chunk_size:
-            raise SpecExtendConfigError(
-                f"spec_extend.sink_tokens={self.sink_tokens} must be a multiple of "
-                f"chunk_size={self.chunk_size} (sinks are whole chunks)."
-            )
+        _raise_if_unknown_policy(self)
+        _raise_if_out_of_range(self)
+        _raise_if_self_draft_not_bool(self)
+        _raise_if_bad_compact_positions(self)
+        _raise_if_sinks_not_whole_chunks(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> SpecExtendConfig:
         if data is None:
             return cls()
-        if not isinstance(data, dict):
-            raise SpecExtendConfigError(
-                f"spec_extend must be a JSON object (or null), got {data!r}."
-            )
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known, key=str)
-        if unknown:
-            raise SpecExtendConfigError(
-                f"Unknown spec_extend key(s) {unknown}; valid keys are {sorted(known)}."
-            )
+        _raise_if_not_object(data)
+        _raise_if_unknown_keys(data)
         return cls(**data)
 
     @classmethod
@@ -204,39 +168,138 @@ def _raise_if_bad_self_draft(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
 
 def validate_engine(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
     """Reject engine setups SpecExtend cannot serve, naming the fix."""
+    _raise_if_no_draft(facts)
+    _raise_if_unsupported_method(facts)
+    _raise_if_bad_self_draft(cfg, facts)
+    _raise_if_unpadded_drafter_batch(facts)
+    _raise_if_chunk_not_block_multiple(cfg, facts)
+    _raise_if_working_set_exceeds_draft(cfg, facts)
+    _raise_if_pipeline_parallel(facts)
+
+
+# --- guards: each raises SpecExtendConfigError naming the key and the fix -------
+
+_INT_RANGES = (
+    ("chunk_size", 1),
+    ("top_k", 1),
+    ("retrieve_every", 1),
+    ("sink_tokens", 0),
+    ("recent_tokens", 0),
+    ("min_context", 0),
+)
+
+
+def _raise_if_unknown_policy(cfg: SpecExtendConfig) -> None:
+    if cfg.policy not in POLICIES:
+        raise SpecExtendConfigError(
+            f"spec_extend.policy={cfg.policy!r} is not one of {POLICIES}."
+        )
+
+
+def _raise_if_out_of_range(cfg: SpecExtendConfig) -> None:
+    for name, low in _INT_RANGES:
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise SpecExtendConfigError(
+                f"spec_extend.{name}={value!r} must be an integer >= {low}."
+            )
+
+
+def _raise_if_self_draft_not_bool(cfg: SpecExtendConfig) -> None:
+    if not isinstance(cfg.self_draft, bool):
+        raise SpecExtendConfigError(
+            f"spec_extend.self_draft={cfg.self_draft!r} must be true or false."
+        )
+
+
+def _raise_if_bad_compact_positions(cfg: SpecExtendConfig) -> None:
+    value = cfg.compact_positions
+    if not isinstance(value, bool) and value != "auto":
+        raise SpecExtendConfigError(
+            f"spec_extend.compact_positions={value!r} must be "
+            '"auto", true or false.'
+        )
+
+
+def _raise_if_sinks_not_whole_chunks(cfg: SpecExtendConfig) -> None:
+    if cfg.sink_tokens % cfg.chunk_size:
+        raise SpecExtendConfigError(
+            f"spec_extend.sink_tokens={cfg.sink_tokens} must be a multiple of "
+            f"chunk_size={cfg.chunk_size} (sinks are whole chunks)."
+        )
+
+
+def _raise_if_not_object(data: Any) -> None:
+    if not isinstance(data, dict):
+        raise SpecExtendConfigError(
+            f"spec_extend must be a JSON object (or null), got {data!r}."
+        )
+
+
+def _raise_if_unknown_keys(data: dict[str, Any]) -> None:
+    known = {f.name for f in dataclasses.fields(SpecExtendConfig)}
+    unknown = sorted(set(data) - known, key=str)
+    if unknown:
+        raise SpecExtendConfigError(
+            f"Unknown spec_extend key(s) {unknown}; valid keys are {sorted(known)}."
+        )
+
+
+def _raise_if_no_draft(facts: EngineFacts) -> None:
     if not facts.has_speculative_config:
         raise SpecExtendConfigError(
             "--spec-extend needs a draft model: add --speculative-model DRAFT "
             "(alias of --spec-model) and --num-speculative-tokens K, or let the "
             "target draft for itself with --spec-extend '{\"self_draft\": true}'."
         )
+
+
+def _raise_if_unsupported_method(facts: EngineFacts) -> None:
     if facts.method not in METHODS:
         raise SpecExtendConfigError(
             f"--spec-extend supports the speculative methods {METHODS}, got "
             f"{facts.method!r}. Pass a draft checkpoint with --speculative-model."
         )
-    _raise_if_bad_self_draft(cfg, facts)
+
+
+def _raise_if_unpadded_drafter_batch(facts: EngineFacts) -> None:
     if facts.disable_padded_drafter_batch:
         raise SpecExtendConfigError(
             "--spec-extend needs the padded drafter batch; unset "
             "disable_padded_drafter_batch in the speculative config."
         )
+
+
+def _raise_if_chunk_not_block_multiple(
+    cfg: SpecExtendConfig, facts: EngineFacts
+) -> None:
     if cfg.chunk_size % facts.block_size:
         raise SpecExtendConfigError(
             f"spec_extend.chunk_size={cfg.chunk_size} must be a multiple of the KV "
             f"block size {facts.block_size}; pass --block-size {cfg.chunk_size} or "
             f"a chunk_size that is a multiple of {facts.block_size}."
         )
-    if compaction_on(cfg, facts) and facts.draft_max_model_len is not None:
-        need = cfg.working_set_tokens(facts.num_speculative_tokens)
-        if cfg.policy != "full" and need > facts.draft_max_model_len:
-            raise SpecExtendConfigError(
-                f"The draft's working set needs up to {need} positions (sink_tokens "
-                f"+ top_k*chunk_size + recent_tokens + retrieve_every*(K+1) + "
-                f"chunk_size + 2K) but the draft has {facts.draft_max_model_len}; "
-                "lower top_k, recent_tokens or retrieve_every, or use a draft with "
-                "more positions."
-            )
+
+
+def _raise_if_working_set_exceeds_draft(
+    cfg: SpecExtendConfig, facts: EngineFacts
+) -> None:
+    """With compaction the draft spans the working set at contiguous
+    positions, which must fit its own max_model_len."""
+    if not compaction_on(cfg, facts) or facts.draft_max_model_len is None:
+        return
+    need = cfg.working_set_tokens(facts.num_speculative_tokens)
+    if cfg.policy != "full" and need > facts.draft_max_model_len:
+        raise SpecExtendConfigError(
+            f"The draft's working set needs up to {need} positions (sink_tokens "
+            f"+ top_k*chunk_size + recent_tokens + retrieve_every*(K+1) + "
+            f"chunk_size + 2K) but the draft has {facts.draft_max_model_len}; "
+            "lower top_k, recent_tokens or retrieve_every, or use a draft with "
+            "more positions."
+        )
+
+
+def _raise_if_pipeline_parallel(facts: EngineFacts) -> None:
     if facts.pipeline_parallel_size != 1:
         raise SpecExtendConfigError(
             "--spec-extend runs with pipeline parallel size 1 (got "

@@ -3,9 +3,11 @@
 The proposer runs in a worker process, while ``/metrics`` is served by the API
 server process, and vLLM has no path for plugin statistics between them. The
 worker therefore writes a small JSON snapshot into ``SPECEXTEND_METRICS_DIR``
-(created by the first process that loads the plugin, inherited by the engine
-and worker processes) and the API server registers a Prometheus collector that
-sums the snapshots of all live workers.
+(named by the process that resolves the engine config, inherited by the engine
+and worker processes) and that process registers a Prometheus collector that
+sums the snapshots of all live workers per engine. The collector is registered
+only for engines started with ``--spec-extend``, and its series carry the
+``model_name`` and ``engine`` labels of vLLM's own ``vllm:spec_decode_*``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -35,6 +38,9 @@ COUNTERS = {
     "compaction_seconds": "Time spent copying and re-rotating those blocks.",
 }
 GAUGES = {"tracked_requests": "Requests holding SpecExtend selection state."}
+LABELS = ["model_name", "engine"]
+ENGINE_KEY = "engine"
+"""Snapshot field naming the worker's engine (its data-parallel rank)."""
 
 
 @dataclass
@@ -132,14 +138,21 @@ class StatsReporter:
 
     With ``publish=False`` (tensor-parallel ranks but the first, which see the
     same rows) it only keeps the interval, so callers' periodic work still runs.
+    ``engine``: the engine's ``engine`` label (``Settings.engine_index``).
     """
 
     def __init__(
-        self, stats: SpecExtendStats, interval_s: float, log, publish: bool = True
+        self,
+        stats: SpecExtendStats,
+        interval_s: float,
+        log,
+        publish: bool = True,
+        engine: int = 0,
     ) -> None:
         self.stats = stats
         self.interval_s = interval_s
         self.log = log
+        self.engine = engine
         self.path = metrics_dir() / f"worker-{os.getpid()}.json" if publish else None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -162,7 +175,7 @@ class StatsReporter:
         if delta["decode_rows"] or delta["retrievals"]:
             self.log(format_line(delta, now))
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(now))
+        tmp.write_text(json.dumps({**now, ENGINE_KEY: self.engine}))
         tmp.replace(self.path)
         self._last, self._last_time = now, now_t
 
@@ -172,13 +185,22 @@ class StatsReporter:
 
 
 class SnapshotCollector:
-    """Prometheus collector summing the workers' snapshots."""
+    """Prometheus collector summing the workers' snapshots per engine.
 
-    def __init__(self, directory: Path) -> None:
+    ``engines``: the engines the serving process fronts; each gets a series
+    (0 until its workers publish), as vLLM's own counters do.
+    """
+
+    def __init__(
+        self, directory: Path, model_name: str = "", engines: Iterable[int] = (0,)
+    ) -> None:
         self.directory = directory
+        self.model_name = model_name
+        self.engines = tuple(engines)
 
-    def read(self) -> dict:
-        total = dict.fromkeys([*COUNTERS, *GAUGES], 0)
+    def read_engines(self) -> dict[int, dict]:
+        """{engine: {counter or gauge: sum over its live workers}}."""
+        totals = {e: dict.fromkeys([*COUNTERS, *GAUGES], 0) for e in self.engines}
         for path in self.directory.glob("worker-*.json"):
             # A worker that died without cleaning up no longer counts.
             if not _alive(int(path.stem.split("-")[1])):
@@ -187,29 +209,53 @@ class SnapshotCollector:
                 data = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
+            engine = int(data.get(ENGINE_KEY, 0))
+            total = totals.setdefault(engine, dict.fromkeys([*COUNTERS, *GAUGES], 0))
             for key in total:
                 total[key] += data.get(key, 0)
+        return totals
+
+    def read(self) -> dict:
+        """All engines summed."""
+        total = dict.fromkeys([*COUNTERS, *GAUGES], 0)
+        for per_engine in self.read_engines().values():
+            for key in total:
+                total[key] += per_engine[key]
         return total
 
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        total = self.read()
-        for key, doc in COUNTERS.items():
-            yield CounterMetricFamily(f"vllm:spec_extend_{key}", doc, value=total[key])
-        for key, doc in GAUGES.items():
-            yield GaugeMetricFamily(f"vllm:spec_extend_{key}", doc, value=total[key])
+        engines = self.read_engines()
+        kinds = ((CounterMetricFamily, COUNTERS), (GaugeMetricFamily, GAUGES))
+        for kind, table in kinds:
+            for key, doc in table.items():
+                family = kind(f"vllm:spec_extend_{key}", doc, labels=LABELS)
+                for engine, total in sorted(engines.items()):
+                    family.add_metric([self.model_name, str(engine)], total[key])
+                yield family
 
 
 _COLLECTOR: SnapshotCollector | None = None
 
 
-def install_collector() -> None:
-    """Register the collector in this process's default registry, once."""
+def install_collector(model_name: str, engines: Iterable[int] = (0,)) -> None:
+    """Register the collector in this process's default registry, once: the
+    first engine config with ``--spec-extend`` names its labels."""
     global _COLLECTOR
     if _COLLECTOR is not None:
         return
     from prometheus_client import REGISTRY
 
-    _COLLECTOR = SnapshotCollector(metrics_dir())
+    _COLLECTOR = SnapshotCollector(metrics_dir(), model_name, engines)
     REGISTRY.register(_COLLECTOR)
+
+
+def uninstall_collector() -> None:
+    global _COLLECTOR
+    if _COLLECTOR is None:
+        return
+    from prometheus_client import REGISTRY
+
+    REGISTRY.unregister(_COLLECTOR)
+    _COLLECTOR = None

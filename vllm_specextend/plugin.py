@@ -1,10 +1,11 @@
 """The ``vllm.general_plugins`` entry point.
 
 vLLM loads it in every process (API server, engine core, workers) before the
-CLI parser and the worker class are built. It checks the vLLM pin, adds the CLI
-flags, hooks engine-config creation and registers the /metrics collector.
-Idempotent; failures raise, so startup stops instead of silently running
-without the plugin.
+CLI parser and the worker class are built. ``register`` checks the vLLM pin
+and applies the process-wide patches (``compat.patches``): every engine
+parser gets our flags (:func:`on_cli_parser`), every resolved engine config
+goes through :func:`on_engine_config`. Idempotent; failures raise, so startup
+stops instead of silently running without the plugin.
 """
 
 from __future__ import annotations
@@ -12,35 +13,43 @@ from __future__ import annotations
 _registered = False
 
 
-def on_engine_config(vllm_config) -> None:
-    """Validate ``spec_extend`` against the resolved engine, pick our worker."""
-    from vllm_specextend import compat
-    from vllm_specextend.config import (
-        ADDITIONAL_CONFIG_KEY,
-        EngineFacts,
-        SpecExtendConfig,
-        validate_engine,
-    )
+def on_cli_parser(parser) -> None:
+    """Each parser vLLM builds from ``EngineArgs``: our flags, and config
+    errors found later, when the engine config resolves, reported in one line
+    as argparse reports the parser's own errors."""
+    from vllm_specextend import cli
 
-    raw = compat.additional_config(vllm_config).get(ADDITIONAL_CONFIG_KEY)
-    if raw is None:
+    cli.add_spec_extend_args(parser)
+    cli.report_config_errors_briefly()
+
+
+def on_engine_config(vllm_config) -> None:
+    """With ``spec_extend`` set: validate it against the resolved engine, pick
+    our worker and the V1 runner, and export its /metrics series."""
+    from vllm_specextend import compat, metrics
+    from vllm_specextend.settings import Settings, enabled
+
+    if not enabled(vllm_config):
         return
-    cfg = SpecExtendConfig.from_dict(raw)
-    validate_engine(cfg, EngineFacts(**compat.engine_facts(vllm_config)))
+    settings = Settings.from_vllm(vllm_config)
     compat.require_v1_model_runner(vllm_config)
     worker_cls = compat.select_worker_cls(vllm_config)
-    compat.logger.info("SpecExtend %s with worker %s", cfg.policy, worker_cls)
+    metrics.install_collector(
+        compat.served_model_name(vllm_config), compat.engine_indexes(vllm_config)
+    )
+    compat.logger.info(
+        "SpecExtend %s with worker %s", settings.config.policy, worker_cls
+    )
 
 
 def register() -> None:
     global _registered
     if _registered:
         return
-    from vllm_specextend import cli, compat, metrics, self_draft
+    from vllm_specextend import compat, self_draft
 
     compat.check_vllm_version()
-    compat.patch_engine_args(
-        cli.add_spec_extend_args, on_engine_config, self_draft.speculative_config_for
+    compat.apply_process_patches(
+        on_cli_parser, on_engine_config, self_draft.speculative_config_for
     )
-    metrics.install_collector()
     _registered = True

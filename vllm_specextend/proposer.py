@@ -37,16 +37,12 @@ from typing_extensions import override
 
 from vllm_specextend import compat
 from vllm_specextend.compactor import Compactor
-from vllm_specextend.config import (
-    ADDITIONAL_CONFIG_KEY,
-    EngineFacts,
-    SpecExtendConfig,
-    compaction_on,
-)
+from vllm_specextend.config import SpecExtendConfig
 from vllm_specextend.metrics import SpecExtendStats, StatsReporter
 from vllm_specextend.planner import BatchLens, StepPlanner
 from vllm_specextend.retriever import Retriever
 from vllm_specextend.self_draft import TargetAsDraft
+from vllm_specextend.settings import Settings
 from vllm_specextend.staging import HostStaging
 from vllm_specextend.state import SelectionState
 from vllm_specextend.view import View, ViewBuilder
@@ -59,23 +55,18 @@ class SpecExtendMixin:
         super().__init__(vllm_config, device, runner=runner)
         # The base class accepts the runner but does not keep it.
         self.runner = runner
-        self.cfg = SpecExtendConfig.from_dict(
-            compat.additional_config(vllm_config).get(ADDITIONAL_CONFIG_KEY)
-        )
-        facts = EngineFacts(**compat.engine_facts(vllm_config))
+        self.settings = Settings.from_vllm(vllm_config)
+        self.cfg = self.settings.config
         self.stats = SpecExtendStats()
         self.reporter: StatsReporter | None = None
         self.staging = HostStaging(device)
         self.compactor: Compactor | None = None
-        if compaction_on(self.cfg, facts):
+        if self.settings.compaction_on:
             self.compactor = Compactor(
-                self.cfg, vllm_config, device, facts.draft_max_model_len
+                self.cfg, vllm_config, device, self.settings.draft_len
             )
             compat.allow_long_drafts(runner)
-        draft_len = facts.draft_max_model_len if self.compactor else None
-        self._min_context = self.cfg.min_view_context(
-            draft_len, facts.num_speculative_tokens
-        )
+        self._min_context = self.settings.min_view_context
         self._view: View | None = None
         self.retriever = Retriever(self.cfg, None, self.staging, device)
         self._use_config(self.cfg)
@@ -109,7 +100,11 @@ class SpecExtendMixin:
             self.compactor.extend_rope(self.model, self.max_model_len)
         # TP ranks count the same rows: only the first one publishes.
         self.reporter = StatsReporter(
-            self.stats, compat.log_stats_interval(), logger.info, publish=tp_rank == 0
+            self.stats,
+            compat.log_stats_interval(),
+            logger.info,
+            publish=tp_rank == 0,
+            engine=self.settings.engine_index,
         )
         if tp_rank == 0:
             logger.info("SpecExtend enabled: %s", self.cfg)

@@ -6,10 +6,9 @@ modes share: the only place that says how a mode differs from plain decoding.
   eagle3), full KV, plugin off.
 * ``spec_extend``: the same plus ``additional_config={"spec_extend": ...}``.
 * ``self_draft``: the target drafts for itself through the view
-  (``{"spec_extend": {"self_draft": true, ...}}``, no draft model). vLLM's
-  ``speculative_config`` needs a model, so K and the synthetic acceptance of
-  this mode are the plugin's to set; until it does, this mode's engine may
-  fail to start, which the benchmarks record as that mode's error.
+  (``{"spec_extend": {"self_draft": true, ...}}``, no draft model); K and the
+  synthetic acceptance go in a ``speculative_config`` without a model, which
+  the plugin completes (method draft_model, the target as its draft).
 
 ``acceptance_length`` > 0 swaps vLLM's rejection sampler for its synthetic one
 at that mean acceptance length (random weights: every speculative mode then
@@ -51,11 +50,12 @@ def engine_settings(mode: str, spec: Speculation) -> dict:
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
     settings: dict = {}
-    if needs_draft(mode):
-        if spec.draft is None:
-            raise ValueError(f"mode {mode} needs a draft model")
-        speculative = {"method": spec.method, "model": spec.draft,
-                       "num_speculative_tokens": spec.num_spec_tokens}
+    if needs_draft(mode) and spec.draft is None:
+        raise ValueError(f"mode {mode} needs a draft model")
+    if mode != "plain":
+        speculative = {"num_speculative_tokens": spec.num_spec_tokens}
+        if needs_draft(mode):
+            speculative.update(method=spec.method, model=spec.draft)
         if spec.acceptance_length > 0:
             speculative.update(rejection_sample_method="synthetic",
                                synthetic_acceptance_length=spec.acceptance_length)

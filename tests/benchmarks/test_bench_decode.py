@@ -54,15 +54,14 @@ def test_engines_say_what_they_changed(decode_run):
     proc, result = decode_run
     engines = {e["mode"]: e for e in result["engines"]}
     assert list(engines) == MODES
-    for mode in ("plain", "draft_model", "spec_extend"):
+    for mode in MODES:
         assert "error" not in engines[mode], (engines[mode], proc.stderr[-3000:])
-    # self_draft is wired: the plugin's config, no draft model. Until the
-    # plugin implements it, its engine fails, says why, and the others run.
-    self_draft = engines["self_draft"]
-    assert self_draft["engine_args"]["additional_config"] == {
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # self_draft: the plugin's config and K, no draft model.
+    self_draft = engines["self_draft"]["engine_args"]
+    assert self_draft["additional_config"] == {
         "spec_extend": {**SPEC_EXTEND, "self_draft": True}}
-    assert "speculative_config" not in self_draft["engine_args"]
-    assert proc.returncode == (1 if "error" in self_draft else 0), proc.stderr[-3000:]
+    assert self_draft["speculative_config"] == {"num_speculative_tokens": K}
 
     plain, vllm_spec, plugin = (engines[m]["engine_args"] for m in MODES[:3])
     assert "speculative_config" not in plain and "additional_config" not in plain
@@ -71,7 +70,7 @@ def test_engines_say_what_they_changed(decode_run):
     assert "additional_config" not in vllm_spec
     assert plugin["speculative_config"] == vllm_spec["speculative_config"]
     assert plugin["additional_config"] == {"spec_extend": SPEC_EXTEND}
-    for mode in MODES[:3]:
+    for mode in MODES:
         engine = engines[mode]
         assert engine["engine_args"]["disable_log_stats"] is False
         assert engine["engine_args"]["kv_cache_memory_bytes"] == 1_000_000_000
@@ -79,14 +78,14 @@ def test_engines_say_what_they_changed(decode_run):
         assert isinstance(engine["async_scheduling"], bool)
         assert engine["kv_cache_tokens"] > 0 and engine["startup_s"] > 0
         # The plugin's worker answers only in its modes.
-        assert engine["plugin_active"] == (mode == "spec_extend")
+        assert engine["plugin_active"] == (mode in ("spec_extend", "self_draft"))
 
 
 def test_cells_have_runs_and_spreads(decode_run):
     _, result = decode_run
-    rows = [r for r in result["results"] if r["mode"] != "self_draft"]
+    rows = result["results"]
     assert sorted((r["mode"], r["context"], r["batch"]) for r in rows) == sorted(
-        (m, c, b) for m in MODES[:3] for c in CONTEXTS for b in BATCHES)
+        (m, c, b) for m in MODES for c in CONTEXTS for b in BATCHES)
     for row in rows:
         runs = row["runs"]
         assert len(runs) == RUNS
@@ -106,7 +105,7 @@ def test_cells_have_runs_and_spreads(decode_run):
                 continue
             assert 1.0 <= run["acceptance_length"] <= K + 1
             assert run["draft_steps"] > 0 and run["draft_step_ms_median"] > 0
-            if row["mode"] == "spec_extend":
+            if row["mode"] in ("spec_extend", "self_draft"):
                 stats = run["spec_extend"]
                 assert stats["view_rows"] > 0 and stats["retrievals"] > 0
                 assert stats["draft_context_tokens"] < stats["full_context_tokens"]

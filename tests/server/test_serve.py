@@ -4,8 +4,10 @@ greedy equivalence with a plain server and startup errors for bad configs."""
 from __future__ import annotations
 
 import contextlib
+import re
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -92,6 +94,22 @@ def test_completion_and_metrics(server, client, prompt):
     draft = m["vllm:spec_extend_draft_context_tokens_total"]
     full = m["vllm:spec_extend_full_context_tokens_total"]
     assert 0 < draft < full
+    # Labelled as vLLM's own spec-decode series: same model_name and engine.
+    labels = _labels(server)
+    assert labels["vllm:spec_extend_retrievals_total"] == \
+        labels["vllm:spec_decode_num_draft_tokens_total"]
+    assert set(labels["vllm:spec_extend_tracked_requests"]) == {"model_name", "engine"}
+
+
+def _labels(base: str) -> dict[str, dict[str, str]]:
+    """``/metrics``: each series name with the labels of its first sample."""
+    with urllib.request.urlopen(f"{base}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out = {}
+    for match in re.finditer(r"^([\w:]+)\{([^}]*)\}", text, flags=re.M):
+        pairs = re.findall(r'(\w+)="([^"]*)"', match.group(2))
+        out.setdefault(match.group(1), dict(pairs))
+    return out
 
 
 def test_chat_completion(client, tiny_tokenizer, prompt):
@@ -115,7 +133,10 @@ def test_greedy_matches_plain_server(client, tiny_target, prompt, tmp_path):
         plain_client = OpenAI(base_url=f"{base}/v1", api_key="x", timeout=300,
                               max_retries=0)
         plain = _complete(plain_client, prompt, 24).choices[0].text
+        # The plugin is installed but not enabled: no SpecExtend series.
+        exported = [k for k in scrape(base) if k.startswith("vllm:spec_extend_")]
     assert spec == plain
+    assert exported == []
 
 
 def test_abort_leaves_no_state(server, client, prompt):
@@ -138,23 +159,62 @@ def test_abort_leaves_no_state(server, client, prompt):
     assert m["vllm:generation_tokens_total"] - generated < 400
 
 
-@pytest.mark.parametrize("spec_extend, draft, message", [
-    ('{"bogus": 1}', True, "Unknown spec_extend key"),
-    ('{"top_k": 0}', True, "spec_extend.top_k=0 must be"),
-    ("{}", False, "needs a draft model"),
-    ('{"chunk_size": 48, "sink_tokens": 0}', True, "multiple of the KV block size"),
-    ("not json", True, "expects a JSON object"),
-], ids=["unknown-key", "top-k", "no-draft", "chunk-vs-block", "not-json"])
+def _bad_args(case: str, draft: str) -> list[str]:
+    if case == "no-draft":
+        return ["--spec-extend", "{}"]
+    if case == "ngram":
+        return ["--spec-extend", "--speculative-config", '{"method": "ngram", '
+                '"num_speculative_tokens": 3, "prompt_lookup_max": 3}']
+    return _spec_args(draft, {
+        "unknown-key": '{"bogus": 1}',
+        "top-k": '{"top_k": 0}',
+        "not-json": "not json",
+        "chunk-vs-block": '{"chunk_size": 48, "sink_tokens": 0}',
+    }[case])
+
+
+@pytest.mark.parametrize("case, status, message", [
+    # Parse time: argparse's usage error.
+    ("unknown-key", 2, "Unknown spec_extend key"),
+    ("top-k", 2, "spec_extend.top_k=0 must be"),
+    ("not-json", 2, "expects a JSON object"),
+    # Engine-config time: one line too, from the plugin's excepthook.
+    ("no-draft", 1, "vllm: error: --spec-extend needs a draft model"),
+    ("chunk-vs-block", 1, "must be a multiple of the KV block size 32"),
+    ("ngram", 1, "vllm: error: --spec-extend supports the speculative methods"),
+])
 def test_bad_config_fails_at_startup(tiny_target, tiny_draft, tmp_path,
-                                     spec_extend, draft, message):
-    """Bad --spec-extend setups stop ``vllm serve`` with our message."""
-    args = (_spec_args(tiny_draft, spec_extend) if draft
-            else ["--spec-extend", spec_extend])
-    proc = subprocess.run([*vllm_command(), "serve", tiny_target, *args, *COMMON,
-                           "--host", "127.0.0.1", "--port", str(free_port())],
-                          capture_output=True, text=True, timeout=180,
-                          env={**ENV, METRICS_DIR_ENV: str(tmp_path)},
-                          stdin=subprocess.DEVNULL, start_new_session=True)
+                                     case, status, message):
+    """Bad --spec-extend setups stop ``vllm serve`` with our message on one
+    line and no traceback."""
+    proc = _vllm(["serve", tiny_target, *_bad_args(case, tiny_draft), *COMMON,
+                  "--host", "127.0.0.1", "--port", str(free_port())], tmp_path)
     output = proc.stdout + proc.stderr
-    assert proc.returncode != 0, output[-3000:]
-    assert message in output, output[-3000:]
+    assert proc.returncode == status, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    lines = [line for line in output.splitlines() if message in line]
+    assert len(lines) == 1, output[-3000:]
+
+
+def _vllm(argv: list[str], tmp_path: Path, timeout_s: float = 180):
+    """``vllm ARGV`` to its end, output captured."""
+    env = {**ENV, METRICS_DIR_ENV: str(tmp_path)}
+    return subprocess.run([*vllm_command(), *argv], capture_output=True, text=True,
+                          timeout=timeout_s, env=env, stdin=subprocess.DEVNULL,
+                          start_new_session=True)
+
+
+def test_help_shows_the_spec_extend_group(tmp_path):
+    """``vllm serve --help`` lists the group with its flags; ``--help=SpecExtend``
+    shows the flags' help."""
+    plain = _vllm(["serve", "--help"], tmp_path)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    group = [line for line in plain.stdout.splitlines()
+             if line.strip().startswith("SpecExtend ")]
+    assert len(group) == 1, plain.stdout[-3000:]
+    assert "--spec-extend" in group[0] and "--speculative-model" in group[0]
+    section = _vllm(["serve", "--help=SpecExtend"], tmp_path)
+    assert section.returncode == 0, section.stderr[-3000:]
+    assert "No group or arguments matching" not in section.stdout
+    for flag in ("--spec-extend", "--speculative-model", "--num-speculative-tokens"):
+        assert flag in section.stdout, section.stdout[-3000:]

@@ -217,3 +217,73 @@ def test_vllm_serve_parser_positional_model_then_flag(vllm_parser):
     args = vllm_parser.parse_args(["m", "--spec-extend"])
     assert args.model_tag == "m"
     assert args.additional_config == {"spec_extend": DEFAULTS}
+
+
+def _help(parser, argv, capsys, monkeypatch) -> str:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    # parse_args keeps --help=KEYWORD on the class; the next parse must not see it.
+    monkeypatch.setattr(FlexibleArgumentParser, "_search_keyword", None)
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(argv)
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_help_lists_the_group_with_its_flags(vllm_parser, capsys, monkeypatch):
+    out = _help(vllm_parser, ["--help"], capsys, monkeypatch)
+    # Plain --help shows one line per group: title, then its description.
+    lines = [line for line in out.splitlines() if line.strip().startswith("SpecExtend")]
+    assert len(lines) == 1, out[-2000:]
+    for flag in ("--spec-extend", "--speculative-model", "--num-speculative-tokens"):
+        assert flag in lines[0]
+
+
+@pytest.mark.parametrize("keyword", ["SpecExtend", "specextend"])
+def test_help_for_the_group(vllm_parser, capsys, monkeypatch, keyword):
+    out = _help(vllm_parser, [f"--help={keyword}"], capsys, monkeypatch)
+    assert "No group or arguments matching" not in out
+    assert out.lstrip().startswith("SpecExtend:")
+    for flag in ("--spec-extend", "--speculative-model", "--num-speculative-tokens"):
+        assert flag in out
+    assert "retrieve_every" in out  # the flag's own help
+
+
+def test_config_error_hook_prints_one_line(capsys, monkeypatch):
+    from vllm_specextend.cli import _brief
+    from vllm_specextend.config import SpecExtendConfigError
+
+    passed = []
+    hook = _brief(lambda *exc_info: passed.append(exc_info))
+    monkeypatch.setattr("sys.argv", ["/venv/bin/vllm", "serve", "m"])
+    try:
+        try:
+            raise SpecExtendConfigError("spec_extend.chunk_size=48 must be ...")
+        except SpecExtendConfigError as e:
+            raise RuntimeError("engine failed") from e
+    except RuntimeError as e:
+        hook(type(e), e, e.__traceback__)
+    err = capsys.readouterr().err
+    assert err == "vllm: error: spec_extend.chunk_size=48 must be ...\n"
+    assert passed == []
+    other = ValueError("not ours")
+    hook(ValueError, other, None)
+    assert passed == [(ValueError, other, None)]
+
+
+def test_uncaught_config_error_ends_the_process_in_one_line():
+    import subprocess
+    import sys
+
+    code = (
+        "from vllm_specextend import cli\n"
+        "from vllm_specextend.config import SpecExtendConfigError\n"
+        "cli.report_config_errors_briefly()\n"
+        "cli.report_config_errors_briefly()\n"
+        "raise SpecExtendConfigError('--spec-extend needs a draft model')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.splitlines()[-1]
+    assert last == "python: error: --spec-extend needs a draft model"

@@ -14,11 +14,30 @@ import pytest
 import torch
 
 import vllm_specextend
-from vllm_specextend import compat, plugin
+from vllm_specextend import compat, metrics, plugin
+from vllm_specextend.compat import patches
 from vllm_specextend.config import SpecExtendConfigError
 
 PKG_DIR = Path(vllm_specextend.__file__).resolve().parent
 REPO = PKG_DIR.parent
+
+
+@pytest.fixture(autouse=True)
+def undo_new_patches(tmp_path):
+    """Each test starts from the patches applied before it and leaves them so;
+    a collector it installs is removed again. Set up before and torn down
+    after the test's own ``monkeypatch``, which may set ``_registered``."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(metrics.METRICS_DIR_ENV, str(tmp_path / "metrics"))
+        before = compat.REGISTRY.applied()
+        yield
+    metrics.uninstall_collector()
+    for patch, owner in reversed(compat.REGISTRY.applied()):
+        new = not any(p is patch and o is owner for p, o in before)
+        if new and patch.undoable:
+            compat.REGISTRY.undo(patch, owner)
+            if patch in (patches.ENGINE_ARGS_CLI, patches.ENGINE_ARGS_CONFIG):
+                plugin._registered = False
 
 
 # --- (a) only compat imports vLLM ---------------------------------------------------
@@ -53,16 +72,18 @@ def test_import_scanner_detects_vllm_imports(tmp_path):
 
 
 def test_only_compat_imports_vllm():
-    modules = sorted(PKG_DIR.glob("*.py"))
-    names = {p.name for p in modules}
-    assert {"compat.py", "_dist_alias.py", "config.py", "view.py"} <= names
+    modules = sorted(PKG_DIR.rglob("*.py"))
+    names = {str(p.relative_to(PKG_DIR)) for p in modules}
+    assert {"compat/__init__.py", "_dist_alias.py", "config.py", "view.py",
+            "patching.py", "settings.py", "worker/gpu.py"} <= names
+    compat_dir = PKG_DIR / "compat"
     offenders = []
     for path in modules:
-        if path.name == "compat.py":
+        if compat_dir in path.parents:
             continue
         offenders += _vllm_imports(path)
     assert offenders == []
-    assert _vllm_imports(PKG_DIR / "compat.py")  # compat really does
+    assert _vllm_imports(compat_dir / "__init__.py")  # compat really does
 
 
 def test_dist_alias_pth_only_imports_alias():
@@ -145,7 +166,7 @@ def test_touch_points_match_installed_vllm():
 
 
 def test_lazy_symbols_resolve():
-    for name in compat._LAZY:
+    for name in compat.LAZY:
         assert isinstance(getattr(compat, name), type), name
     with pytest.raises(AttributeError):
         compat.NoSuchThing  # noqa: B018
@@ -237,7 +258,8 @@ def _fake_vllm_config(spec_extend=None, method="draft_model", block_size=16, tp=
     return types.SimpleNamespace(
         speculative_config=spec,
         cache_config=types.SimpleNamespace(block_size=block_size),
-        model_config=types.SimpleNamespace(max_model_len=max_model_len, model="target"),
+        model_config=types.SimpleNamespace(max_model_len=max_model_len, model="target",
+                                           served_model_name="tiny"),
         parallel_config=types.SimpleNamespace(
             tensor_parallel_size=tp, pipeline_parallel_size=1, worker_cls=worker_cls
         ),
@@ -265,12 +287,18 @@ def test_v1_runner_is_selected_when_vllm_would_pick_v2(monkeypatch):
     compat.require_v1_model_runner(cfg)
     assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
     assert not cfg.use_v2_model_runner
+    assert compat.REGISTRY.is_applied(patches.V1_MODEL_RUNNER, os.environ)
+    compat.require_v1_model_runner(cfg)  # V1 already: nothing more to patch
+    compat.REGISTRY.undo(patches.V1_MODEL_RUNNER, os.environ)
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
+    assert cfg.use_v2_model_runner
 
 
 def test_v2_runner_asked_for_explicitly_is_refused(monkeypatch):
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
-    with pytest.raises(ValueError, match="VLLM_USE_V2_MODEL_RUNNER"):
+    with pytest.raises(SpecExtendConfigError, match="VLLM_USE_V2_MODEL_RUNNER"):
         compat.require_v1_model_runner(_DenseEagleConfig())
+    assert not compat.REGISTRY.is_applied(patches.V1_MODEL_RUNNER, os.environ)
 
 
 def test_on_engine_config_without_spec_extend_is_noop():
@@ -284,8 +312,8 @@ def test_on_engine_config_without_spec_extend_is_noop():
 @pytest.mark.parametrize(
     "platform,ours",
     [
-        ("vllm.v1.worker.cpu_worker.CPUWorker", "vllm_specextend.worker.CPUWorker"),
-        ("vllm.v1.worker.gpu_worker.Worker", "vllm_specextend.worker.GPUWorker"),
+        ("vllm.v1.worker.cpu_worker.CPUWorker", "vllm_specextend.worker.cpu.CPUWorker"),
+        ("vllm.v1.worker.gpu_worker.Worker", "vllm_specextend.worker.gpu.GPUWorker"),
     ],
 )
 def test_on_engine_config_selects_worker(platform, ours):
@@ -294,11 +322,40 @@ def test_on_engine_config_selects_worker(platform, ours):
     assert cfg.parallel_config.worker_cls == ours
     plugin.on_engine_config(cfg)  # already ours: unchanged
     assert cfg.parallel_config.worker_cls == ours
+    assert compat.REGISTRY.is_applied(patches.WORKER_CLS, cfg.parallel_config)
+
+
+def test_worker_qualnames_resolve_as_vllm_resolves_them():
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    from vllm_specextend.worker.cpu import CPUWorker
+    from vllm_specextend.worker.mixin import SpecExtendWorkerMixin
+
+    for qualname in compat.PLATFORM_WORKERS.values():
+        cls = resolve_obj_by_qualname(qualname)
+        assert issubclass(cls, SpecExtendWorkerMixin)
+        assert qualname.endswith(cls.__name__)
+    # The earlier qualname still reaches the same class.
+    assert resolve_obj_by_qualname("vllm_specextend.worker.CPUWorker") is CPUWorker
+
+
+def test_worker_package_imports_no_platform_module():
+    """vLLM imports ``vllm_specextend.worker.<platform>``: importing the package
+    or one platform's module must not import the other platform's worker."""
+    code = (
+        "import sys, vllm_specextend.worker, vllm_specextend.worker.cpu\n"
+        "assert 'vllm.v1.worker.cpu_worker' in sys.modules\n"
+        "assert 'vllm_specextend.worker.gpu' not in sys.modules\n"
+    )
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_on_engine_config_rejects_foreign_worker():
     cfg = _fake_vllm_config({}, worker_cls="my.Worker")
-    with pytest.raises(ValueError, match="my.Worker"):
+    with pytest.raises(SpecExtendConfigError, match="my.Worker"):
         plugin.on_engine_config(cfg)
 
 
@@ -367,3 +424,86 @@ def test_cpu_key_order_recovers_keys(head_size, block_size, dtype):
     got = gather_keys(cache, blocks, head_size, order)
     want = key.view(num_blocks, block_size, hkv, head_size).permute(0, 2, 1, 3)[blocks]
     assert torch.equal(got, want)
+
+
+# --- declared patches -----------------------------------------------------------
+
+
+def test_declared_patches():
+    """Every change to vLLM's behaviour, by name; adding one means declaring it
+    here, in ``compat.patches.PATCHES`` and in the touch-point table."""
+    assert [p.name for p in compat.PATCHES] == [
+        "EngineArgs.add_cli_args",
+        "EngineArgs.create_engine_config",
+        "sys.excepthook",
+        "env.VLLM_USE_V2_MODEL_RUNNER",
+        "additional_config_action.__class__",
+        "ParallelConfig.worker_cls",
+        "Attention.impl.forward",
+        "GPUModelRunner.effective_drafter_max_model_len",
+        "RotaryEmbedding.cos_sin_cache",
+        "Attention.kv_cache",
+        "GPUModelRunner.kv_caches",
+    ]
+    table = compat.__doc__
+    for patch in compat.PATCHES:
+        assert f"``{patch.name}``" in table, patch.name
+        assert len(patch.why) > 60 and patch.target, patch.name
+    assert [p.name for p in compat.PATCHES if not p.undoable] == [
+        "Attention.kv_cache", "GPUModelRunner.kv_caches"
+    ]
+
+
+def test_registry_refuses_undeclared_patches():
+    from vllm_specextend.patching import Patch, PatchError
+
+    stray = Patch(name="X.y", target="X.y", why="test", attrs=("y",),
+                  replace=lambda owner: {"y": 1})
+    with pytest.raises(PatchError, match="not in the declared"):
+        compat.REGISTRY.apply(stray, types.SimpleNamespace(y=0))
+
+
+def test_query_capture_wraps_one_impl_once():
+    calls, seen = [], []
+
+    class Impl:
+        def forward(self, layer, query, scale=1):
+            calls.append((layer, query, scale))
+            return query * scale
+
+    impl, other = Impl(), Impl()
+    layer = types.SimpleNamespace(impl=impl)
+    compat.wrap_query_capture(layer, seen.append)
+    compat.wrap_query_capture(layer, seen.append)  # once per impl
+    assert impl.forward("L", 3, scale=2) == 6
+    assert seen == [3] and calls == [("L", 3, 2)]
+    assert other.forward("L", 4) == 4 and seen == [3], "other instances untouched"
+    compat.REGISTRY.undo(patches.QUERY_CAPTURE, impl)
+    assert "forward" not in vars(impl)
+    impl.forward("L", 5)
+    assert seen == [3]
+
+
+def test_long_drafts_patch_needs_the_runner_attribute():
+    from vllm_specextend.patching import PatchError
+
+    runner = types.SimpleNamespace(max_model_len=4096,
+                                   effective_drafter_max_model_len=256)
+    compat.allow_long_drafts(runner)
+    assert runner.effective_drafter_max_model_len == 4096
+    compat.REGISTRY.undo(patches.LONG_DRAFTS, runner)
+    assert runner.effective_drafter_max_model_len == 256
+    # A renamed upstream attribute fails instead of adding one nobody reads.
+    with pytest.raises(PatchError, match="effective_drafter_max_model_len"):
+        compat.allow_long_drafts(types.SimpleNamespace(max_model_len=4096))
+
+
+def test_on_engine_config_exports_metrics_only_when_enabled():
+    from prometheus_client import REGISTRY, generate_latest
+
+    plugin.on_engine_config(_fake_vllm_config(None))
+    assert b"vllm:spec_extend_" not in generate_latest(REGISTRY)
+    plugin.on_engine_config(_fake_vllm_config({}))
+    text = generate_latest(REGISTRY).decode()
+    assert 'vllm:spec_extend_retrievals_total{engine="0",model_name="tiny"} 0.0' in text
+    assert 'vllm:spec_extend_tracked_requests{engine="0",model_name="tiny"} 0.0' in text

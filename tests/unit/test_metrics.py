@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import subprocess
+import sys
 import types
 
 import pytest
@@ -260,3 +260,47 @@ def test_last_requests_ending_publish_at_once(metrics_env):
     del proposer.runner.requests["a"]  # the runner drops it in its own step
     proposer.on_requests_done({"b", "c"})
     assert json.loads(proposer.reporter.path.read_text())["decode_rows"] == 5
+
+
+def test_series_carry_vllm_labels_per_engine(metrics_env, monkeypatch):
+    """Labelled as ``vllm:spec_decode_*`` (model_name, engine); one series per
+    engine, 0 for an engine whose workers have not published yet."""
+    monkeypatch.setattr(metrics, "_alive", lambda pid: True)
+    for pid, engine, retrievals in ((11, 0, 2), (12, 0, 3), (13, 1, 7)):
+        monkeypatch.setattr(metrics.os, "getpid", lambda pid=pid: pid)
+        stats = SpecExtendStats(retrievals=retrievals)
+        reporter = StatsReporter(stats, 0.0, lambda s: None, engine=engine)
+        reporter.maybe_report(force=True)
+    collector = SnapshotCollector(metrics_env, model_name="tiny", engines=(0, 1, 2))
+    samples = {
+        (s.labels["model_name"], s.labels["engine"]): s.value
+        for s in _families(collector)["vllm:spec_extend_retrievals"].samples
+    }
+    assert samples == {("tiny", "0"): 5, ("tiny", "1"): 7, ("tiny", "2"): 0}
+    assert collector.read()["retrievals"] == 12
+
+
+def test_collector_text_format(metrics_env):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    registry.register(SnapshotCollector(metrics_env, model_name="m"))
+    text = generate_latest(registry).decode()
+    assert 'vllm:spec_extend_view_rows_total{engine="0",model_name="m"} 0.0' in text
+    assert 'vllm:spec_extend_tracked_requests{engine="0",model_name="m"} 0.0' in text
+
+
+def test_install_collector_once_and_uninstall(metrics_env):
+    from prometheus_client import REGISTRY
+
+    metrics.install_collector("a")
+    try:
+        metrics.install_collector("b")  # the first engine config names the labels
+        assert REGISTRY.get_sample_value(
+            "vllm:spec_extend_retrievals_total", {"model_name": "a", "engine": "0"}
+        ) == 0
+    finally:
+        metrics.uninstall_collector()
+    assert REGISTRY.get_sample_value(
+        "vllm:spec_extend_retrievals_total", {"model_name": "a", "engine": "0"}
+    ) is None

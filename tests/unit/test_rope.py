@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_specextend.rope import shift_keys
+from vllm_specextend.rope import exact_ropes, shift_keys
 
 HEAD = 32
 
@@ -108,3 +108,60 @@ def test_compacted_layout_equals_positions_from_zero(kind):
     # Without the shift the scores differ (the test is sensitive).
     stale = attention(q[0], cached, raw_v)
     assert (stale - ref).abs().max() > 1e-2
+
+
+# --- which RoPE types compacted positions accept (rope.exact_ropes) ----------------
+
+
+def test_exact_ropes_policy():
+    from vllm_specextend.config import SpecExtendConfigError
+
+    a, b = object(), object()
+    assert exact_ropes([(a, "default"), (b, "llama3")]) == [a, b]
+    with pytest.raises(SpecExtendConfigError, match="no rotary embedding"):
+        exact_ropes([])
+    with pytest.raises(SpecExtendConfigError, match="uses YaRNScalingRotaryEmbedding"):
+        exact_ropes([(a, "default"), (b, "YaRNScalingRotaryEmbedding")])
+
+
+def test_rotary_embeddings_are_named_by_variant():
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import (
+        DynamicNTKScalingRotaryEmbedding,
+    )
+
+    from vllm_specextend import compat
+
+    default = vllm_rope("default", HEAD, True)
+    with set_current_vllm_config(VllmConfig()):
+        ntk = DynamicNTKScalingRotaryEmbedding(
+            HEAD, HEAD, 4096, 2048, 10000.0, True, 2.0, torch.float32
+        )
+    model = torch.nn.ModuleList([
+        torch.nn.ModuleDict({"rope": default}), torch.nn.ModuleDict({"rope": default}),
+        torch.nn.ModuleDict({"rope": vllm_rope("llama3", HEAD, True)}),
+    ])
+    found = compat.rotary_embeddings(model)
+    assert [name for _, name in found] == ["default", "llama3"], "each module once"
+    assert exact_ropes(found) == [m for m, _ in found]
+    model.append(ntk)
+    assert compat.rotary_embeddings(model)[-1][1] == "DynamicNTKScalingRotaryEmbedding"
+    with pytest.raises(ValueError, match="DynamicNTKScalingRotaryEmbedding"):
+        exact_ropes(compat.rotary_embeddings(model))
+
+
+@pytest.mark.parametrize("kind", ["default", "llama3"])
+def test_extend_rope_matches_a_longer_table_and_undoes(kind):
+    from vllm_specextend import compat
+    from vllm_specextend.compat.patches import DRAFT_ROPE_TABLE
+
+    short, long = vllm_rope(kind, HEAD, True, 256), vllm_rope(kind, HEAD, True, 1024)
+    table = short.cos_sin_cache
+    compat.extend_rope(short, 512)
+    compat.extend_rope(short, 1024)  # longer again: replaces the first extension
+    compat.extend_rope(short, 300)  # already long enough
+    assert short.max_position_embeddings == 1024
+    torch.testing.assert_close(short.cos_sin_cache, long.cos_sin_cache)
+    assert "cos_sin_cache" in short._buffers
+    compat.REGISTRY.undo(DRAFT_ROPE_TABLE, short)
+    assert short.max_position_embeddings == 256 and short.cos_sin_cache is table

@@ -11,6 +11,7 @@ from vllm_specextend.rope import shift_keys
 from vllm_specextend.scoring import gather_keys, page_keys, set_page_keys
 from vllm_specextend.scratch import copy_shifted, scratch_nbytes
 from vllm_specextend.view import compacted_view, prefix_shift, view_blocks
+from vllm_specextend.worker.mixin import SpecExtendWorkerMixin
 
 H, BS, D = 2, 4, 8
 
@@ -185,16 +186,23 @@ class _Base:
         return self.available
 
 
+class _Worker(SpecExtendWorkerMixin, _Base):
+    pass
+
+
 def _worker(available, scratch, one_request=None, monkeypatch=None):
     from vllm_specextend import compat
-    from vllm_specextend.config import SpecExtendConfig
-    from vllm_specextend.worker import _SpecExtendWorkerMixin
+    from vllm_specextend.config import EngineFacts, SpecExtendConfig
+    from vllm_specextend.settings import Settings
 
-    worker = type("W", (_SpecExtendWorkerMixin, _Base), {})()
+    worker = _Worker()
     worker.available = available
-    drafter = types.SimpleNamespace(
-        scratch_bytes=lambda: scratch, cfg=SpecExtendConfig(top_k=8)
+    worker.settings = Settings.resolve(
+        SpecExtendConfig(top_k=8),
+        EngineFacts(has_speculative_config=True, method="draft_model", block_size=16,
+                    tensor_parallel_size=1, pipeline_parallel_size=1),
     )
+    drafter = types.SimpleNamespace(scratch_bytes=lambda: scratch)
     worker.model_runner = types.SimpleNamespace(drafter=drafter)
     worker.vllm_config = types.SimpleNamespace(
         scheduler_config=types.SimpleNamespace(max_num_seqs=64)

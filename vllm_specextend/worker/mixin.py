@@ -1,4 +1,4 @@
-"""Workers that install SpecExtend's proposer as the runner's drafter.
+"""What SpecExtend adds to vLLM's workers; ``gpu`` and ``cpu`` apply it.
 
 vLLM 0.26 builds the model runner, and with it a plain DraftModelProposer or
 EagleProposer, inside ``init_device``; the runner only type-checks its drafter
@@ -9,7 +9,7 @@ added after vLLM allocates its KV cache, out of the memory vLLM sizes that
 cache from, so both fit ``--gpu-memory-utilization`` / ``kv_cache_memory_bytes``.
 The worker also forwards finished and preempted request ids, so per-request
 state is freed when the scheduler lets go of a request, not when it is next
-missing from a batch. ``--spec-extend`` selects these classes itself.
+missing from a batch.
 """
 
 from __future__ import annotations
@@ -17,67 +17,45 @@ from __future__ import annotations
 from typing_extensions import override
 
 from vllm_specextend import compat
-from vllm_specextend.config import (
-    ADDITIONAL_CONFIG_KEY,
-    EngineFacts,
-    SpecExtendConfig,
-    SpecExtendConfigError,
-    validate_engine,
-)
+from vllm_specextend.config import SpecExtendConfigError
+from vllm_specextend.settings import Settings
 
 logger = compat.logger
 
 
-class _SpecExtendWorkerMixin:
+class SpecExtendWorkerMixin:
+    """Goes in front of a vLLM worker class (``GPUWorker``, ``CPUWorker``)."""
+
+    settings: Settings
+
     @override
     def init_device(self):
         super().init_device()
         compat.check_touch_points()
-        # Authoritative check: also covers configs built without our CLI hook.
-        vllm_config = self.vllm_config
-        cfg = SpecExtendConfig.from_dict(
-            compat.additional_config(vllm_config).get(ADDITIONAL_CONFIG_KEY)
-        )
-        validate_engine(cfg, EngineFacts(**compat.engine_facts(vllm_config)))
+        # Authoritative: also covers engine configs built without the
+        # engine-config hook; the proposer gets the same Settings.
+        self.settings = Settings.from_vllm(self.vllm_config)
         from vllm_specextend.proposer import proposer_class
 
         runner = self.model_runner
-        if not hasattr(runner, "drafter"):
-            # vLLM's V2 runner has its own speculator and would ignore ours.
-            raise RuntimeError(
-                f"--spec-extend needs vLLM's V1 model runner, got "
-                f"{type(runner).__module__}; set VLLM_USE_V2_MODEL_RUNNER=0."
-            )
-        proposer = proposer_class(cfg, vllm_config.speculative_config.method)
-        runner.drafter = proposer(vllm_config, runner.device, runner=runner)
+        _raise_if_not_v1_runner(runner)
+        proposer = proposer_class(self.settings.config, self.settings.facts.method)
+        runner.drafter = proposer(self.vllm_config, runner.device, runner=runner)
 
     @override
     def determine_available_memory(self) -> int:
         # Profiled, or kv_cache_memory_bytes as given: vLLM fills all of it with
         # its pool, so the scratch blocks added after it must come out of it.
         available = super().determine_available_memory()
-        drafter = self.model_runner.drafter
-        scratch = drafter.scratch_bytes()
+        scratch = self.model_runner.drafter.scratch_bytes()
         if not scratch:
             return available
         # vLLM's own check that one request fits what is left names only its
         # knobs; fail here first, naming ours.
         one_request = compat.one_request_kv_bytes(self.model_runner, self.vllm_config)
-        cfg, num_seqs = drafter.cfg, compat.max_num_seqs(self.vllm_config)
+        cfg, num_seqs = self.settings.config, compat.max_num_seqs(self.vllm_config)
         left = available - scratch
-        if left <= 0 or (one_request is not None and left < one_request):
-            need = "" if one_request is None else (
-                f" plus {_size(one_request)} for one request of max_model_len"
-            )
-            raise SpecExtendConfigError(
-                f"spec_extend.compact_positions: the draft's scratch KV needs "
-                f"{_size(scratch)} (max_num_seqs={num_seqs} requests x "
-                f"(sink_tokens={cfg.sink_tokens} + top_k={cfg.top_k} x "
-                f"chunk_size={cfg.chunk_size}) tokens){need}, but the KV cache "
-                f"budget is {_size(available)}. Lower max_num_seqs, "
-                "top_k, chunk_size or sink_tokens, or raise "
-                "gpu_memory_utilization / kv_cache_memory_bytes."
-            )
+        _raise_if_scratch_does_not_fit(cfg, num_seqs, available, scratch, one_request)
         logger.info(
             "SpecExtend compacted positions: the draft's scratch KV for %d "
             "tokens per request x %d requests takes %s of the %s KV cache "
@@ -115,22 +93,36 @@ class _SpecExtendWorkerMixin:
         return super().execute_model(scheduler_output)
 
 
+def _raise_if_not_v1_runner(runner) -> None:
+    if not hasattr(runner, "drafter"):
+        # vLLM's V2 runner has its own speculator and would ignore ours.
+        raise RuntimeError(
+            f"--spec-extend needs vLLM's V1 model runner, got "
+            f"{type(runner).__module__}; set VLLM_USE_V2_MODEL_RUNNER=0."
+        )
+
+
+def _raise_if_scratch_does_not_fit(
+    cfg, num_seqs: int, available: int, scratch: int, one_request: int | None
+) -> None:
+    left = available - scratch
+    if left > 0 and (one_request is None or left >= one_request):
+        return
+    need = "" if one_request is None else (
+        f" plus {_size(one_request)} for one request of max_model_len"
+    )
+    raise SpecExtendConfigError(
+        f"spec_extend.compact_positions: the draft's scratch KV needs "
+        f"{_size(scratch)} (max_num_seqs={num_seqs} requests x "
+        f"(sink_tokens={cfg.sink_tokens} + top_k={cfg.top_k} x "
+        f"chunk_size={cfg.chunk_size}) tokens){need}, but the KV cache "
+        f"budget is {_size(available)}. Lower max_num_seqs, "
+        "top_k, chunk_size or sink_tokens, or raise "
+        "gpu_memory_utilization / kv_cache_memory_bytes."
+    )
+
+
 def _size(nbytes: int) -> str:
     if nbytes >= 2**30:
         return f"{nbytes / 2**30:.2f} GiB"
     return f"{nbytes / 2**20:.1f} MiB"
-
-
-_BASES = {"GPUWorker": "GPUWorkerBase", "CPUWorker": "CPUWorkerBase"}
-
-
-def __getattr__(name: str):
-    """``GPUWorker`` / ``CPUWorker``, built on first use so that a platform
-    never imports the other platform's worker module."""
-    if name not in _BASES:
-        raise AttributeError(name)
-    cls = type(name, (_SpecExtendWorkerMixin, getattr(compat, _BASES[name])), {})
-    cls.__module__ = __name__
-    cls.__doc__ = f"vLLM's {_BASES[name][:3]} worker with SpecExtend drafting."
-    globals()[name] = cls
-    return cls

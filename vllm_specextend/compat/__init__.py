@@ -1,0 +1,220 @@
+"""Every touch point on vLLM internals, in one package (vLLM 0.26).
+
+==================================================  ==========  =======================================
+vLLM symbol                                         how         why
+==================================================  ==========  =======================================
+``vllm.__version__``                                read        pin check
+``EngineArgs.add_cli_args``                         patch       add ``--spec-extend`` and aliases
+``EngineArgs.create_engine_config``                 patch       validate, select our worker class
+``sys.excepthook``                                  patch       engine-time config errors in one line
+``additional_config_action.__class__``              patch       merge ``--additional-config``
+argparse ``_option_string_actions``                 read        an option's action, by flag
+``VllmConfig.additional_config``                    read        carries ``spec_extend``
+``ParallelConfig.worker_cls``                       patch       platform worker -> ours
+``VllmConfig.use_v2_model_runner``                  read        our drafters are the V1 runner's;
+``env.VLLM_USE_V2_MODEL_RUNNER``                    patch       EAGLE on a dense model defaults to V2
+``served_model_name``, DP rank                      read        /metrics labels, as vLLM's
+``v1.worker.gpu_worker.Worker``                     subclass    install the proposer (GPU)
+``v1.worker.cpu_worker.CPUWorker``                  subclass    install the proposer (CPU)
+``Worker.init_device`` / ``.execute_model``         override    runner exists / finished req ids
+``GPUModelRunner.drafter`` / ``.input_batch``       write/read  our proposer; row -> req_id
+``DraftModelProposer`` / ``EagleProposer``          subclass    draft_model / eagle(3) proposers
+``  .propose``                                      override    retrieval + view per step
+``  .build_per_group_and_layer_attn_metadata``      override    funnel of every draft forward
+``  .load_model``                                   override    hook the last target layer
+``CommonAttentionMetadata`` fields                  read/copy   block table, seq lens, qsl
+``Attention.impl.forward``                          patch       capture the final-layer query
+``Attention.kv_cache`` / ``impl.scale``             read        paged keys for scoring
+``ops.cpu_attn_reshape_and_cache``                  call        learn the CPU key page order
+``Worker.determine_available_memory``               override    KV budget less the scratch blocks
+``Attention.get_kv_cache_spec``                     call        draft KV bytes per block
+``kv_cache_utils.max_memory_usage_bytes``           call        one request's KV (budget check)
+``Worker.initialize_from_config``                   override    KV allocated: add scratch blocks
+``Attention.kv_cache``                              patch       draft layers' KV with scratch blocks
+``GPUModelRunner.kv_caches``                        patch       ... and the runner's list of them
+``GPUModelRunner.effective_drafter_max_model_len``  patch       drafts past the draft's length
+``RotaryEmbedding.cos_sin_cache``                   patch       draft RoPE table to the target's length
+``RotaryEmbedding._compute_inv_freq``               call        frequencies for re-rotation
+``distributed`` TP rank, all-reduce, broadcast      call        one chunk choice across TP ranks
+==================================================  ==========  =======================================
+
+Each ``patch`` row is a declared patch in ``compat.patches`` (``PATCHES``),
+which says in full what it changes and why. Modules: ``symbols`` (the logger,
+vLLM classes loaded on first use), ``engine`` (engine-config reads),
+``args`` (CLI parser reads), ``runner`` (batch reads), ``layers`` (attention
+and RoPE layers), ``kv`` (KV layout and scratch blocks), ``distributed``
+(TP group), ``patches``. Version-specific notes carry a ``vLLM 0.26:`` tag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+from typing import Any
+
+import vllm
+
+from vllm_specextend.compat.args import has_option, option_action
+from vllm_specextend.compat.distributed import (
+    tp_all_reduce,
+    tp_broadcast,
+    tp_rank_and_size,
+)
+from vllm_specextend.compat.engine import (
+    additional_config,
+    engine_facts,
+    engine_index,
+    engine_indexes,
+    is_cpu_platform,
+    log_stats_interval,
+    max_num_batched_tokens,
+    max_num_seqs,
+    served_model_name,
+)
+from vllm_specextend.compat.kv import (
+    PADDING_SLOT_ID,
+    add_kv_blocks,
+    cpu_key_order,
+    kv_block_bytes,
+    layer_kv_cache,
+    one_request_kv_bytes,
+)
+from vllm_specextend.compat.layers import (
+    attention_layer,
+    kv_cache_layer_names,
+    last_target_attention,
+    rope_inv_freq,
+    rotary_embeddings,
+)
+from vllm_specextend.compat.patches import (
+    PATCHES,
+    PLATFORM_WORKERS,
+    REGISTRY,
+    allow_long_drafts,
+    apply_process_patches,
+    extend_rope,
+    merge_into_option,
+    report_errors_briefly,
+    require_v1_model_runner,
+    select_worker_cls,
+    undo_process_patches,
+    wrap_query_capture,
+)
+from vllm_specextend.compat.runner import (
+    batch_num_prompt_tokens,
+    batch_req_ids,
+    batch_seq_lens_cpu,
+    live_req_ids,
+)
+from vllm_specextend.compat.symbols import LAZY, load, logger
+
+__all__ = [
+    "LAZY", "PADDING_SLOT_ID", "PATCHES", "PLATFORM_WORKERS", "REGISTRY", "SKIP_VERSION_CHECK_ENV",
+    "SUPPORTED_VLLM", "add_kv_blocks", "additional_config", "allow_long_drafts",
+    "apply_process_patches", "attention_layer", "batch_num_prompt_tokens",
+    "batch_req_ids", "batch_seq_lens_cpu", "check_touch_points",
+    "check_vllm_version", "cpu_key_order", "engine_facts",
+    "engine_index", "engine_indexes", "extend_rope", "has_option",
+    "is_cpu_platform", "kv_block_bytes", "kv_cache_layer_names",
+    "last_target_attention",
+    "layer_kv_cache", "live_req_ids", "load", "log_stats_interval", "logger",
+    "max_num_batched_tokens", "max_num_seqs", "merge_into_option",
+    "one_request_kv_bytes", "option_action", "report_errors_briefly",
+    "require_v1_model_runner", "rope_inv_freq", "rotary_embeddings",
+    "select_worker_cls", "served_model_name", "tp_all_reduce", "tp_broadcast",
+    "tp_rank_and_size", "undo_process_patches", "wrap_query_capture",
+]
+
+SUPPORTED_VLLM = "0.26.0"
+SKIP_VERSION_CHECK_ENV = "SPECEXTEND_SKIP_VERSION_CHECK"
+
+
+def __getattr__(name: str) -> Any:
+    """``compat.DraftModelProposer``, ``compat.GPUWorkerBase``, ...: see
+    ``symbols.LAZY``; imported on first use."""
+    return load(name)
+
+
+def _release(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("+")[0].split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def check_vllm_version(installed: str | None = None) -> None:
+    """Refuse any vLLM but 0.26.x (local ``+cpu``/``+cu130`` builds pass)."""
+    installed = installed or vllm.__version__
+    if _release(installed)[:2] == _release(SUPPORTED_VLLM)[:2]:
+        return
+    message = (
+        f"vllm-specextend supports vLLM {SUPPORTED_VLLM} (0.26.x); installed: "
+        f"{installed}. Install vllm=={SUPPORTED_VLLM} or a matching vllm-specextend."
+    )
+    if os.environ.get(SKIP_VERSION_CHECK_ENV) == "1":
+        logger.warning("%s Continuing because %s=1.", message, SKIP_VERSION_CHECK_ENV)
+        return
+    raise RuntimeError(message)
+
+
+_TOUCH_POINTS = {
+    "DraftModelProposer.propose": (
+        "common_attn_metadata",
+        "token_indices_to_sample",
+        "num_rejected_tokens_gpu",
+    ),
+    "DraftModelProposer.build_per_group_and_layer_attn_metadata": (
+        "common_attn_metadata",
+        "draft_index",
+    ),
+    "DraftModelProposer.load_model": ("target_model",),
+    "EagleProposer.propose": ("common_attn_metadata", "num_rejected_tokens_gpu"),
+    "EagleProposer.build_per_group_and_layer_attn_metadata": (
+        "common_attn_metadata",
+        "draft_index",
+    ),
+    "GPUWorkerBase.init_device": (),
+    "GPUWorkerBase.determine_available_memory": (),
+    "GPUWorkerBase.initialize_from_config": ("kv_cache_config",),
+    "GPUWorkerBase.execute_model": ("scheduler_output",),
+    "EngineArgs.add_cli_args": ("parser",),
+    "EngineArgs.create_engine_config": ("usage_context",),
+}
+_CAD_FIELDS = (
+    "block_table_tensor",
+    "seq_lens",
+    "seq_lens_cpu_upper_bound",
+    "query_start_loc",
+    "query_start_loc_cpu",
+    "max_seq_len",
+    "_seq_lens_cpu",
+    "_num_computed_tokens_cpu",
+    "_num_computed_tokens_cache",
+)
+
+
+def check_touch_points() -> None:
+    """Fail loudly if an overridden or read vLLM name moved or changed."""
+    problems = []
+    for qualname, params in _TOUCH_POINTS.items():
+        owner, attr = qualname.split(".")
+        fn = getattr(load(owner), attr, None)
+        if fn is None:
+            problems.append(f"{qualname} is missing")
+            continue
+        missing = set(params) - set(inspect.signature(fn).parameters)
+        if missing:
+            problems.append(f"{qualname} lacks parameters {sorted(missing)}")
+    fields = {f.name for f in dataclasses.fields(load("CommonAttentionMetadata"))}
+    for name in _CAD_FIELDS:
+        if name not in fields:
+            problems.append(f"CommonAttentionMetadata.{name} is missing")
+    if problems:
+        raise RuntimeError(
+            "vllm-specextend does not match the installed vLLM internals: "
+            + "; ".join(problems)
+        )

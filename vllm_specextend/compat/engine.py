@@ -1,0 +1,82 @@
+"""Reads of vLLM's resolved engine config (``VllmConfig``) and environment.
+
+Every field SpecExtend depends on is read here, so a renamed field breaks one
+function. The values feed ``settings.Settings`` and the worker; nothing here
+changes vLLM (that is ``patches``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def additional_config(vllm_config) -> dict[str, Any]:
+    return vllm_config.additional_config or {}
+
+
+def engine_facts(vllm_config) -> dict[str, Any]:
+    """The fields of ``config.EngineFacts``, as keyword arguments."""
+    spec = vllm_config.speculative_config
+    return dict(
+        has_speculative_config=spec is not None,
+        method=None if spec is None else spec.method,
+        block_size=vllm_config.cache_config.block_size,
+        tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
+        pipeline_parallel_size=vllm_config.parallel_config.pipeline_parallel_size,
+        disable_padded_drafter_batch=bool(
+            spec is not None and spec.disable_padded_drafter_batch
+        ),
+        max_model_len=vllm_config.model_config.max_model_len,
+        draft_max_model_len=(
+            None
+            if spec is None or spec.draft_model_config is None
+            else spec.draft_model_config.max_model_len
+        ),
+        num_speculative_tokens=0 if spec is None else spec.num_speculative_tokens,
+        model=vllm_config.model_config.model,
+        draft_model=(
+            None
+            if spec is None or spec.draft_model_config is None
+            else spec.draft_model_config.model
+        ),
+    )
+
+
+def max_num_seqs(vllm_config) -> int:
+    return vllm_config.scheduler_config.max_num_seqs
+
+
+def max_num_batched_tokens(vllm_config) -> int:
+    return vllm_config.scheduler_config.max_num_batched_tokens
+
+
+def served_model_name(vllm_config) -> str:
+    """The ``model_name`` label of vLLM's own Prometheus series."""
+    return str(vllm_config.model_config.served_model_name)
+
+
+def engine_index(vllm_config) -> int:
+    """This engine's ``engine`` label: its data-parallel rank, as vLLM's
+    Prometheus series count engines."""
+    return getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0
+
+
+def engine_indexes(vllm_config) -> list[int]:
+    """The engines an API server process reports on: one per data-parallel
+    rank it fronts (its own rank behind an external load balancer)."""
+    parallel = vllm_config.parallel_config
+    if getattr(parallel, "data_parallel_external_lb", False):
+        return [engine_index(vllm_config)]
+    return list(range(getattr(parallel, "data_parallel_size", 1) or 1))
+
+
+def log_stats_interval() -> float:
+    from vllm import envs
+
+    return envs.VLLM_LOG_STATS_INTERVAL
+
+
+def is_cpu_platform() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()

@@ -1,0 +1,76 @@
+"""Finding vLLM's layers: attention layers by name, rotary embeddings by type.
+
+What SpecExtend does with them (which RoPE types it can re-rotate exactly,
+which layer it scores with) is decided by the modules that own the policy
+(``rope``, the proposer); this module only finds and names them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def attention_layer(vllm_config, name: str):
+    """The attention layer registered as ``name`` in the static forward context."""
+    return vllm_config.compilation_config.static_forward_context[name]
+
+
+def last_target_attention(vllm_config, exclude: set[str]):
+    """(name, layer) of the target's final attention layer; ``exclude``: the
+    draft's own layers, which share the forward context."""
+    from vllm.config import get_layers_from_vllm_config
+    from vllm.model_executor.layers.attention.attention import Attention
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    layers = {
+        name: layer
+        for name, layer in get_layers_from_vllm_config(vllm_config, Attention).items()
+        if name not in exclude
+    }
+    if not layers:
+        raise RuntimeError("vllm-specextend found no target attention layer.")
+    name = max(layers, key=extract_layer_index)
+    return name, layers[name]
+
+
+def kv_cache_layer_names(vllm_config) -> set[str]:
+    """Names of the attention layers that own KV cache (the target's, when no
+    draft model is loaded)."""
+    from vllm.config import get_layers_from_vllm_config
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+    layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase)
+    return {
+        name
+        for name, layer in layers.items()
+        if layer.get_kv_cache_spec(vllm_config) is not None
+    }
+
+
+def rotary_embeddings(model) -> list[tuple[object, str]]:
+    """(module, scaling) of each distinct rotary embedding in ``model``.
+
+    ``scaling`` names the RoPE variant as Hugging Face's ``rope_type`` does:
+    ``"default"`` for vLLM's plain ``RotaryEmbedding``, ``"llama3"`` for
+    ``Llama3RotaryEmbedding``, else the vLLM class name (YaRN, dynamic NTK...).
+    """
+    from vllm.model_executor.layers.rotary_embedding.base import (
+        RotaryEmbedding,
+        RotaryEmbeddingBase,
+    )
+    from vllm.model_executor.layers.rotary_embedding.llama3_rope import (
+        Llama3RotaryEmbedding,
+    )
+
+    names = {RotaryEmbedding: "default", Llama3RotaryEmbedding: "llama3"}
+    ropes = {id(m): m for m in model.modules() if isinstance(m, RotaryEmbeddingBase)}
+    return [(m, names.get(type(m), type(m).__name__)) for m in ropes.values()]
+
+
+def rope_inv_freq(rope) -> torch.Tensor:
+    """``[rotary_dim // 2]`` fp32 inverse frequencies (Llama-3 scaling included).
+
+    vLLM 0.26: ``_compute_inv_freq(base)`` is how every RoPE class builds its
+    cos/sin table, scaling included.
+    """
+    return rope._compute_inv_freq(rope.base)

@@ -1,0 +1,35 @@
+"""Reads of vLLM's V1 model runner: the persistent batch and live requests.
+
+Row ``r`` of a drafting step is row ``r`` of ``GPUModelRunner.input_batch``
+(the CPU runner subclasses it), so these accessors map rows to request ids
+and lengths without copying the runner's arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def batch_req_ids(runner, num_reqs: int) -> list[str]:
+    """Request id of each batch row: ``[num_reqs]``."""
+    return runner.input_batch.req_ids[:num_reqs]
+
+
+def batch_num_prompt_tokens(runner, num_reqs: int) -> np.ndarray:
+    """Prompt length of each batch row: ``[num_reqs]`` int."""
+    return runner.input_batch.num_prompt_tokens[:num_reqs]
+
+
+def batch_seq_lens_cpu(runner, num_reqs: int) -> np.ndarray:
+    """This step's context lengths, ``[num_reqs]`` int; an upper bound under
+    async scheduling.
+
+    vLLM 0.26: ``CommonAttentionMetadata.unpadded`` drops
+    ``seq_lens_cpu_upper_bound``, so read the runner's source of it.
+    """
+    return runner.optimistic_seq_lens_cpu[:num_reqs].numpy()
+
+
+def live_req_ids(runner):
+    """Ids of the requests the runner holds state for (a set-like view)."""
+    return runner.requests.keys()
