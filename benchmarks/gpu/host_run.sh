@@ -6,7 +6,9 @@
 #
 #   bash benchmarks/gpu/host_run.sh PHASE   (the phases are listed at the end)
 set -uo pipefail
-export PYTHONPATH=/root/vsite PYTHONUNBUFFERED=1 SPECEXTEND_DATA_DIR=$PWD/.gpu/data
+# The repository's sources come first: the wheel supplies the plugin's entry
+# point, the checkout that travelled with this call supplies its code.
+export PYTHONPATH=$PWD:/root/vsite PYTHONUNBUFFERED=1 SPECEXTEND_DATA_DIR=$PWD/.gpu/data
 OUT=${OUT:-/tmp/out}
 M=.gpu/models
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
@@ -18,6 +20,26 @@ case "$1" in
       > "$OUT/kernels.txt" 2>&1; tail -3 "$OUT/kernels.txt"
     timeout 120 python3 -m benchmarks.bench_scoring --out "$OUT/scoring.json" \
       > "$OUT/scoring.log" 2>&1; tail -20 "$OUT/scoring.log" ;;
+  gpu-tests)
+    # The plugin's GPU checks: the step without host syncs, self_draft lossless
+    # under CUDA graphs, the same chunks with graphs as eagerly, the kernels.
+    timeout ${GPU_TESTS_TIMEOUT:-300} python3 -m pytest -v -p no:cacheprovider \
+      tests/unit/test_proposer_step.py tests/kernels/test_self_draft_gpu.py \
+      tests/kernels/test_capture_gpu.py tests/kernels/test_scoring_triton.py \
+      > "$OUT/gpu_tests.txt" 2>&1
+    echo "gpu-tests rc=$?"; grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/gpu_tests.txt" \
+      | grep -v test_scoring_triton | tail -30 ;;
+  self-draft)
+    # Issue #11's speed table: the 8B shape drafting for itself (K=3 by default,
+    # SELF_K), synthetic acceptance 3.0, against plain; same cells and flags as
+    # decode15. SELF_MODES / DECODE_CONTEXTS / DECODE_BATCHES narrow a call.
+    modes=${SELF_MODES:-plain self_draft}; tag=$(echo $modes | tr ' ' -)
+    timeout ${DECODE_TIMEOUT:-570} python3 -m benchmarks.bench_decode \
+      --target-config $M/llama31_8b --modes $modes --num-spec-tokens ${SELF_K:-3} \
+      --contexts ${DECODE_CONTEXTS:-16384 32768} --batch-sizes ${DECODE_BATCHES:-1 8} \
+      --out "$OUT/self_draft_$tag.json" > "$OUT/self_draft_$tag.log" 2>&1
+    echo "self-draft rc=$?"; python3 -m benchmarks.summarize_decode "$OUT/self_draft_$tag.json"
+    grep -m3 -E "Error|error:" "$OUT/self_draft_$tag.log" ;;
   decode15)
     # Issue #15's decode table: 8B shape, dummy weights, synthetic acceptance 3.0,
     # K=4, 256 new tokens, 3 runs per cell, vLLM's defaults otherwise. One engine
@@ -29,7 +51,7 @@ case "$1" in
     # Merge here: python -m benchmarks.merge_results OUT.json decode15_*.json
     draft=${DECODE_DRAFT:-llama32_1b}; modes=${DECODE_MODES:-plain}
     tag=$(echo "$draft $modes" | tr ' ' -)
-    timeout 570 python3 -m benchmarks.bench_decode --target-config $M/llama31_8b \
+    timeout ${DECODE_TIMEOUT:-570} python3 -m benchmarks.bench_decode --target-config $M/llama31_8b \
       --draft-config $M/$draft --modes $modes \
       --contexts ${DECODE_CONTEXTS:-4096 16384 32768 65536} \
       --batch-sizes ${DECODE_BATCHES:-1 4 8} --out "$OUT/decode15_$tag.json" \
@@ -150,5 +172,5 @@ PY
       --modes draft_model streaming cmr cmr_compact --out "$OUT/needle.json" \
       > "$OUT/needle.log" 2>&1
     echo "needle rc=$?"; grep '^|' "$OUT/needle.md" ;;
-  *) echo "usage: host_run.sh kernels|capture|decode15|eagle3|tp-lossless|tp-speed|serve12|pair|eval|analyses|needle" >&2; exit 2 ;;
+  *) echo "usage: host_run.sh kernels|gpu-tests|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|serve12|pair|eval|analyses|needle" >&2; exit 2 ;;
 esac

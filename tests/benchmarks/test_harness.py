@@ -48,7 +48,10 @@ def test_each_mode_adds_only_its_settings():
     assert modes.engine_settings("spec_extend", spec) == {
         "speculative_config": speculative,
         "additional_config": {"spec_extend": {"top_k": 8}}}
+    # self_draft: K and the acceptance, no draft model (the plugin adds it).
     assert modes.engine_settings("self_draft", spec) == {
+        "speculative_config": {k: v for k, v in speculative.items()
+                               if k not in ("method", "model")},
         "additional_config": {"spec_extend": {"top_k": 8, "self_draft": True}}}
     assert modes.serve_flags(modes.engine_settings("spec_extend", spec))[2:] == [
         "--spec-extend", '{"top_k": 8}']

@@ -57,7 +57,8 @@ def test_serve_args_per_mode():
     assert spec_extend[:len(draft_model) - 2] == draft_model[:-2]
     assert spec_extend[-4:] == ["--spec-extend", args.spec_extend,
                                 "--load-format", "dummy"]
-    assert "--speculative-config" not in self_draft
+    self_spec = json.loads(self_draft[self_draft.index("--speculative-config") + 1])
+    assert self_spec == {k: v for k, v in spec.items() if k not in ("method", "model")}
     assert json.loads(self_draft[self_draft.index("--spec-extend") + 1]) == {
         **json.loads(args.spec_extend), "self_draft": True}
 

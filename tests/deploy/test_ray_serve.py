@@ -26,13 +26,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from benchmarks import prompts as prompt_data
+from benchmarks.harness.server import free_port, serve, tail
 from vllm_specextend.config import SpecExtendConfig
 from vllm_specextend.metrics import METRICS_DIR_ENV, SnapshotCollector
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import bench_serve  # noqa: E402
-import prompts as prompt_data  # noqa: E402  (tests/, on sys.path via conftest)
-from bench_serve import free_port, tail  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 RAY_APP = REPO / "deploy" / "ray_serve" / "app.py"
@@ -306,9 +304,9 @@ def test_ray_serve_matches_plain_vllm_serve(smollm2_model, document, tmp_path):
 
     flags = _cli_flags({"max_model_len": MAX_MODEL_LEN, **ENGINE_KWARGS})
     try:
-        with bench_serve.serve([smollm2_model, *flags], tmp_path / "plain.log",
-                               STARTUP_S) as (plain_base, _):
-            plain_resp = _chat(plain_base, None, document, STARTUP_S)
+        with serve([smollm2_model, *flags], tmp_path / "plain.log",
+                   STARTUP_S) as plain:
+            plain_resp = _chat(plain.base, None, document, STARTUP_S)
     except RuntimeError as e:
         pytest.fail(str(e))
     assert ray_resp.usage.prompt_tokens == plain_resp.usage.prompt_tokens
