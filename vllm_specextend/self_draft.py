@@ -95,6 +95,14 @@ class TargetAsDraft:
         self._draft_attn_layer_names = compat.kv_cache_layer_names(self.vllm_config)
         if not self._draft_attn_layer_names:
             raise RuntimeError("vllm-specextend found no target attention layer.")
+        # Draft forwards replay the target's own piecewise CUDA graphs, which
+        # read their inputs from the addresses they were captured with: with
+        # buffers of its own the drafter would run on the target's last inputs,
+        # and graphs it captured first would feed the target the drafter's.
+        # So the drafter writes its inputs where the target's forwards read
+        # theirs (the target refills them before its next forward; the first
+        # pass below needs neither target_token_ids nor target_positions).
+        self.input_ids, self.positions = compat.model_input_buffers(self.runner)
 
     def _scoring_excludes(self) -> set[str]:
         return set()

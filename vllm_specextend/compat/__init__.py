@@ -18,6 +18,7 @@ argparse ``_option_string_actions``                 read        an option's acti
 ``v1.worker.cpu_worker.CPUWorker``                  subclass    install the proposer (CPU)
 ``Worker.init_device`` / ``.execute_model``         override    runner exists / finished req ids
 ``GPUModelRunner.drafter`` / ``.input_batch``       write/read  our proposer; row -> req_id
+``GPUModelRunner.input_ids`` / ``.positions``       share       self_draft: graphs' input addresses
 ``DraftModelProposer`` / ``EagleProposer``          subclass    draft_model / eagle(3) proposers
 ``  .propose``                                      override    retrieval + view per step
 ``  .build_per_group_and_layer_attn_metadata``      override    funnel of every draft forward
@@ -106,6 +107,7 @@ from vllm_specextend.compat.runner import (
     batch_req_ids,
     batch_seq_lens_cpu,
     live_req_ids,
+    model_input_buffers,
 )
 from vllm_specextend.compat.symbols import LAZY, load, logger
 
@@ -120,6 +122,7 @@ __all__ = [
     "last_target_attention",
     "layer_kv_cache", "live_req_ids", "load", "log_stats_interval", "logger",
     "max_num_batched_tokens", "max_num_seqs", "merge_into_option",
+    "model_input_buffers",
     "one_request_kv_bytes", "option_action", "report_errors_briefly",
     "require_v1_model_runner", "rope_inv_freq", "rotary_embeddings",
     "select_worker_cls", "served_model_name", "tp_all_reduce", "tp_broadcast",

@@ -33,3 +33,13 @@ def batch_seq_lens_cpu(runner, num_reqs: int) -> np.ndarray:
 def live_req_ids(runner):
     """Ids of the requests the runner holds state for (a set-like view)."""
     return runner.requests.keys()
+
+
+def model_input_buffers(runner):
+    """The runner's persistent ``input_ids`` ``[max_num_tokens]`` int32 and
+    ``positions`` ``[max_num_tokens]`` int64 device buffers.
+
+    vLLM 0.26: the target's forwards read ``input_ids.gpu[:n]`` and
+    ``positions[:n]``, so its CUDA graphs were captured reading these addresses.
+    """
+    return runner.input_ids.gpu, runner.positions
