@@ -171,6 +171,9 @@ def _table(rows: list[dict], key_cols: list[str], x: str, link_base: Path | None
                         key=lambda k: tuple((v is None, v) for v in k))
     head = [*key_cols, "draft", x, *modes,
             "spec_extend / " + (" or ".join(vllm_spec) or "draft_model")]
+    self_drafting = "self_draft" in modes
+    if self_drafting:
+        head.append("self_draft / plain")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for k in lines_keys:
         *keys, draft, xv = k
@@ -182,10 +185,12 @@ def _table(rows: list[dict], key_cols: list[str], x: str, link_base: Path | None
              and (*[r.get(c) for c in key_cols], r[x]) == (*keys, xv)),
             newest.get((*keys, None, xv, "plain")))
         base = next((cells[m] for m in vllm_spec if cells.get(m)), None)
-        lines.append("| " + " | ".join(
-            [*map(_fmt, keys), draft, str(xv), *(_cell(cells.get(m), link_base)
-                                                  for m in modes),
-             _ratio(cells.get("spec_extend"), base)]) + " |")
+        line = [*map(_fmt, keys), draft or "– (target)", str(xv),
+                *(_cell(cells.get(m), link_base) for m in modes),
+                _ratio(cells.get("spec_extend"), base)]
+        if self_drafting:
+            line.append(_ratio(cells.get("self_draft"), cells.get("plain")))
+        lines.append("| " + " | ".join(line) + " |")
     return "\n".join([caption, "", *lines])
 
 
