@@ -186,7 +186,6 @@ def main(argv=None) -> int:
     )
 
     env = dict(os.environ, VLLM_LOG_STATS_INTERVAL="2")
-    env.setdefault("PYTHONPYCACHEPREFIX", "/tmp/pycache")
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     log(f"server log: {server_log}")
     start = time.monotonic()

@@ -11,13 +11,15 @@
 #                           SmolLM2-135M-Instruct (used as target and draft)
 set -euo pipefail
 
-export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-/tmp/pycache}"
-unset PYTHONDONTWRITEBYTECODE
+# Bytecode beside the sources (the venv's own), as .ci/run does.
+unset PYTHONPYCACHEPREFIX PYTHONDONTWRITEBYTECODE
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 start=$SECONDS
 
 VENV="$(bash "$ROOT/scripts/setup_cpu.sh")"
+# Intel OpenMP for vLLM's CPU engine, as it asks for (docs/cpu.md).
+export LD_PRELOAD="$VENV/lib/libiomp5.so${LD_PRELOAD:+:$LD_PRELOAD}"
 
 MODEL="${SPECEXTEND_DEMO_MODEL:-}"
 if [ -z "$MODEL" ]; then

@@ -91,7 +91,7 @@ class Compactor:
             compat.cpu_key_order(layer, kv.shape[2], kv.dtype)
             if kv.device.type == "cpu"
             else None
-            for layer, kv in zip(layers, self._draft_kv)
+            for layer, kv in zip(layers, self._draft_kv, strict=True)
         ]
         nbytes = sum(
             kv[self.first_block :].numel() * kv.element_size() for kv in self._draft_kv

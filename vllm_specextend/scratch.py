@@ -48,7 +48,7 @@ def copy_shifted(
     """Copy whole KV pages ``src`` -> ``dst`` ([n] int64 physical blocks) in
     every layer, their keys re-rotated by ``delta`` [n] positions on the way
     (one read of the sources, one write of the copies)."""
-    for kv_cache, key_order in zip(kv_caches, key_orders):
+    for kv_cache, key_order in zip(kv_caches, key_orders, strict=True):
         pages = kv_cache.index_select(0, src)
         keys = page_keys(pages, head_size, key_order)
         set_page_keys(pages, shift_keys(keys, delta, inv_freq, is_neox), key_order)

@@ -73,7 +73,7 @@ class HostStaging:
             )
         host = self._host[self._turn].numpy()
         offset = start
-        for array, size in zip(arrays, sizes):
+        for array, size in zip(arrays, sizes, strict=True):
             host[offset : offset + size] = np.ravel(array)
             offset += size
         dev = self._dev[start:end]

@@ -81,7 +81,8 @@ def view_blocks(
     else:
         selected_idx = j.expand(num_rows, -1)
     window_idx = j - prefix_end + window_block[:, None]
-    idx = torch.where(j < sink_blocks, j, torch.where(in_selected, selected_idx, window_idx))
+    chosen = torch.where(in_selected, selected_idx, window_idx)
+    idx = torch.where(j < sink_blocks, j, chosen)
     return idx.clamp(0, width - 1).to(torch.int64)
 
 
@@ -106,7 +107,8 @@ def compacted_view(
     row keeps its real blocks). All [R] int on the table's device."""
     j = torch.arange(view_table.shape[1], device=view_table.device)[None, :]
     swap = (first_scratch[:, None] >= 0) & (j < prefix_blocks[:, None])
-    return torch.where(swap, first_scratch[:, None] + j, view_table).to(view_table.dtype)
+    swapped = torch.where(swap, first_scratch[:, None] + j, view_table)
+    return swapped.to(view_table.dtype)
 
 
 def prefix_shift(
