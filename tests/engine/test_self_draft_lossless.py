@@ -23,6 +23,7 @@ from test_lossless import (
 )
 
 from benchmarks.harness import drafter as harness
+from vllm_specextend import compat
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
@@ -66,6 +67,11 @@ def test_self_draft_matches_plain(tiny_target, prompts, plain_outputs, prefix_ca
     assert proposer.model is not None and not any(
         "draft_model" in name for name in proposer._draft_attn_layer_names
     ), "no draft layers: the drafter runs the target's"
+    # The target's CUDA graphs read their inputs where the target writes them:
+    # the drafter must write its own there too (docs/design.md).
+    runner_ids, runner_positions = compat.model_input_buffers(proposer.runner)
+    assert proposer.input_ids.data_ptr() == runner_ids.data_ptr()
+    assert proposer.positions.data_ptr() == runner_positions.data_ptr()
     assert outputs == plain_outputs
     assert drafts > 0 and accepted > 0
     assert stats["retrievals"] > 0
