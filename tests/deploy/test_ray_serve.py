@@ -31,7 +31,6 @@ from benchmarks.harness.server import free_port, serve, tail
 from vllm_specextend.config import SpecExtendConfig
 from vllm_specextend.metrics import METRICS_DIR_ENV, SnapshotCollector
 
-
 REPO = Path(__file__).resolve().parents[2]
 RAY_APP = REPO / "deploy" / "ray_serve" / "app.py"
 RAY_CONFIG = REPO / "deploy" / "ray_serve" / "config.yaml"
@@ -145,36 +144,58 @@ def _session_pids(sid: int) -> list[int]:
     return pids
 
 
-def _stop_session(proc: subprocess.Popen, sig: int, leftovers: list[int]) -> None:
+def _cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[
+            :200].decode(errors="replace")
+    return "?"
+
+
+def _stop_session(proc: subprocess.Popen, sig: int, leftovers: list[str]) -> None:
     """Signal ``proc`` (a session leader), wait, then SIGKILL what is left of its
-    session, by pid, and record those pids in ``leftovers``."""
+    session, by pid, and record those processes in ``leftovers``."""
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(sig)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=STOP_S)
-    # Children exit right after their parent; on 2 loaded cores (CI running
-    # beside other work) a Ray worker took over 10 s. A leak outlives any wait.
+    stuck = []
+    if proc.poll() is None:
+        stuck = [f"{proc.pid} {_cmdline(proc.pid)} (ignored signal {sig}; its "
+                 "threads' stacks are in its log)"]
+        # SIGABRT makes Python's faulthandler (PYTHONFAULTHANDLER=1 in its env)
+        # write every thread's stack to the log the failure shows.
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGABRT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+    # Its children exit after the leader; give them time on 2 loaded cores.
     deadline = time.monotonic() + CHILD_EXIT_S
     while (pids := _session_pids(proc.pid)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    if proc.poll() is None:
-        pids.append(proc.pid)
-    leftovers += pids
-    for pid in pids:
+    leftovers += stuck + [f"{pid} {_cmdline(pid)}" for pid in pids]
+    for pid in [*pids, proc.pid]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     proc.wait()
 
 
 def _popen(cmd: list[str], log: Path, env: dict) -> subprocess.Popen:
-    with log.open("wb") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
+    # A child inherits an ignored SIGINT, and Python then installs no
+    # KeyboardInterrupt handler: under a shell's background job (`.ci/run &`)
+    # `serve run` slept through the SIGINT meant to shut it down. The child
+    # gets the default disposition whatever pytest was started with.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with log.open("wb") as out:
+            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env,
+                                    start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager
-def _ray_head(temp_dir: Path, log: Path, env: dict, leftovers: list[int]):
+def _ray_head(temp_dir: Path, log: Path, env: dict, leftovers: list[str]):
     """``ray start --head --block`` on free ports; yields the GCS address.
 
     The agent ports are given, not discovered: the raylet otherwise waits 15 s
@@ -205,7 +226,7 @@ def _ray_head(temp_dir: Path, log: Path, env: dict, leftovers: list[int]):
 
 @contextlib.contextmanager
 def _serve_run(config: Path, address: str, log: Path, env: dict,
-               leftovers: list[int]):
+               leftovers: list[str]):
     """``serve run CONFIG`` against ``address``; SIGINT (Ctrl-C) makes it call
     ``serve.shutdown()``, which stops the app's replicas and engines."""
     proc = _popen([str(BIN / "serve"), "run", "--address", address, str(config)],
@@ -266,6 +287,8 @@ def test_ray_serve_matches_plain_vllm_serve(smollm2_model, document, tmp_path):
            "VLLM_LOG_STATS_INTERVAL": "1", METRICS_DIR_ENV: str(metrics),
            # Serve is shut down before Ray: nothing to drain on SIGTERM (30 s).
            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+           # Logs complete up to a kill; a stuck process's stacks on SIGABRT.
+           "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1",
            # `deploy.ray_serve.app` is imported on the cluster, not the driver.
            "PYTHONPATH": os.pathsep.join(
                p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
@@ -282,7 +305,7 @@ def test_ray_serve_matches_plain_vllm_serve(smollm2_model, document, tmp_path):
     serve_log, head_log = tmp_path / "serve_run.log", tmp_path / "ray_head.log"
     # Short: Ray's unix socket paths under it must fit in 107 bytes.
     temp_dir = Path(tempfile.mkdtemp(prefix="ray-"))
-    leftovers: list[int] = []
+    leftovers: list[str] = []
     try:
         with _ray_head(temp_dir, head_log, env, leftovers) as address, \
                 _serve_run(config_path, address, serve_log, env, leftovers) as proc:
@@ -298,8 +321,12 @@ def test_ray_serve_matches_plain_vllm_serve(smollm2_model, document, tmp_path):
                     break
                 time.sleep(1)
     finally:
+        if leftovers:  # Ray's own logs say what its processes were doing
+            shutil.copytree(temp_dir / "session_latest" / "logs", tmp_path / "ray_logs",
+                            ignore_dangling_symlinks=True, dirs_exist_ok=True)
         shutil.rmtree(temp_dir, ignore_errors=True)
-    assert not leftovers, f"processes left after shutdown: {leftovers}"
+    assert not leftovers, (f"processes left after shutdown: {leftovers}\n"
+                           f"{tail(serve_log, 80)}")
     assert ray_resp.usage.prompt_tokens > PROMPT_TOKENS
     assert ray_resp.usage.completion_tokens == MAX_TOKENS
     assert stats["retrievals"] > 0 and stats["view_rows"] > 0, stats
