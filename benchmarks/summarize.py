@@ -153,7 +153,9 @@ def _cell(row: dict | None, link_base: Path | None) -> str:
 
 
 def _ratio(a: dict | None, b: dict | None) -> str:
-    if a is None or b is None:
+    """a over b, only from one result file: a comparison is made in one run of
+    the benchmark (one device session), never across sessions."""
+    if a is None or b is None or a["file"] != b["file"]:
         return "–"
     return f"{statistics.median(a['tok_s']) / statistics.median(b['tok_s']):.2f}"
 

@@ -120,3 +120,15 @@ def test_check_fails_on_a_stale_file(results, tmp_path, monkeypatch):
     md.write_text(md.read_text().replace("200 (180–210)", "250 (180–210)"))
     assert summarize.main(["--check", str(md)]) == 1
     assert Path(summarize.SUMMARY).is_file()
+
+
+def test_ratio_only_within_one_file(results):
+    """A newer file with spec_extend alone: its cell is shown, but it is not
+    divided by draft_model from another session's file."""
+    newer = _decode("e", [_decode_row("spec_extend", [300.0, 310.0, 320.0])])
+    (results / "decode" / "20261204T0000Z_x.json").write_text(json.dumps(newer))
+    text = summarize.render(summarize.summarize(results), results / "docs")
+    row = next(ln for ln in text.splitlines() if ln.startswith("| GPU | 32K | d | 1 |"))
+    assert "[310 (300–320)](../decode/20261204T0000Z_x.json)" in row
+    assert "[150 (140–160)](../decode/20261202T0000Z_x.json)" in row
+    assert row.endswith("| – |")
