@@ -35,7 +35,7 @@ HELP = (
     "speculative decoding. "
     "Optional JSON with keys policy (cmr|streaming|full), chunk_size, top_k, "
     "retrieve_every, sink_tokens, recent_tokens, min_context, compact_positions "
-    "(auto|true|false). "
+    "(auto|true|false), self_draft (true|false), draft_graph (auto|off|static). "
     "Example: --spec-extend '{\"top_k\": 64, \"retrieve_every\": 4}'."
 )
 

@@ -19,6 +19,7 @@ from typing import Any
 
 ADDITIONAL_CONFIG_KEY = "spec_extend"
 POLICIES = ("cmr", "streaming", "full")
+DRAFT_GRAPH_MODES = ("auto", "off", "static")
 METHODS = ("draft_model", "eagle", "eagle3")
 
 
@@ -49,12 +50,19 @@ class SpecExtendConfig:
     self_draft: bool = False
     """The target drafts for itself through the view of its own KV
     (``self_draft.py``): no draft model, no draft KV."""
+    draft_graph: str = "auto"
+    """The whole draft routine as one CUDA graph per batch size
+    (``draft_graph.py``). ``auto``: captured where the engine allows it (CUDA,
+    FlashAttention, CUDA graphs on, TP=1, a draft model); ``off``: vLLM's
+    piecewise draft graphs; ``static``: the captured routine's code run
+    without capturing (tests and debugging)."""
 
     def __post_init__(self) -> None:
         _raise_if_unknown_policy(self)
         _raise_if_out_of_range(self)
         _raise_if_self_draft_not_bool(self)
         _raise_if_bad_compact_positions(self)
+        _raise_if_bad_draft_graph(self)
         _raise_if_sinks_not_whole_chunks(self)
 
     @classmethod
@@ -218,6 +226,14 @@ def _raise_if_bad_compact_positions(cfg: SpecExtendConfig) -> None:
         raise SpecExtendConfigError(
             f"spec_extend.compact_positions={value!r} must be "
             '"auto", true or false.'
+        )
+
+
+def _raise_if_bad_draft_graph(cfg: SpecExtendConfig) -> None:
+    if cfg.draft_graph not in DRAFT_GRAPH_MODES:
+        raise SpecExtendConfigError(
+            f"spec_extend.draft_graph={cfg.draft_graph!r} must be one of "
+            f"{DRAFT_GRAPH_MODES}."
         )
 
 

@@ -36,6 +36,8 @@ COUNTERS = {
     "scoring_seconds": "Time spent scoring and selecting chunks.",
     "compactions": "Rows whose sink and chunk blocks were re-rotated (compacted positions).",
     "compaction_seconds": "Time spent copying and re-rotating those blocks.",
+    "graph_steps": "Draft steps that replayed the captured draft routine.",
+    "graph_fallbacks": "Draft steps that drafted eagerly although graphs are captured.",
 }
 GAUGES = {"tracked_requests": "Requests holding SpecExtend selection state."}
 LABELS = ["model_name", "engine"]
@@ -54,6 +56,8 @@ class SpecExtendStats:
     scoring_seconds: float = 0.0
     compactions: int = 0
     compaction_seconds: float = 0.0
+    graph_steps: int = 0
+    graph_fallbacks: int = 0
     tracked_requests: int = 0
     _pending: list = field(default_factory=list, repr=False)
 

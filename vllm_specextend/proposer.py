@@ -31,6 +31,9 @@ small arrays they produce reach the device in one non-blocking copy
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from types import SimpleNamespace
+
 import numpy as np
 import torch
 from typing_extensions import override
@@ -38,6 +41,13 @@ from typing_extensions import override
 from vllm_specextend import compat
 from vllm_specextend.compactor import Compactor
 from vllm_specextend.config import SpecExtendConfig
+from vllm_specextend.draft_graph import (
+    MAX_GRAPH_BATCH,
+    DraftGraphs,
+    DraftInputs,
+    blocker,
+    graph_view_tokens,
+)
 from vllm_specextend.metrics import SpecExtendStats, StatsReporter
 from vllm_specextend.planner import BatchLens, StepPlanner
 from vllm_specextend.retriever import Retriever
@@ -45,12 +55,16 @@ from vllm_specextend.self_draft import TargetAsDraft
 from vllm_specextend.settings import Settings
 from vllm_specextend.staging import HostStaging
 from vllm_specextend.state import SelectionState
-from vllm_specextend.view import View, ViewBuilder
+from vllm_specextend.view import View, ViewBuilder, ViewParams, view_blocks
 
 logger = compat.logger
 
 
 class SpecExtendMixin:
+    _graphable = False
+    """The draft routine can be captured (``capture_graphs``): so far the
+    ``draft_model`` routine, whose inputs are token ids alone."""
+
     def __init__(self, vllm_config, device: torch.device, runner=None):
         super().__init__(vllm_config, device, runner=runner)
         # The base class accepts the runner but does not keep it.
@@ -68,6 +82,9 @@ class SpecExtendMixin:
             compat.allow_long_drafts(runner)
         self._min_context = self.settings.min_view_context
         self._view: View | None = None
+        self.graphs: DraftGraphs | None = None
+        self._in_graph = False  # the body runs: no nested piecewise graphs
+        self._graph_blockers: set[str] = set()
         self.retriever = Retriever(self.cfg, None, self.staging, device)
         self._use_config(self.cfg)
 
@@ -84,6 +101,12 @@ class SpecExtendMixin:
         if self.compactor is not None:
             self.compactor.cfg = cfg
         self.view_builder: ViewBuilder | None = None
+        if getattr(self, "graphs", None) is not None:
+            # The graphs read the old selection buffers: drafting goes on
+            # eagerly (reconfigure is for benchmarks and evaluations).
+            self.graphs.release()
+            self.graphs = None
+            logger.info("SpecExtend: reconfigured; draft graphs dropped.")
 
     @override
     def load_model(self, target_model) -> None:
@@ -151,14 +174,24 @@ class SpecExtendMixin:
         num_rejected_tokens_gpu=None,
         slot_mappings=None,
     ) -> torch.Tensor:
-        # Extends super(): sets the view for the funnel, then drafts as usual.
+        # Extends super(): plans the view (and retrieves) on the host, then
+        # replays the captured draft routine when the step fits it, else sets
+        # the view for the funnel and drafts as vLLM does.
         # K = 0 (vLLM's per-batch-size schedule turned drafting off) samples no
         # draft, so no view is needed.
-        if self.cfg.policy != "full" and num_speculative_tokens > 0:
-            self._view = self._prepare_view(
-                common_attn_metadata, token_indices_to_sample, num_rejected_tokens_gpu
-            )
+        cad = common_attn_metadata
         try:
+            if self.cfg.policy != "full" and num_speculative_tokens > 0:
+                step = self._plan_view(cad, token_indices_to_sample,
+                                       num_rejected_tokens_gpu)
+                drafts = self._maybe_replay(
+                    step, num_speculative_tokens, target_token_ids,
+                    target_positions, next_token_ids, cad, sampling_metadata,
+                    mm_embed_inputs, num_rejected_tokens_gpu,
+                )
+                if drafts is not None:
+                    return drafts
+                self._view = self._gather_view(step, cad)
             return super().propose(
                 num_speculative_tokens,
                 target_token_ids,
@@ -166,7 +199,7 @@ class SpecExtendMixin:
                 target_hidden_states,
                 next_token_ids,
                 token_indices_to_sample,
-                common_attn_metadata,
+                cad,
                 sampling_metadata,
                 mm_embed_inputs=mm_embed_inputs,
                 num_rejected_tokens_gpu=num_rejected_tokens_gpu,
@@ -187,8 +220,31 @@ class SpecExtendMixin:
             common_attn_metadata, draft_index
         )
 
+    @override
+    def _determine_batch_execution_and_padding(self, num_tokens: int,
+                                               use_cudagraphs: bool = True):
+        # Inside the captured body the draft's own piecewise graphs must not
+        # replay (graphs do not nest): run its compiled pieces directly.
+        if self._in_graph:
+            return compat.CUDAGraphMode.NONE, num_tokens, None
+        return super()._determine_batch_execution_and_padding(
+            num_tokens, use_cudagraphs=use_cudagraphs
+        )
+
     def _apply_view(self, cad):
         view = self._view
+        if view.offsets_cpu is None:
+            # A graph's view: host values are baked in at capture, so the
+            # bound on every row's view length replaces the host shadows.
+            return cad.replace(
+                block_table_tensor=view.block_table,
+                seq_lens=cad.seq_lens - view.offsets,
+                max_seq_len=view.max_seq_len,
+                seq_lens_cpu_upper_bound=None,
+                _seq_lens_cpu=None,
+                _num_computed_tokens_cpu=None,
+                _num_computed_tokens_cache=None,
+            )
 
         def minus(x):
             return None if x is None else x - view.offsets_cpu[: x.shape[0]]
@@ -202,7 +258,8 @@ class SpecExtendMixin:
             _num_computed_tokens_cache=None,
         )
 
-    def _prepare_view(self, cad, token_indices_to_sample, num_rejected) -> View | None:
+    def _plan_view(self, cad, token_indices_to_sample, num_rejected) -> _Step:
+        """The host half of a step: plan, retrieve, and the view's rows."""
         num_reqs = cad.num_reqs
         req_ids = compat.batch_req_ids(self.runner, num_reqs)
         seq = compat.batch_seq_lens_cpu(self.runner, num_reqs).astype(np.int64)
@@ -214,11 +271,7 @@ class SpecExtendMixin:
             ),
             q_start=seq - np.diff(qsl),
         )
-        if self.view_builder is None:
-            # The kernel block size is known once vLLM initialized the backend.
-            self.view_builder = ViewBuilder(
-                self.cfg, self.state, self.staging, self.block_size, self.compactor
-            )
+        builder = self._view_builder()
         self.staging.begin_step(self._staging_need(num_reqs))
         slots, slots_dev = self.state.slots_for(req_ids, self.staging)
         request = self.planner.plan(lens, slots)
@@ -227,10 +280,170 @@ class SpecExtendMixin:
                 request, lens, slots, slots_dev, cad, token_indices_to_sample,
                 num_rejected, self.stats,
             )
-        return self.view_builder.build(
-            seq, self._drafting_rows(lens), slots, slots_dev, cad.block_table_tensor,
+        drafting = self._drafting_rows(lens)
+        params = builder.params(seq, drafting, slots, self.stats)
+        return _Step(lens, drafting, slots, slots_dev, params)
+
+    def _view_builder(self) -> ViewBuilder:
+        if self.view_builder is None:
+            # The kernel block size is known once vLLM initialized the backend.
+            self.view_builder = ViewBuilder(
+                self.cfg, self.state, self.staging, self.block_size, self.compactor
+            )
+        return self.view_builder
+
+    def _gather_view(self, step: _Step, cad) -> View | None:
+        if not step.params.on.any():
+            return None
+        return self.view_builder.gather(
+            step.params, step.slots, step.slots_dev, cad.block_table_tensor,
             self.stats,
         )
+
+    # --- the captured draft routine (draft_graph.py) ------------------------------
+
+    def _maybe_replay(self, step: _Step, num_speculative_tokens, target_token_ids,
+                      target_positions, next_token_ids, cad, sampling_metadata,
+                      mm_embed_inputs, num_rejected) -> torch.Tensor | None:
+        """The drafts from the captured routine, or None where this step
+        cannot replay it (it then drafts eagerly; ``graph_fallbacks`` counts)."""
+        graphs = self.graphs
+        if graphs is None:
+            return None
+        batch = cad.num_reqs
+        view_lens = step.params.view_lens(step.lens.seq)
+        reason = blocker(
+            batch=batch,
+            num_spec_tokens=num_speculative_tokens,
+            graph_k=graphs.inputs.k,
+            captured=graphs.captured,
+            num_tokens=cad.num_actual_tokens,
+            max_query_len=cad.max_query_len,
+            all_decoding=bool(step.drafting.all()),
+            longest_view=int(view_lens.max()) + num_speculative_tokens + 2,
+            width_tokens=graphs.width_tokens,
+            greedy=self._greedy_drafts(sampling_metadata)
+            and mm_embed_inputs is None,
+            table_width=cad.block_table_tensor.shape[1],
+            graph_table_width=graphs.inputs.table_width,
+        )
+        if reason is not None:
+            self.stats.graph_fallbacks += 1
+            if reason not in self._graph_blockers:
+                self._graph_blockers.add(reason)
+                logger.debug("SpecExtend: a step drafts eagerly (%s).", reason)
+            return None
+        params = step.params
+        (view_params,) = self.staging.to_device(np.stack([
+            params.num_selected, params.window_block, params.offsets, step.slots,
+        ]))
+        graphs.inputs.load(
+            batch, target_token_ids, target_positions, next_token_ids,
+            num_rejected, cad.seq_lens, cad.block_table_tensor,
+            view_params.view(4, batch),
+        )
+        self.stats.graph_steps += 1
+        return graphs.run(batch)
+
+    def _greedy_drafts(self, sampling_metadata) -> bool:
+        # vLLM samples drafts only with probabilistic draft sampling and a
+        # non-greedy batch; a graph would bake one batch's sampling in.
+        return (not self._enable_probabilistic_draft_probs
+                or sampling_metadata.all_greedy)
+
+    def capture_graphs(self) -> None:
+        """After vLLM's own capture (the worker's warm-up): capture the draft
+        routine per batch size, or say in one line why drafting stays eager.
+        ``draft_graph``: ``auto`` captures on CUDA, ``static`` runs the same
+        routine uncaptured (tests, debugging), ``off`` keeps vLLM's path."""
+        mode = self.cfg.draft_graph
+        capture = mode == "auto"
+        if mode == "off" or (capture and self.device.type != "cuda"):
+            return
+        reason = self._graphs_unsupported(capture)
+        if reason is not None:
+            logger.info("SpecExtend: draft routine not captured (%s); drafting "
+                        "through vLLM's piecewise graphs.", reason)
+            return
+        k = self.speculative_config.num_speculative_tokens
+        table_width = compat.block_table_width(self.runner, self.kv_cache_gid)
+        width = min(
+            graph_view_tokens(self.cfg.working_set_tokens(k), self._min_context,
+                              self.cfg.retrieve_every, k, self.block_size),
+            table_width * self.block_size,
+        )
+        max_batch = min(compat.max_num_seqs(self.vllm_config), MAX_GRAPH_BATCH)
+        inputs = DraftInputs(max_batch, k, table_width, self.device)
+        graphs = DraftGraphs(
+            lambda batch: self._graph_body(batch, inputs, width),
+            list(range(1, max_batch + 1)), inputs, width, capture,
+        )
+        self._view_builder()
+        try:
+            graphs.capture()
+        except Exception as e:  # noqa: BLE001 - any failure: stay on vLLM's path
+            graphs.release()
+            logger.warning("SpecExtend: capturing the draft routine failed (%s: "
+                           "%s); drafting through vLLM's piecewise graphs.",
+                           type(e).__name__, e)
+            return
+        self.graphs = graphs
+        logger.info(
+            "SpecExtend: draft routine %s for batch sizes 1-%d (K=%d, view "
+            "width %d tokens).", "captured" if capture else "on static buffers",
+            max_batch, k, width,
+        )
+
+    def _graphs_unsupported(self, capture: bool) -> str | None:
+        if not self._graphable:
+            return "only draft_model's routine is captured so far"
+        if self.cfg.policy == "full":
+            return "policy full has no bounded view"
+        if self.compactor is not None:
+            return "compacted positions"
+        return compat.draft_graph_blocker(self.vllm_config, self.draft_attn_groups,
+                                          capture)
+
+    def _graph_body(self, batch: int, inputs: DraftInputs,
+                    width_tokens: int) -> torch.Tensor:
+        """vLLM's propose over the static inputs and a view gathered from them;
+        what ``DraftGraphs`` captures. [batch, k] drafts."""
+        k, n = inputs.k, batch * (inputs.k + 1)
+        builder = self.view_builder
+        num_selected, window_block, offsets, slots = inputs.view_params[:, :batch]
+        logical = view_blocks(
+            (batch, inputs.table_width), builder.sink_blocks, num_selected,
+            window_block, self.state.selected_chunks[slots],
+            builder.blocks_per_chunk, width=width_tokens // self.block_size,
+        )
+        table = inputs.block_table[:batch]
+        cad = compat.decode_attn_metadata(
+            query_start_loc=inputs.query_start_loc[: batch + 1],
+            query_start_loc_cpu=inputs.query_start_loc_cpu[: batch + 1],
+            seq_lens=inputs.seq_lens[:batch],
+            num_reqs=batch,
+            num_actual_tokens=n,
+            max_query_len=k + 1,
+            max_seq_len=width_tokens,
+            block_table_tensor=table,
+            slot_mapping=inputs.slot_mapping[:n],
+        )
+        self._view = View(torch.gather(table, 1, logical),
+                          offsets.to(torch.int32), None, width_tokens)
+        self._in_graph = True
+        try:
+            return self._base_propose(
+                k, inputs.token_ids[:n], inputs.positions[:n], None,
+                inputs.next_token_ids[:batch], None, cad, _GREEDY,
+                num_rejected_tokens_gpu=inputs.num_rejected[:batch],
+            )
+        finally:
+            self._in_graph = False
+            self._view = None
+
+    def _base_propose(self, *args, **kwargs) -> torch.Tensor:
+        """vLLM's propose, past this mixin's."""
+        return super().propose(*args, **kwargs)
 
     def _staging_need(self, num_reqs: int) -> int:
         # slots 1, retrieval 4, view 3, compaction 2 values per row, plus 4 per
@@ -244,6 +457,22 @@ class SpecExtendMixin:
             self.state.sweep(compat.live_req_ids(self.runner))
             self.stats.tracked_requests = len(self.state)
             self.reporter.maybe_report(force=True)
+
+
+@dataclass
+class _Step:
+    """A step's host plan: lengths, rows drafting, their slots, the view."""
+
+    lens: BatchLens
+    drafting: np.ndarray  # [num_reqs] bool
+    slots: np.ndarray  # [num_reqs] int64
+    slots_dev: torch.Tensor  # [num_reqs] int64
+    params: ViewParams
+
+
+_GREEDY = SimpleNamespace(all_greedy=True)
+"""Sampling metadata of a captured routine: vLLM reads only ``all_greedy``
+from it when drafts are sampled greedily (``_greedy_drafts``)."""
 
 
 class SeparateDraft:
@@ -264,6 +493,8 @@ class SeparateDraft:
 
 class SpecExtendProposer(SpecExtendMixin, SeparateDraft, compat.DraftModelProposer):
     """``draft_model`` with Cross-model Retrieval."""
+
+    _graphable = True
 
 
 class SpecExtendEagleProposer(SpecExtendMixin, SeparateDraft, compat.EagleProposer):

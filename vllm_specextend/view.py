@@ -36,10 +36,11 @@ def build_view(
     window_block: torch.Tensor,
     selected_chunks: torch.Tensor,
     blocks_per_chunk: int,
+    width: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gather a view of ``block_table`` ([R, B] int32, real table of kernel-block
-    ids) through ``view_blocks``; returns the view [R, B] int32 and the logical
-    block index behind each column [R, B] int64."""
+    ids) through ``view_blocks``; returns the view [R, width] int32 (width: B by
+    default) and the logical block index behind each column [R, width] int64."""
     idx = view_blocks(
         block_table.shape,
         sink_blocks,
@@ -47,6 +48,7 @@ def build_view(
         window_block,
         selected_chunks,
         blocks_per_chunk,
+        width,
     )
     return torch.gather(block_table, 1, idx), idx
 
@@ -58,18 +60,22 @@ def view_blocks(
     window_block: torch.Tensor,
     selected_chunks: torch.Tensor,
     blocks_per_chunk: int,
+    width: int | None = None,
 ) -> torch.Tensor:
-    """Logical block index behind each column of the view, [R, B] int64.
+    """Logical block index behind each column of the view, [R, width] int64.
 
     shape:           (R, B) of the real block table.
     num_selected:    [R] int, selected chunks per row (0: sinks + window only).
     window_block:    [R] int, first logical block of the recent window.
     selected_chunks: [R, K] int, chunk ids, the first ``num_selected`` valid.
+    width:           view columns (default B). A fixed width below B (a CUDA
+                     graph's) must cover every row's view length.
     Rows with ``num_selected == 0`` and ``window_block == sink_blocks`` map to
-    themselves (the full table).
+    themselves (the full table, or its first ``width`` blocks).
     Entries past the row's view length are padding that kernels never read.
     """
-    num_rows, width = shape
+    num_rows, table_width = shape
+    width = table_width if width is None else width
     j = torch.arange(width, device=num_selected.device)[None, :]
     prefix_end = sink_blocks + num_selected[:, None] * blocks_per_chunk
     in_selected = (j >= sink_blocks) & (j < prefix_end)
@@ -83,7 +89,7 @@ def view_blocks(
     window_idx = j - prefix_end + window_block[:, None]
     chosen = torch.where(in_selected, selected_idx, window_idx)
     idx = torch.where(j < sink_blocks, j, chosen)
-    return idx.clamp(0, width - 1).to(torch.int64)
+    return idx.clamp(0, table_width - 1).to(torch.int64)
 
 
 def view_offsets(
@@ -129,9 +135,28 @@ def prefix_shift(
 class View:
     """What the draft's attention metadata takes from a step's view."""
 
-    block_table: torch.Tensor  # [num_reqs, max_blocks] int32
+    block_table: torch.Tensor  # [num_reqs, width] int32
     offsets: torch.Tensor  # [num_reqs] int32, tokens dropped before the window
-    offsets_cpu: torch.Tensor  # [num_reqs] int32, the same on the host
+    offsets_cpu: torch.Tensor | None  # [num_reqs] int32, the same on the host
+    max_seq_len: int | None = None
+    """A fixed bound on every row's view length (a CUDA graph's, whose host
+    values are baked in at capture); None: the metadata's own bound stands."""
+
+
+@dataclass
+class ViewParams:
+    """The host half of a step's view, [num_reqs] each: which rows read
+    through a selection, and where their prefix and window sit."""
+
+    on: np.ndarray  # bool, the row drafts through its selection
+    num_selected: np.ndarray  # int64, chunks kept (0 where off)
+    window_block: np.ndarray  # int64, first logical block of the window
+    offsets: np.ndarray  # int64, tokens dropped before the window (0 where off)
+    prefix_blocks: np.ndarray  # int64, sink + selected blocks
+
+    def view_lens(self, seq: np.ndarray) -> np.ndarray:
+        """Tokens each row's view holds for a context of ``seq`` tokens."""
+        return seq - self.offsets
 
 
 class ViewBuilder:
@@ -139,7 +164,8 @@ class ViewBuilder:
 
     Rows without a selection in use map to themselves (sinks + window from the
     first block), so one gather serves the whole batch. Host lengths decide
-    which rows read through a view; chunk ids stay on the device.
+    which rows read through a view (``params``); chunk ids stay on the device
+    (``gather``).
     """
 
     def __init__(self, cfg, state, staging, block_size: int, compactor=None):
@@ -148,6 +174,8 @@ class ViewBuilder:
         self.staging = staging
         self.block_size = block_size
         self.compactor = compactor
+        self.blocks_per_chunk = cfg.chunk_size // block_size
+        self.sink_blocks = cfg.sink_tokens // block_size
         self._raise_if_chunk_not_whole_blocks()
 
     def _raise_if_chunk_not_whole_blocks(self) -> None:
@@ -160,40 +188,48 @@ class ViewBuilder:
     def build(self, seq, drafting, slots, slots_dev, block_table, stats) -> View | None:
         """seq, drafting (rows whose draft forwards may read through a view),
         slots: [num_reqs] host; block_table: [num_reqs, max_blocks] device."""
-        cfg, state, bs = self.cfg, self.state, self.block_size
-        per_chunk = cfg.chunk_size // bs
-        sink_blocks = cfg.sink_tokens // bs
+        params = self.params(seq, drafting, slots, stats)
+        if not params.on.any():
+            return None
+        return self.gather(params, slots, slots_dev, block_table, stats)
+
+    def params(self, seq, drafting, slots, stats) -> ViewParams:
+        """The host half; counts the step's rows and context in ``stats``."""
+        state, bs = self.state, self.block_size
         on = state.active[slots] & drafting  # [num_reqs]
         num_selected = np.where(on, state.num_selected[slots], 0)
-        prefix = sink_blocks + num_selected * per_chunk
+        prefix = self.sink_blocks + num_selected * self.blocks_per_chunk
         starts = state.window_start[slots]
-        window_block = np.where(on, starts // bs, sink_blocks)
+        window_block = np.where(on, starts // bs, self.sink_blocks)
         offsets = np.where(on, starts - prefix * bs, 0)
         stats.decode_rows += int(drafting.sum())
         stats.full_context_tokens += int(seq[drafting].sum())
         stats.draft_context_tokens += int((seq - offsets)[drafting].sum())
-        if not on.any():
-            return None
-        state.steps_since_refresh[slots[on]] += 1
-        stats.view_rows += int(on.sum())
+        if on.any():
+            state.steps_since_refresh[slots[on]] += 1
+            stats.view_rows += int(on.sum())
+        return ViewParams(on, num_selected, window_block, offsets, prefix)
+
+    def gather(self, params: ViewParams, slots, slots_dev, block_table, stats) -> View:
+        """The device half: one gather of the real table for the whole batch."""
         num_selected_d, window_block_d, offsets_d = self.staging.to_device(
-            num_selected, window_block, offsets
+            params.num_selected, params.window_block, params.offsets
         )
         table, logical = build_view(
             block_table,
-            sink_blocks,
+            self.sink_blocks,
             num_selected_d,
             window_block_d,
-            state.selected_chunks[slots_dev],  # [num_reqs, top_k]
-            per_chunk,
+            self.state.selected_chunks[slots_dev],  # [num_reqs, top_k]
+            self.blocks_per_chunk,
         )
         if self.compactor is not None:
             table = self.compactor.apply(
-                table, logical, on, slots, prefix, offsets, state, self.staging,
-                bs, stats,
+                table, logical, params.on, slots, params.prefix_blocks,
+                params.offsets, self.state, self.staging, self.block_size, stats,
             )
         return View(
             table,
             offsets_d.to(torch.int32),
-            torch.from_numpy(offsets.astype(np.int32)),
+            torch.from_numpy(params.offsets.astype(np.int32)),
         )

@@ -1,7 +1,7 @@
 """The plugin's own work on a step (plan, retrieve, view), outside vLLM's loop.
 
 A proposer is assembled around a stand-in runner and attention layer, and its
-step (``_prepare_view``) runs over a changing batch. On CPU this checks the
+step (``_plan_view``, then ``_gather_view``) runs over a changing batch. On CPU this checks the
 wiring; on a GPU (``-m gpu``) it also proves the step makes no host-device
 sync: it runs under ``torch.cuda.set_sync_debug_mode("error")``, which raises
 on any synchronizing call (a ``.item()``, a blocking copy, a ``nonzero``).
@@ -89,6 +89,11 @@ def _step(runner, device, live, rng, table):
     return cad, token_indices, rejected
 
 
+def _prepare_view(proposer, cad, token_indices, rejected):
+    step = proposer._plan_view(cad, token_indices, rejected)
+    return proposer._gather_view(step, cad)
+
+
 def _run(device, steps=24):
     rng = np.random.default_rng(0)
     runner = types.SimpleNamespace(input_batch=types.SimpleNamespace())
@@ -100,12 +105,12 @@ def _run(device, steps=24):
     for step in range(steps):
         cad, token_indices, rejected = _step(runner, device, live, rng, tables)
         if step == 0 or device.type != "cuda":
-            view = proposer._prepare_view(cad, token_indices, rejected)
+            view = _prepare_view(proposer, cad, token_indices, rejected)
         else:
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("error")
             try:
-                view = proposer._prepare_view(cad, token_indices, rejected)
+                view = _prepare_view(proposer, cad, token_indices, rejected)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
         views += view is not None

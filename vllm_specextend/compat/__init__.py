@@ -31,6 +31,11 @@ argparse ``_option_string_actions``                 read        an option's acti
 ``Attention.get_kv_cache_spec``                     call        draft KV bytes per block
 ``kv_cache_utils.max_memory_usage_bytes``           call        one request's KV (budget check)
 ``Worker.initialize_from_config``                   override    KV allocated: add scratch blocks
+``Worker.compile_or_warm_up_model``                 override    after vLLM's capture: the draft routine
+``  ._determine_batch_execution_and_padding``       override    no nested graphs inside the capture
+``CommonAttentionMetadata``                         build       static inputs of the captured routine
+``InputBatch.block_table[g].block_table.gpu``       read        the table width the graphs are sized to
+``AttentionGroup.get_metadata_builder``             read        FlashAttention: capturable drafting
 ``Attention.kv_cache``                              patch       draft layers' KV with scratch blocks
 ``GPUModelRunner.kv_caches``                        patch       ... and the runner's list of them
 ``GPUModelRunner.effective_drafter_max_model_len``  patch       drafts past the draft's length
@@ -72,6 +77,11 @@ from vllm_specextend.compat.engine import (
     max_num_batched_tokens,
     max_num_seqs,
     served_model_name,
+)
+from vllm_specextend.compat.graphs import (
+    block_table_width,
+    decode_attn_metadata,
+    draft_graph_blocker,
 )
 from vllm_specextend.compat.kv import (
     PADDING_SLOT_ID,
@@ -115,7 +125,8 @@ __all__ = [
     "LAZY", "PADDING_SLOT_ID", "PATCHES", "PLATFORM_WORKERS", "REGISTRY", "SKIP_VERSION_CHECK_ENV",
     "SUPPORTED_VLLM", "add_kv_blocks", "additional_config", "allow_long_drafts",
     "apply_process_patches", "attention_layer", "batch_num_prompt_tokens",
-    "batch_req_ids", "batch_seq_lens_cpu", "check_touch_points",
+    "batch_req_ids", "batch_seq_lens_cpu", "block_table_width",
+    "check_touch_points", "decode_attn_metadata", "draft_graph_blocker",
     "check_vllm_version", "cpu_key_order", "engine_facts",
     "engine_index", "engine_indexes", "extend_rope", "has_option",
     "is_cpu_platform", "kv_block_bytes", "kv_cache_layer_names",
@@ -184,6 +195,11 @@ _TOUCH_POINTS = {
     "GPUWorkerBase.determine_available_memory": (),
     "GPUWorkerBase.initialize_from_config": ("kv_cache_config",),
     "GPUWorkerBase.execute_model": ("scheduler_output",),
+    "GPUWorkerBase.compile_or_warm_up_model": (),
+    "DraftModelProposer._determine_batch_execution_and_padding": (
+        "num_tokens",
+        "use_cudagraphs",
+    ),
     "EngineArgs.add_cli_args": ("parser",),
     "EngineArgs.create_engine_config": ("usage_context",),
 }

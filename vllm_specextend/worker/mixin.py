@@ -74,6 +74,14 @@ class SpecExtendWorkerMixin:
         # Before warm-up and graph capture, which bake in KV tensor addresses.
         self.model_runner.drafter.add_scratch_blocks()
 
+    @override
+    def compile_or_warm_up_model(self):
+        result = super().compile_or_warm_up_model()
+        # After vLLM's own capture: the draft model is compiled and the KV
+        # cache (scratch blocks included) sits at its final addresses.
+        self.model_runner.drafter.capture_graphs()
+        return result
+
     def specextend_state(self) -> dict:
         """For ``collective_rpc("specextend_state")``: this rank's live request
         ids, the requests holding selection state, and the plugin's counters."""

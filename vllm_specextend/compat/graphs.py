@@ -1,0 +1,48 @@
+"""What a captured draft routine needs from vLLM (``draft_graph.py``).
+
+vLLM 0.26: the drafter's attention metadata builders take a
+``CommonAttentionMetadata``; FlashAttention's reads the block table,
+``seq_lens`` and ``query_start_loc`` from device tensors and bakes only host
+bounds (``max_query_len``, ``max_seq_len``, the split count) into each call,
+so a graph captured over persistent buffers replays over new contents
+(``AttentionCGSupport.ALWAYS``, as the target's FULL decode graphs do).
+"""
+
+from __future__ import annotations
+
+from vllm_specextend.compat.symbols import load
+
+_CAPTURABLE_BUILDERS = ("FlashAttentionMetadataBuilder",)
+"""Builders whose drafting metadata reads only device tensors and host bounds."""
+
+
+def decode_attn_metadata(**fields):
+    """A ``CommonAttentionMetadata`` of a causal batch from the given fields."""
+    return load("CommonAttentionMetadata")(causal=True, **fields)
+
+
+def block_table_width(runner, kv_cache_group: int) -> int:
+    """Columns of the runner's block table for ``kv_cache_group`` (kernel
+    blocks per request), the width every step's table has."""
+    return runner.input_batch.block_table[kv_cache_group].block_table.gpu.shape[1]
+
+
+def draft_graph_blocker(vllm_config, attn_groups, capture: bool) -> str | None:
+    """Why this engine's draft routine cannot be captured, or None.
+
+    ``capture=False`` (the static body without a graph) only needs one
+    engine process per model copy.
+    """
+    parallel = vllm_config.parallel_config
+    if parallel.tensor_parallel_size != 1:
+        return "tensor parallel: the draft's all-reduces would need vLLM's capture context"
+    if parallel.data_parallel_size != 1:
+        return "data parallel: draft batches are padded across ranks"
+    if not capture:
+        return None
+    if vllm_config.compilation_config.cudagraph_mode == load("CUDAGraphMode").NONE:
+        return "CUDA graphs are off (enforce_eager or cudagraph_mode NONE)"
+    names = {type(g.get_metadata_builder()).__name__ for g in attn_groups}
+    if not names or not names <= set(_CAPTURABLE_BUILDERS):
+        return f"draft attention backend {sorted(names)} is not FlashAttention"
+    return None
