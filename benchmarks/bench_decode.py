@@ -18,7 +18,8 @@ not fit the KV cache is skipped and says so.
 
 Per run: decode tok/s (output tokens after each request's first token over the
 time after the first tokens, from the ``RequestOutput.metrics`` timestamps of
-vLLM's engine core; ``benchmarks.harness.measure``), end-to-end tok/s (all
+vLLM's engine core; ``benchmarks.harness.measure``), the GPU busy share over
+the same window (NVML, ``benchmarks.harness.gpu_busy``), end-to-end tok/s (all
 output tokens over the ``generate`` call), median time to first token,
 acceptance length (vLLM's spec-decode counters), the output digest, and in the
 plugin's modes the deltas of the plugin's counters and seconds from every
@@ -60,6 +61,7 @@ from pathlib import Path
 
 from benchmarks.harness import drafter as access
 from benchmarks.harness import modes
+from benchmarks.harness.gpu_busy import GpuBusy
 from benchmarks.harness.measure import decode_throughput, spread
 from benchmarks.harness.meta import run_metadata
 from benchmarks.longinput.acceptance import counter_delta, spec_counters
@@ -138,8 +140,9 @@ def generate(llm, prompts: list[list[int]], output_len: int) -> dict:
 
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     start = time.perf_counter()
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params,
-                           use_tqdm=False)
+    with GpuBusy() as busy:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                               use_tqdm=False)
     e2e_s = time.perf_counter() - start
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     stats = [o.metrics for o in outputs]
@@ -151,6 +154,8 @@ def generate(llm, prompts: list[list[int]], output_len: int) -> dict:
     output_tokens = sum(map(len, tokens))
     return {
         **decode,
+        # Share of the decode window during which a kernel ran (NVML).
+        "gpu_busy": busy.share((s.first_token_ts, s.last_token_ts) for s in stats),
         "num_cached_tokens": sum(o.num_cached_tokens or 0 for o in outputs),
         "e2e_s": e2e_s,
         "output_tokens": output_tokens,
@@ -270,6 +275,7 @@ def run_engine(args, mode: str, index: int, out: Path) -> int:
                     for prompts in run_sets]
             row.update(warmup_e2e_s=warm["e2e_s"], runs=runs,
                        decode_tok_s=spread([r["decode_tok_s"] for r in runs]),
+                       gpu_busy=[r["gpu_busy"] for r in runs],
                        e2e_tok_s=spread([r["e2e_tok_s"] for r in runs]))
             print(json.dumps({k: v for k, v in row.items() if k != "runs"}),  # noqa: T201
                   flush=True)

@@ -1,5 +1,6 @@
 """Markdown table of a ``benchmarks.bench_decode`` result file (modes side by
-side; median (min–max) of the runs where a cell has several).
+side; median (min–max) of the runs where a cell has several, and each run's
+GPU busy share in brackets where the file has it).
 
     python -m benchmarks.summarize_decode benchmarks/results/decode/<file>.json
 """
@@ -23,8 +24,14 @@ def _tok(r: dict | None) -> str:
     if not isinstance(tok, dict):  # older files: one run per row
         return f"{tok:.0f}"
     if tok["n"] == 1:
-        return f"{tok['median']:.0f}"
-    return f"{tok['median']:.0f} ({tok['min']:.0f}–{tok['max']:.0f})"
+        return f"{tok['median']:.0f}{_busy(r)}"
+    return f"{tok['median']:.0f} ({tok['min']:.0f}–{tok['max']:.0f}){_busy(r)}"
+
+
+def _busy(r: dict) -> str:
+    """Each run's GPU busy share, as ` [97 99 98%]` (files before it: none)."""
+    busy = [b for b in r.get("gpu_busy") or [] if b is not None]
+    return f" [{' '.join(f'{100 * b:.0f}' for b in busy)}%]" if busy else ""
 
 
 def _runs(r: dict) -> list[dict]:

@@ -180,13 +180,14 @@ class ProposeTimer:
 
 
 class HostTimer:
-    """Host time of SpecExtend's per-step view preparation, in ms (no device
-    sync, so on a GPU it is the time to enqueue that work)."""
+    """Host time of SpecExtend's per-step planning (plan, retrieval, the view's
+    rows), in ms (no device sync, so on a GPU it is the time to enqueue that
+    work)."""
 
     def __init__(self, proposer):
         self.times: list[float] = []
         self.enabled = False
-        original = proposer._prepare_view
+        original = proposer._plan_view
 
         def timed(*args, **kwargs):
             if not self.enabled:
@@ -196,7 +197,7 @@ class HostTimer:
             self.times.append(1000 * (time.perf_counter() - start))
             return result
 
-        proposer._prepare_view = timed
+        proposer._plan_view = timed
 
     def take_ms(self) -> list[float]:
         times, self.times = self.times, []
@@ -212,7 +213,7 @@ def install_worker_timers(worker) -> bool:
     proposer = getattr(worker.model_runner, "drafter", None)
     if proposer is None:
         return False
-    host = HostTimer(proposer) if hasattr(proposer, "_prepare_view") else None
+    host = HostTimer(proposer) if hasattr(proposer, "_plan_view") else None
     propose = ProposeTimer(proposer)
     propose.enabled = True
     if host is not None:

@@ -1,0 +1,75 @@
+"""GPU busy share over a run's decode window, from NVML samples.
+
+NVML's ``utilization.gpu`` is the share of the last sample period during which
+at least one kernel ran; below 100% during decoding the GPU waited for the
+host. A thread samples it every ``interval_s`` with ``time.monotonic()``
+stamps, the clock of vLLM's engine-core token timestamps, so the samples
+inside a run's decode intervals (each request's [first token, last token])
+give the run's busy share. ``None`` where NVML is missing (CPU hosts).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+
+
+def _nvml():
+    try:
+        from vllm.third_party import pynvml  # vLLM's bundled copy
+    except ImportError:
+        try:
+            import pynvml
+        except ImportError:
+            return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver: a CPU host
+        return None
+    return pynvml
+
+
+class GpuBusy:
+    """``with GpuBusy() as busy: ...`` then ``busy.share(intervals)``."""
+
+    def __init__(self, device_indexes: Iterable[int] = (0,), interval_s: float = 0.05):
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, float]] = []  # (monotonic s, busy 0..1)
+        self._nvml = _nvml()
+        self._handles = []
+        if self._nvml is not None:
+            self._handles = [self._nvml.nvmlDeviceGetHandleByIndex(i)
+                             for i in device_indexes]
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def available(self) -> bool:
+        return bool(self._handles)
+
+    def __enter__(self) -> GpuBusy:
+        if self.available:
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            rates = [self._nvml.nvmlDeviceGetUtilizationRates(h).gpu
+                     for h in self._handles]
+            self.samples.append((time.monotonic(), sum(rates) / len(rates) / 100.0))
+            self._stop.wait(self.interval_s)
+
+    def share(self, intervals: Iterable[tuple[float, float]]) -> float | None:
+        """Mean busy share of the samples inside any of ``intervals``
+        (monotonic seconds); None without samples there."""
+        intervals = list(intervals)
+        inside = [busy for t, busy in self.samples
+                  if any(start <= t <= end for start, end in intervals)]
+        return sum(inside) / len(inside) if inside else None
