@@ -3,8 +3,9 @@
 vLLM loads it in every process (API server, engine core, workers) before the
 CLI parser and the worker class are built. ``register`` checks the vLLM pin
 and applies the process-wide patches (``compat.patches``): every engine
-parser gets our flags (:func:`on_cli_parser`), every resolved engine config
-goes through :func:`on_engine_config`. Idempotent; failures raise, so startup
+parser gets our flags (:func:`on_cli_parser`), every engine's arguments go
+through :func:`on_engine_args` before its config resolves and every resolved
+config through :func:`on_engine_config`. Idempotent; failures raise, so startup
 stops instead of silently running without the plugin.
 """
 
@@ -21,6 +22,16 @@ def on_cli_parser(parser) -> None:
 
     cli.add_spec_extend_args(parser)
     cli.report_config_errors_briefly()
+
+
+def on_engine_args(args) -> None:
+    """Before each engine config resolves: what ``--spec-extend`` implies for
+    vLLM's own arguments (the speculative config of ``self_draft``, async
+    scheduling)."""
+    from vllm_specextend import scheduling, self_draft
+
+    self_draft.speculative_config_for(args)
+    scheduling.async_by_default(args)
 
 
 def on_engine_config(vllm_config) -> None:
@@ -46,10 +57,8 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    from vllm_specextend import compat, self_draft
+    from vllm_specextend import compat
 
     compat.check_vllm_version()
-    compat.apply_process_patches(
-        on_cli_parser, on_engine_config, self_draft.speculative_config_for
-    )
+    compat.apply_process_patches(on_cli_parser, on_engine_config, on_engine_args)
     _registered = True
