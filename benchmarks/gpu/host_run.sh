@@ -29,6 +29,29 @@ case "$1" in
       > "$OUT/gpu_tests.txt" 2>&1
     echo "gpu-tests rc=$?"; grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/gpu_tests.txt" \
       | grep -v test_scoring_triton | tail -30 ;;
+  graph-tests)
+    # Issue #26's GPU checks: the captured draft routine drafts what vLLM's
+    # piecewise path drafts (async scheduling on), and the plugin's step makes
+    # no host-device sync.
+    timeout ${GPU_TESTS_TIMEOUT:-400} python3 -m pytest -v -p no:cacheprovider \
+      tests/kernels/test_draft_graph_gpu.py tests/unit/test_proposer_step.py \
+      > "$OUT/graph_tests.txt" 2>&1
+    echo "graph-tests rc=$?"; grep -E "PASSED|FAILED|ERROR|passed|failed|Error" \
+      "$OUT/graph_tests.txt" | tail -30 ;;
+  decode26)
+    # Issue #26's table: decode15's cells and flags with 1024 new tokens at
+    # batch 1 (DECODE_OUTPUT_LEN), GPU busy per run. One engine per call:
+    # DECODE_MODES, DECODE_DRAFT, DECODE_CONTEXTS, DECODE_BATCHES, DECODE_METHOD
+    # (eagle3 with DECODE_DRAFT=llama31_8b_eagle3), DECODE_ARGS (extra flags).
+    draft=${DECODE_DRAFT:-llama32_1b}; modes=${DECODE_MODES:-plain}
+    tag=$(echo "$draft $modes ${DECODE_CONTEXTS:-32768} ${DECODE_BATCHES:-1}" | tr ' ' -)
+    timeout ${DECODE_TIMEOUT:-560} python3 -m benchmarks.bench_decode --target-config $M/llama31_8b \
+      --draft-config $M/$draft --modes $modes --method ${DECODE_METHOD:-draft_model} \
+      --contexts ${DECODE_CONTEXTS:-32768} --batch-sizes ${DECODE_BATCHES:-1} \
+      --output-len ${DECODE_OUTPUT_LEN:-1024} ${DECODE_ARGS:-} \
+      --out "$OUT/decode26_$tag.json" > "$OUT/decode26_$tag.log" 2>&1
+    echo "decode26 rc=$?"; python3 -m benchmarks.summarize_decode "$OUT/decode26_$tag.json"
+    grep -m5 -E "Error|error:|SpecExtend: (draft routine|capturing)" "$OUT/decode26_$tag.log" ;;
   self-draft)
     # Issue #11's speed table: the 8B shape drafting for itself (K=3 by default,
     # SELF_K), synthetic acceptance 3.0, against plain; same cells and flags as
@@ -172,5 +195,5 @@ PY
       --modes draft_model streaming cmr cmr_compact --out "$OUT/needle.json" \
       > "$OUT/needle.log" 2>&1
     echo "needle rc=$?"; grep '^|' "$OUT/needle.md" ;;
-  *) echo "usage: host_run.sh kernels|gpu-tests|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|serve12|pair|eval|analyses|needle" >&2; exit 2 ;;
+  *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|serve12|pair|eval|analyses|needle" >&2; exit 2 ;;
 esac
