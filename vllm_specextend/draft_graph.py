@@ -166,7 +166,9 @@ class DraftGraphs:
             self._graphs = {b: _Captured(None, torch.empty(0)) for b in self.sizes}
             return
         self._pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.current_stream()
+        # Capture needs a stream other than the default one; replays run on
+        # the step's stream.
+        stream = torch.cuda.Stream()
         gc.collect()
         for batch in self.sizes:
             self.body(batch)  # warm-up: Triton compiles, FA3 plans these shapes
