@@ -83,10 +83,12 @@ def blocker(*, batch: int, num_spec_tokens: int, graph_k: int, captured: set[int
 class DraftInputs:
     """Persistent buffers a captured draft routine reads; the runner's tensors
     are copied in before each replay. Sized for ``max_batch`` rows of ``k + 1``
-    verified tokens."""
+    verified tokens. ``hidden_width``: an EAGLE head's input features per
+    token (0: a draft model, which reads token ids alone)."""
 
     def __init__(self, max_batch: int, k: int, table_width: int,
-                 device: torch.device):
+                 device: torch.device, hidden_width: int = 0,
+                 hidden_dtype: torch.dtype = torch.bfloat16):
         n = max_batch * (k + 1)
         self.k = k
         self.max_batch = max_batch
@@ -111,12 +113,22 @@ class DraftInputs:
         # Per row: selected chunks, window block, offset, selection slot. [4, b]
         self.view_params = torch.zeros(4, max_batch, dtype=torch.int64,
                                        device=device)
+        # EAGLE: the target's hidden states and the index of each row's last
+        # verified token. [n, hidden_width], [b]
+        self.hidden = (torch.zeros(n, hidden_width, dtype=hidden_dtype,
+                                   device=device) if hidden_width else None)
+        self.sample_indices = torch.zeros(max_batch, dtype=torch.int32,
+                                          device=device)
 
     def load(self, batch: int, token_ids: torch.Tensor, positions: torch.Tensor,
              next_token_ids: torch.Tensor, num_rejected: torch.Tensor,
              seq_lens: torch.Tensor, block_table: torch.Tensor,
-             view_params: torch.Tensor) -> None:
-        """Copy one step's inputs in; ``view_params`` [4, batch]. Stream-ordered
+             view_params: torch.Tensor, hidden: torch.Tensor | None = None,
+             sample_indices: torch.Tensor | None = None,
+             slot_mapping: torch.Tensor | None = None) -> None:
+        """Copy one step's inputs in; ``view_params`` [4, batch]; an EAGLE
+        head's ``hidden``, ``sample_indices`` and the verified tokens'
+        ``slot_mapping`` (its KV sits at the target's slots). Stream-ordered
         device copies, no sync."""
         n = batch * (self.k + 1)
         self.token_ids[:n].copy_(token_ids)
@@ -126,6 +138,10 @@ class DraftInputs:
         self.seq_lens[:batch].copy_(seq_lens)
         self.block_table[:batch].copy_(block_table)
         self.view_params[:, :batch].copy_(view_params)
+        if self.hidden is not None:
+            self.hidden[:n].copy_(hidden)
+            self.sample_indices[:batch].copy_(sample_indices)
+            self.slot_mapping[:n].copy_(slot_mapping[:n])
 
 
 @dataclass

@@ -62,8 +62,9 @@ logger = compat.logger
 
 class SpecExtendMixin:
     _graphable = False
-    """The draft routine can be captured (``capture_graphs``): so far the
-    ``draft_model`` routine, whose inputs are token ids alone."""
+    """The draft routine can be captured (``capture_graphs``): a separate
+    draft's (a draft model, an EAGLE head); a target drafting for itself
+    replays the target's own graphs."""
 
     def __init__(self, vllm_config, device: torch.device, runner=None):
         super().__init__(vllm_config, device, runner=runner)
@@ -186,7 +187,8 @@ class SpecExtendMixin:
                                        num_rejected_tokens_gpu)
                 drafts = self._maybe_replay(
                     step, num_speculative_tokens, target_token_ids,
-                    target_positions, next_token_ids, cad, sampling_metadata,
+                    target_positions, target_hidden_states, next_token_ids,
+                    token_indices_to_sample, cad, sampling_metadata,
                     mm_embed_inputs, num_rejected_tokens_gpu,
                 )
                 if drafts is not None:
@@ -303,7 +305,8 @@ class SpecExtendMixin:
     # --- the captured draft routine (draft_graph.py) ------------------------------
 
     def _maybe_replay(self, step: _Step, num_speculative_tokens, target_token_ids,
-                      target_positions, next_token_ids, cad, sampling_metadata,
+                      target_positions, target_hidden_states, next_token_ids,
+                      token_indices_to_sample, cad, sampling_metadata,
                       mm_embed_inputs, num_rejected) -> torch.Tensor | None:
         """The drafts from the captured routine, or None where this step
         cannot replay it (it then drafts eagerly; ``graph_fallbacks`` counts)."""
@@ -340,7 +343,8 @@ class SpecExtendMixin:
         graphs.inputs.load(
             batch, target_token_ids, target_positions, next_token_ids,
             num_rejected, cad.seq_lens, cad.block_table_tensor,
-            view_params.view(4, batch),
+            view_params.view(4, batch), target_hidden_states,
+            token_indices_to_sample, cad.slot_mapping,
         )
         self.stats.graph_steps += 1
         return graphs.run(batch)
@@ -373,7 +377,10 @@ class SpecExtendMixin:
             table_width * self.block_size,
         )
         max_batch = min(compat.max_num_seqs(self.vllm_config), MAX_GRAPH_BATCH)
-        inputs = DraftInputs(max_batch, k, table_width, self.device)
+        hidden_width = (compat.eagle_input_width(self)
+                        if self.pass_hidden_states_to_model else 0)
+        inputs = DraftInputs(max_batch, k, table_width, self.device,
+                             hidden_width, self.dtype)
         graphs = DraftGraphs(
             lambda batch: self._graph_body(batch, inputs, width),
             list(range(1, max_batch + 1)), inputs, width, capture,
@@ -396,7 +403,7 @@ class SpecExtendMixin:
 
     def _graphs_unsupported(self, capture: bool) -> str | None:
         if not self._graphable:
-            return "only draft_model's routine is captured so far"
+            return "self_draft drafts through the target's own graphs"
         if self.cfg.policy == "full":
             return "policy full has no bounded view"
         if self.compactor is not None:
@@ -430,11 +437,16 @@ class SpecExtendMixin:
         )
         self._view = View(torch.gather(table, 1, logical),
                           offsets.to(torch.int32), None, width_tokens)
+        # An EAGLE head reads the target's hidden states and writes its KV at
+        # the verified tokens' slots; a draft model needs neither.
+        eagle = inputs.hidden is not None
         self._in_graph = True
         try:
             return self._base_propose(
-                k, inputs.token_ids[:n], inputs.positions[:n], None,
-                inputs.next_token_ids[:batch], None, cad, _GREEDY,
+                k, inputs.token_ids[:n], inputs.positions[:n],
+                inputs.hidden[:n] if eagle else None,
+                inputs.next_token_ids[:batch],
+                inputs.sample_indices[:batch] if eagle else None, cad, _GREEDY,
                 num_rejected_tokens_gpu=inputs.num_rejected[:batch],
             )
         finally:
@@ -499,6 +511,8 @@ class SpecExtendProposer(SpecExtendMixin, SeparateDraft, compat.DraftModelPropos
 
 class SpecExtendEagleProposer(SpecExtendMixin, SeparateDraft, compat.EagleProposer):
     """``eagle`` / ``eagle3`` with Cross-model Retrieval."""
+
+    _graphable = True
 
 
 class SelfDraftProposer(SpecExtendMixin, TargetAsDraft, compat.DraftModelProposer):

@@ -52,6 +52,15 @@ case "$1" in
       --out "$OUT/decode26_$tag.json" > "$OUT/decode26_$tag.log" 2>&1
     echo "decode26 rc=$?"; python3 -m benchmarks.summarize_decode "$OUT/decode26_$tag.json"
     grep -m5 -E "Error|error:|SpecExtend: (draft routine|capturing)" "$OUT/decode26_$tag.log" ;;
+  profile26)
+    # Where a step's GPU time goes (in-process engine under torch.profiler):
+    # PROFILE_MODE (spec_extend|draft_model|plain), PROFILE_CONTEXT.
+    timeout ${PROFILE_TIMEOUT:-400} python3 -m benchmarks.gpu.profile_step \
+      --mode ${PROFILE_MODE:-spec_extend} --context ${PROFILE_CONTEXT:-65536} \
+      --target-config $M/llama31_8b --draft-config $M/${DECODE_DRAFT:-llama32_1b} \
+      --out-dir "$OUT" > "$OUT/profile26.log" 2>&1
+    echo "profile26 rc=$?"; tail -60 "$OUT/profile26.log" | cut -c1-170
+    rm -rf "$OUT/models" ;;
   self-draft)
     # Issue #11's speed table: the 8B shape drafting for itself (K=3 by default,
     # SELF_K), synthetic acceptance 3.0, against plain; same cells and flags as

@@ -3,12 +3,12 @@
 On CPU nothing is captured, so ``draft_graph: "static"`` runs the routine a
 CUDA graph records (``draft_graph.py``: static input buffers, the view
 gathered at the graph's fixed width, vLLM's propose with the width's bound as
-``max_seq_len``) on every step that a graph would replay. Its drafts must be
-those of today's eager path: the same tokens accepted at every position, and
-greedy output equal to plain decoding. The draft here is the target's own
-checkpoint, so most drafts are accepted and a wrong draft token shows in the
-counts. ``tests/kernels/test_draft_graph_gpu.py`` checks the captured graphs
-the same way on a GPU.
+``max_seq_len``) on every step that a graph would replay. Its proposals must
+be those of today's eager path, token for token, and greedy output must equal
+plain decoding: for a draft model (here the target's own checkpoint, so most
+drafts are accepted) and for an EAGLE-3 head (its inputs are the target's
+hidden states). ``tests/kernels/test_draft_graph_gpu.py`` checks the captured
+graphs on a GPU.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 from test_lossless import counter, drafter, generate, make_llm, shutdown
 
-from benchmarks.harness.drafter import stats
+from benchmarks.harness.drafter import DraftRecorder, stats
 
 pytestmark = pytest.mark.engine
 
@@ -25,28 +25,35 @@ MAX_TOKENS = 40
 CMR = {"top_k": 4, "recent_tokens": 64, "min_context": 256}
 
 
-def _run(target, prompts, draft_graph):
-    llm = make_llm(target, target, {**CMR, "draft_graph": draft_graph})
+def _run(target, prompts, draft_graph, method, draft):
+    llm = make_llm(target, spec_extend={**CMR, "draft_graph": draft_graph},
+                   speculative_config={"method": method, "model": draft,
+                                       "num_speculative_tokens": 3})
+    recorder = DraftRecorder(llm)
+    recorder.enabled = True
     outputs = generate(llm, prompts, max_tokens=MAX_TOKENS)
-    accepted = counter(llm, "vllm:spec_decode_num_accepted_tokens")
-    per_pos = [m.values for m in llm.get_metrics()
-               if m.name == "vllm:spec_decode_num_accepted_tokens_per_pos"]
-    counts = stats(drafter(llm))
-    captured = drafter(llm).graphs is not None
+    run = dict(outputs=outputs, proposals=list(recorder.proposals.values()),
+               accepted=counter(llm, "vllm:spec_decode_num_accepted_tokens"),
+               stats=stats(drafter(llm)), captured=drafter(llm).graphs is not None)
     shutdown(llm)
-    return outputs, accepted, per_pos, counts, captured
+    return run
 
 
-def test_static_routine_drafts_as_eager(tiny_target, prompts, plain_outputs):
-    eager = _run(tiny_target, prompts, "off")
-    static = _run(tiny_target, prompts, "static")
-    outputs, accepted, per_pos, counts, captured = static
+@pytest.mark.parametrize("method, draft", [("draft_model", "tiny_target"),
+                                           ("eagle3", "tiny_eagle3")])
+def test_static_routine_drafts_as_eager(request, tiny_target, prompts, plain_outputs,
+                                        method, draft):
+    draft = request.getfixturevalue(draft)
+    eager = _run(tiny_target, prompts, "off", method, draft)
+    static = _run(tiny_target, prompts, "static", method, draft)
+    counts = static["stats"]
 
-    assert captured, "static mode set up the routine on CPU"
+    assert static["captured"], "static mode set up the routine on CPU"
     assert counts["graph_steps"] > 0, "decode steps ran the routine"
     assert counts["graph_fallbacks"] > 0, "prefill steps drafted eagerly"
     assert counts["view_rows"] > 0, "rows drafted through a view in the routine"
-    assert eager[3]["graph_steps"] == 0
-    assert outputs == plain_outputs == eager[0]
-    assert accepted > 0
-    assert per_pos == eager[2], "every position accepted the same drafts"
+    assert not eager["captured"] and eager["stats"]["graph_steps"] == 0
+    assert static["proposals"] == eager["proposals"], "the same drafts, step by step"
+    assert static["outputs"] == eager["outputs"] == plain_outputs
+    if method == "draft_model":
+        assert static["accepted"] > 0

@@ -36,6 +36,7 @@ argparse ``_option_string_actions``                 read        an option's acti
 ``CommonAttentionMetadata``                         build       static inputs of the captured routine
 ``InputBatch.block_table[g].block_table.gpu``       read        the table width the graphs are sized to
 ``AttentionGroup.get_metadata_builder``             read        FlashAttention: capturable drafting
+EAGLE-3 ``model.fc.input_size``                     read        width of the head's static input
 ``Attention.kv_cache``                              patch       draft layers' KV with scratch blocks
 ``GPUModelRunner.kv_caches``                        patch       ... and the runner's list of them
 ``GPUModelRunner.effective_drafter_max_model_len``  patch       drafts past the draft's length
@@ -82,6 +83,7 @@ from vllm_specextend.compat.graphs import (
     block_table_width,
     decode_attn_metadata,
     draft_graph_blocker,
+    eagle_input_width,
 )
 from vllm_specextend.compat.kv import (
     PADDING_SLOT_ID,
@@ -127,6 +129,7 @@ __all__ = [
     "apply_process_patches", "attention_layer", "batch_num_prompt_tokens",
     "batch_req_ids", "batch_seq_lens_cpu", "block_table_width",
     "check_touch_points", "decode_attn_metadata", "draft_graph_blocker",
+    "eagle_input_width",
     "check_vllm_version", "cpu_key_order", "engine_facts",
     "engine_index", "engine_indexes", "extend_rope", "has_option",
     "is_cpu_platform", "kv_block_bytes", "kv_cache_layer_names",

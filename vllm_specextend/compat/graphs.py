@@ -46,3 +46,16 @@ def draft_graph_blocker(vllm_config, attn_groups, capture: bool) -> str | None:
     if not names or not names <= set(_CAPTURABLE_BUILDERS):
         return f"draft attention backend {sorted(names)} is not FlashAttention"
     return None
+
+
+def eagle_input_width(proposer) -> int:
+    """Features per verified token an EAGLE head's ``propose`` takes from the
+    target: EAGLE-3's concatenated auxiliary hidden states (the input width of
+    its ``fc``), else the target's hidden size.
+
+    vLLM 0.26: EAGLE-3 heads (``llama_eagle3`` and its kin) keep ``fc`` on
+    their inner ``model``; ``ReplicatedLinear.input_size`` is its width.
+    """
+    if proposer.method == "eagle3" and proposer.eagle3_use_aux_hidden_state:
+        return proposer.model.model.fc.input_size
+    return proposer.vllm_config.model_config.get_hidden_size()

@@ -1,0 +1,113 @@
+"""Where a decode step's GPU time goes: one profiled stretch of decoding.
+
+An in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the profiler
+sees the engine's kernels) with ``bench_decode``'s settings for one mode,
+warmed up at the cell's shape, then ``--tokens`` new tokens under
+``torch.profiler``. Prints the kernels by GPU time, their sum per decode step
+(steps = the engine's verification count) against the wall time per step,
+and writes the table and a Chrome trace under ``--out-dir``. For profiling
+only: a hand-held in-process engine, no speed claim.
+
+    python -m benchmarks.gpu.profile_step --mode spec_extend --context 65536 \\
+        --target-config .gpu/models/llama31_8b --draft-config .gpu/models/llama32_1b
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+CATEGORIES = (
+    ("attention", ("flash", "fmha", "attn")),
+    ("matmul", ("gemm", "gemv", "cutlass", "nvjet", "sm90", "matmul")),
+    ("copy", ("memcpy", "memset", "copy")),
+    ("triton", ("triton",)),
+)
+
+
+def category(name: str) -> str:
+    low = name.lower()
+    for cat, keys in CATEGORIES:
+        if any(k in low for k in keys):
+            return cat
+    return "other"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mode", default="spec_extend")
+    p.add_argument("--target-config", required=True)
+    p.add_argument("--draft-config", default=None)
+    p.add_argument("--context", type=int, default=32768)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--tokens", type=int, default=96)
+    p.add_argument("--spec-extend", default=None)
+    p.add_argument("--out-dir", type=Path, required=True)
+    # Other flags (--block-size, --dtype, ...) are bench_decode's engine settings.
+    args, engine_flags = p.parse_known_args(argv)
+
+    import torch
+    from vllm import LLM
+
+    from benchmarks import bench_decode
+    from benchmarks.longinput.acceptance import counter_delta, spec_counters
+
+    bench_argv = ["--target-config", args.target_config, "--modes", args.mode,
+                  "--contexts", str(args.context), "--batch-sizes", str(args.batch),
+                  "--output-len", str(args.tokens), "--out", "/dev/null",
+                  *engine_flags]
+    if args.draft_config:
+        bench_argv += ["--draft-config", args.draft_config]
+    if args.spec_extend:
+        bench_argv += ["--spec-extend", args.spec_extend]
+    bargs = bench_decode.parse_args(bench_argv)
+    root = args.out_dir / "models"
+    target = bench_decode.model_dir(args.target_config, root)
+    draft = args.draft_config and bench_decode.model_dir(args.draft_config, root)
+    llm = LLM(**bench_decode.engine_args(bargs, args.mode, target, draft))
+    vocab = json.loads(Path(target, "config.json").read_text())["vocab_size"]
+    prompts = bench_decode.prompts_for(vocab, 0, args.context, args.batch, 0)
+    bench_decode.generate(llm, prompts, 16)  # warm-up, and the prefix cached
+
+    counts = spec_counters(llm)
+    activities = [torch.profiler.ProfilerActivity.CPU,
+                  torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        start = time.perf_counter()
+        run = bench_decode.generate(llm, prompts, args.tokens)
+        wall = time.perf_counter() - start
+    spec = counter_delta(counts, spec_counters(llm))
+    steps = spec["drafts"] // args.batch if spec["drafts"] else args.tokens
+
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    by_cat: dict[str, float] = defaultdict(float)
+    for e in events:
+        if e.device_type.name == "CUDA":
+            by_cat[category(e.key)] += e.self_device_time_total / 1000.0
+    total_ms = sum(by_cat.values())
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=45)
+    (args.out_dir / f"profile_{args.mode}_{args.context}_b{args.batch}.txt").write_text(table)
+    prof.export_chrome_trace(str(args.out_dir / f"trace_{args.mode}.json"))
+    summary = {
+        "mode": args.mode, "context": args.context, "batch": args.batch,
+        "steps": steps, "decode_tok_s": run["decode_tok_s"],
+        "gpu_ms_per_step": total_ms / steps, "wall_ms_per_step": 1000 * wall / steps,
+        "gpu_ms_per_step_by_category": {k: v / steps for k, v in sorted(by_cat.items())},
+    }
+    (args.out_dir / f"profile_{args.mode}_{args.context}_b{args.batch}.json").write_text(
+        json.dumps(summary, indent=1))
+    print(table)  # noqa: T201
+    print(json.dumps(summary, indent=1))  # noqa: T201
+    llm.llm_engine.engine_core.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
