@@ -125,9 +125,9 @@ def engine_args(args, mode: str, target: str, draft: str | None) -> dict:
 def engine_env(args, mode: str) -> dict:
     """Environment this script sets for an engine."""
     env = {}
-    if args.method in ("eagle", "eagle3"):
+    if args.method in ("eagle", "eagle3") and args.eagle_v1_baseline:
         # vLLM 0.26 runs EAGLE alone on its V2 runner (dense models), the plugin
-        # on V1: the comparison must not mix runners.
+        # on V1 (it sets that itself): a baseline on V1 too, on request.
         env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     if args.draft_timing and mode != "plain":
         env.update(access.WORKER_TIMING_ENV)
@@ -317,6 +317,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the plugin's config in the spec_extend and self_draft modes")
     p.add_argument("--load-format", default="dummy",
                    help="'auto': the config dirs are checkpoints")
+    p.add_argument("--eagle-v1-baseline", action="store_true",
+                   help="run vLLM's own EAGLE on the V1 runner, as the plugin; "
+                        "default: vLLM's choice (V2 for dense models)")
     p.add_argument("--draft-timing", action="store_true",
                    help="time propose() in the workers (insecure serialization)")
     p.add_argument("--seed", type=int, default=0)

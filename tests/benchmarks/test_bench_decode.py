@@ -135,7 +135,8 @@ def test_eagle3_head_shorter_than_the_context(tiny_target, tiny_short_eagle3,
                  "--modes", "draft_model", "spec_extend",
                  "--spec-extend", json.dumps(EAGLE_SPEC_EXTEND),
                  "--contexts", "1024", "--batch-sizes", "1", "--runs", "1",
-                 "--output-len", "16", "--num-spec-tokens", "3", "--draft-timing")
+                 "--output-len", "16", "--num-spec-tokens", "3", "--draft-timing",
+                 "--eagle-v1-baseline")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(out.read_text())
     alone, extend = (r["runs"][0] for r in result["results"])
