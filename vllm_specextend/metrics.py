@@ -73,15 +73,28 @@ class SpecExtendStats:
         # Read later: elapsed_time now would stall the step on the GPU.
         self._pending.append((start, end, counter))
 
-    def resolve_timers(self) -> None:
+    def resolve_timers(self, wait: bool = False) -> None:
+        """Add the device timers whose events have completed to their counters.
+
+        The others stay pending for a later call: waiting for them would drain
+        an async-scheduled pipeline once per log interval. ``wait``: wait for
+        all of them (a complete count, for an RPC or a benchmark).
+        """
+        pending = []
         for start, end, counter in self._pending:
-            end.synchronize()
+            if wait:
+                end.synchronize()
+            elif not (end.query() and start.query()):
+                pending.append((start, end, counter))
+                continue
             seconds = start.elapsed_time(end) / 1000.0
             setattr(self, counter, getattr(self, counter) + seconds)
-        self._pending.clear()
+        self._pending = pending
 
-    def snapshot(self) -> dict:
-        self.resolve_timers()
+    def snapshot(self, wait: bool = True) -> dict:
+        """The counters and gauges. ``wait=False`` (the periodic reporter)
+        leaves device timers that are still running for a later snapshot."""
+        self.resolve_timers(wait=wait)
         return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
 
 
@@ -158,7 +171,7 @@ class StatsReporter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             atexit.register(self.close)
         self._last_time = time.monotonic()
-        self._last = stats.snapshot()
+        self._last = stats.snapshot(wait=False)
 
     def due(self) -> bool:
         return time.monotonic() - self._last_time >= self.interval_s
@@ -170,7 +183,7 @@ class StatsReporter:
         if self.path is None:
             self._last_time = now_t
             return
-        now = self.stats.snapshot()
+        now = self.stats.snapshot(wait=False)
         delta = {k: now[k] - self._last[k] for k in COUNTERS}
         if delta["decode_rows"] or delta["retrievals"]:
             self.log(format_line(delta, now))

@@ -53,6 +53,70 @@ def test_cpu_timer_real_clock_nonnegative():
     assert stats.snapshot()["scoring_seconds"] == stats.scoring_seconds
 
 
+class FakeEvent:
+    """A CUDA event's interface: ``done`` once the device has reached it."""
+
+    def __init__(self, ms: float, done: bool) -> None:
+        self.ms, self.done, self.waited = ms, done, False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.waited = self.done = True
+
+    def elapsed_time(self, end) -> float:
+        assert self.done and end.done, "elapsed_time of an unfinished event"
+        return end.ms - self.ms
+
+
+def _timers(*specs):
+    """[(start, end, counter)] with ``end`` finished or not."""
+    return [(FakeEvent(0.0, True), FakeEvent(ms, done), counter)
+            for ms, done, counter in specs]
+
+
+def test_resolve_timers_takes_finished_events_only():
+    stats = SpecExtendStats()
+    stats._pending = _timers((250.0, True, "scoring_seconds"),
+                             (500.0, False, "compaction_seconds"))
+    unfinished = stats._pending[1]
+    stats.resolve_timers()
+    assert stats.scoring_seconds == pytest.approx(0.25)
+    assert stats.compaction_seconds == 0.0
+    assert stats._pending == [unfinished], "kept for a later report"
+    assert not unfinished[1].waited, "never waits for the device"
+    assert stats.snapshot(wait=False)["compaction_seconds"] == 0.0
+    unfinished[1].done = True
+    stats.resolve_timers()
+    assert stats.compaction_seconds == pytest.approx(0.5)
+    assert stats._pending == []
+
+
+def test_snapshot_waits_for_timers_when_asked():
+    """An RPC's or benchmark's snapshot (the default) counts every timer."""
+    stats = SpecExtendStats()
+    stats._pending = _timers((100.0, False, "scoring_seconds"))
+    end = stats._pending[0][1]
+    assert stats.snapshot()["scoring_seconds"] == pytest.approx(0.1)
+    assert end.waited and stats._pending == []
+
+
+def test_reporter_does_not_wait_for_device_timers(metrics_env):
+    stats = SpecExtendStats()
+    rep = StatsReporter(stats, 3600.0, log=lambda _: None)
+    stats._pending = _timers((100.0, True, "scoring_seconds"),
+                             (300.0, False, "scoring_seconds"))
+    end = stats._pending[1][1]
+    rep.maybe_report(force=True)
+    assert not end.waited
+    assert json.loads(rep.path.read_text())["scoring_seconds"] == pytest.approx(0.1)
+    end.done = True
+    rep.maybe_report(force=True)
+    assert json.loads(rep.path.read_text())["scoring_seconds"] == pytest.approx(0.4)
+    rep.close()
+
+
 def test_snapshot_has_public_fields_only():
     stats = SpecExtendStats(retrievals=3, tracked_requests=2)
     snap = stats.snapshot()
