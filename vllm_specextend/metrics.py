@@ -148,7 +148,8 @@ _warned: set[str] = set()
 
 def _warn_once(warn: Warn | None, key: str, message: str) -> None:
     """Log ``message`` unless this process already warned about ``key`` (a
-    directory): a failure that lasts would otherwise repeat every interval."""
+    directory and a kind of trouble): a failure that lasts would otherwise
+    repeat every interval."""
     if key in _warned:
         return
     _warned.add(key)
@@ -228,7 +229,7 @@ def ensure_metrics_dir(warn: Warn | None = None) -> Path | None:
         try:
             os.close(open_private_dir(named, create=True))
         except OSError as e:
-            _warn_once(warn, str(named), _not_published(named, e))
+            _warn_not_published(warn, named, e)
         return named
     parents = [os.environ.get(PROMETHEUS_DIR_ENV) or None, None]
     for parent in dict.fromkeys(parents):
@@ -279,13 +280,14 @@ def remove_own_dirs() -> None:
             os.rmdir(path)
 
 
-def _not_published(directory: Path, error: BaseException) -> str:
-    return (
-        f"SpecExtend metrics: not publishing to {directory}: "
-        f"{type(error).__name__}: {error}. vllm:spec_extend_* on /metrics miss "
-        "these counts until it is usable again (checked at every report and "
-        "scrape); "
-        "counters keep counting and the engine runs on."
+def _warn_not_published(warn: Warn | None, directory: Path, error: Exception) -> None:
+    kind = type(error).__name__
+    _warn_once(
+        warn, f"{directory}: {kind}",
+        f"SpecExtend metrics: not publishing to {directory}: {kind}: {error}. "
+        "vllm:spec_extend_* on /metrics miss these counts until it is usable "
+        "again (checked at every report and scrape); counters keep counting "
+        "and the engine runs on.",
     )
 
 
@@ -365,11 +367,11 @@ class StatsReporter:
             made = _write_snapshot(self.path, data)
         # Any failure: it runs inside an engine step, which must go on.
         except Exception as e:
-            _warn_once(self.warn, str(directory), _not_published(directory, e))
+            _warn_not_published(self.warn, directory, e)
             return
         if made:
             _warn_once(
-                self.warn, str(directory),
+                self.warn, f"{directory}: made",
                 f"SpecExtend metrics: {directory} was missing; made it again "
                 "(mode 0700) and published. Something removes it while the "
                 "engine runs (a temp-directory cleaner, or the process that "
@@ -460,8 +462,7 @@ class SnapshotCollector:
         except FileNotFoundError:
             return []
         except OSError as e:
-            directory = self.directory
-            _warn_once(self.warn, str(directory), _not_published(directory, e))
+            _warn_not_published(self.warn, self.directory, e)
             return None
 
     def _totals(self, snapshots: list[dict]) -> dict[int, dict]:

@@ -400,6 +400,13 @@ def test_reporter_remakes_a_removed_directory(metrics_env):
     _assert_private(metrics_env)
     assert json.loads(rep.path.read_text())["retrievals"] == 2
     assert len(warned) == 1 and "was missing" in warned[0], warned
+    # Another trouble gets its own warning, once.
+    shutil.rmtree(metrics_env)
+    metrics_env.write_text("")
+    for _ in range(2):
+        rep.maybe_report(force=True)
+    assert len(warned) == 2 and "is not a directory" in warned[1], warned
+    metrics_env.unlink()
     rep.close()
 
 
