@@ -38,7 +38,7 @@ import torch
 
 METRICS_DIR_ENV = "SPECEXTEND_METRICS_DIR"
 PROMETHEUS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
-"""vLLM's multiprocess metrics directory, when it uses one (several API servers)."""
+"""vLLM's multiprocess metrics directory (it makes one for several API servers)."""
 DIR_PREFIX = "specextend-metrics-"
 
 COUNTERS = {
@@ -211,7 +211,7 @@ def metrics_dir() -> Path | None:
 
 
 _own_dirs: dict[Path, int] = {}
-"""Directories this process tree's config process made: {path: its pid}."""
+"""Directories ``ensure_metrics_dir`` made: {path: pid of the process that did}."""
 
 
 def ensure_metrics_dir(warn: Warn | None = None) -> Path | None:
@@ -269,7 +269,7 @@ def remove_own_dirs() -> None:
         try:
             names = os.listdir(fd)
             writers = {_writer_pid(name) for name in names} - {None, os.getpid()}
-            if any(_alive(pid) for pid in writers):
+            if any(_alive(writer) for writer in writers):
                 continue
             for name in names:
                 with contextlib.suppress(OSError):
