@@ -46,7 +46,9 @@ def on_engine_config(vllm_config) -> None:
     compat.require_v1_model_runner(vllm_config)
     worker_cls = compat.select_worker_cls(vllm_config)
     metrics.install_collector(
-        compat.served_model_name(vllm_config), compat.engine_indexes(vllm_config)
+        compat.served_model_name(vllm_config),
+        compat.engine_indexes(vllm_config),
+        warn=compat.logger.warning,
     )
     compat.logger.info(
         "SpecExtend %s with worker %s", settings.config.policy, worker_cls

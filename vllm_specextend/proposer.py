@@ -129,6 +129,7 @@ class SpecExtendMixin:
             logger.info,
             publish=tp_rank == 0,
             engine=self.settings.engine_index,
+            warn=logger.warning,
         )
         if tp_rank == 0:
             logger.info("SpecExtend enabled: %s", self.cfg)

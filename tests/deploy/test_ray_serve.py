@@ -284,7 +284,7 @@ def test_ray_serve_matches_plain_vllm_serve(smollm2_model, document, tmp_path):
     plain decoding does; Serve and Ray stop without leaving processes."""
     pytest.importorskip("ray.serve.llm")
     metrics = tmp_path / "metrics"
-    metrics.mkdir()
+    metrics.mkdir(mode=0o700)  # a private one, or the plugin refuses it
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1",
            "VLLM_LOG_STATS_INTERVAL": "1", METRICS_DIR_ENV: str(metrics),
            # Serve is shut down before Ray: nothing to drain on SIGTERM (30 s).

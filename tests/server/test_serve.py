@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shutil
+import stat
 import subprocess
 import time
 import urllib.request
@@ -26,17 +28,16 @@ def _spec_args(draft: str, spec_extend: str = SPEC_EXTEND) -> list[str]:
 
 
 @contextlib.contextmanager
-def serve(model: str, extra: list[str], log: Path):
-    """``vllm serve`` with the CPU flags until /health answers; yield its URL.
-    A server that does not start fails the test."""
-    # A fresh snapshot dir: stale worker files elsewhere must not leak in.
-    metrics = log.parent / f"metrics-{log.stem}"
-    metrics.mkdir()
+def serve(model: str, extra: list[str], log: Path, env: dict | None = None):
+    """``vllm serve`` with the CPU flags (and ``env`` added to ENV) until
+    /health answers; yield its URL. A server that does not start fails the
+    test."""
+    # No snapshot dir named: each server makes its own private one.
+    env = {**{k: v for k, v in ENV.items() if k != METRICS_DIR_ENV}, **(env or {})}
     with contextlib.ExitStack() as stack:
         try:
             server = stack.enter_context(start_server(
-                [model, *extra, *COMMON], log, STARTUP_S,
-                env={**ENV, METRICS_DIR_ENV: str(metrics)}))
+                [model, *extra, *COMMON], log, STARTUP_S, env=env))
         except RuntimeError as e:
             pytest.fail(str(e))
         yield server.base
@@ -54,11 +55,15 @@ def server(tiny_target, tiny_draft, tmp_path_factory):
         yield base
 
 
+def _client(base: str):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="x", timeout=300,
+                         max_retries=0)
+
+
 @pytest.fixture(scope="module")
 def client(server):
-    openai = pytest.importorskip("openai")
-    return openai.OpenAI(base_url=f"{server}/v1", api_key="x", timeout=300,
-                         max_retries=0)
+    return _client(server)
 
 
 def _complete(client, prompt, max_tokens: int, **kw):
@@ -126,17 +131,53 @@ def test_chat_completion(client, tiny_tokenizer, prompt):
 
 def test_greedy_matches_plain_server(client, tiny_target, prompt, tmp_path):
     """Greedy output with SpecExtend equals a server without speculation."""
-    from openai import OpenAI
-
     spec = _complete(client, prompt, 24).choices[0].text
     with serve(tiny_target, [], tmp_path / "plain.log") as base:
-        plain_client = OpenAI(base_url=f"{base}/v1", api_key="x", timeout=300,
-                              max_retries=0)
-        plain = _complete(plain_client, prompt, 24).choices[0].text
+        plain = _complete(_client(base), prompt, 24).choices[0].text
         # The plugin is installed but not enabled: no SpecExtend series.
         exported = [k for k in scrape(base) if k.startswith("vllm:spec_extend_")]
     assert spec == plain
     assert exported == []
+
+
+def test_metrics_dir_trouble_never_reaches_the_engine(tiny_target, tiny_draft,
+                                                     prompt, tmp_path):
+    """The snapshot directory removed, then replaced by a file, under a running
+    server: it keeps answering, token-identical to plain decoding; the worker
+    makes the directory again and /metrics recovers; while it is refused the
+    series are left out; each process warns once, not per step."""
+    with serve(tiny_target, [], tmp_path / "plain.log") as base:
+        plain = _complete(_client(base), prompt, 24).choices[0].text
+    directory = tmp_path / "metrics"
+    directory.mkdir(mode=0o700)
+    log = tmp_path / "spec.log"
+    retrievals = "vllm:spec_extend_retrievals_total"
+    with serve(tiny_target, _spec_args(tiny_draft), log,
+               env={METRICS_DIR_ENV: str(directory)}) as base:
+        client = _client(base)
+        shutil.rmtree(directory)
+        assert _complete(client, prompt, 24).choices[0].text == plain
+        m = _poll_metrics(base, client, prompt[:32],
+                          lambda m: m.get(retrievals, 0) > 0)
+        assert m.get(retrievals, 0) > 0, "/metrics did not recover"
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+        shutil.rmtree(directory)
+        directory.write_text("")  # cannot be made again: not a directory
+        assert _complete(client, prompt, 24).choices[0].text == plain
+
+        def refused(_) -> bool:  # by the API server's scrape and the worker
+            return log.read_text().count("is not a directory") >= 2
+
+        m = _poll_metrics(base, client, prompt[:32], refused)
+        assert refused(m), "the worker did not try to publish"
+        assert not [k for k in m if k.startswith("vllm:spec_extend_")]
+        directory.unlink()
+    warnings = [line for line in log.read_text().splitlines()
+                if "SpecExtend metrics:" in line and str(directory) in line]
+    # One per process and trouble, though every report failed: the worker's
+    # "made again" and "refused", the API server's "refused".
+    assert len(warnings) == 3, warnings
+    assert sum("was missing" in w for w in warnings) == 1, warnings
 
 
 def test_abort_leaves_no_state(server, client, prompt):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import stat
 import subprocess
 import sys
 import types
@@ -14,8 +16,10 @@ import torch
 from vllm_specextend import metrics
 from vllm_specextend.metrics import (
     COUNTERS,
+    DIR_PREFIX,
     GAUGES,
     METRICS_DIR_ENV,
+    PROMETHEUS_DIR_ENV,
     SnapshotCollector,
     SpecExtendStats,
     StatsReporter,
@@ -25,8 +29,32 @@ from vllm_specextend.metrics import (
 
 @pytest.fixture
 def metrics_env(tmp_path, monkeypatch):
-    monkeypatch.setenv(METRICS_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(METRICS_DIR_ENV, str(tmp_path))  # pytest makes it 0700
     return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def fresh_warnings(monkeypatch):
+    """Each test starts with no directory warned about in this process."""
+    monkeypatch.setattr(metrics, "_warned", set())
+
+
+@pytest.fixture
+def unset_env(tmp_path, monkeypatch):
+    """No directory named; the temp directory is ``tmp_path``."""
+    # Empty counts as unset; setenv makes monkeypatch restore the variable.
+    monkeypatch.setenv(METRICS_DIR_ENV, "")
+    monkeypatch.setenv(PROMETHEUS_DIR_ENV, "")
+    monkeypatch.setattr(metrics.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(metrics, "_own_dirs", {})
+    return tmp_path
+
+
+def _assert_private(path):
+    st = os.lstat(path)
+    assert stat.S_ISDIR(st.st_mode)
+    assert stat.S_IMODE(st.st_mode) == 0o700
+    assert st.st_uid == os.geteuid()
 
 
 def test_cpu_timers_accumulate(monkeypatch):
@@ -51,6 +79,70 @@ def test_cpu_timer_real_clock_nonnegative():
         stats.stop_timer(stats.start_timer(torch.device("cpu")))
     assert stats.scoring_seconds >= 0.0
     assert stats.snapshot()["scoring_seconds"] == stats.scoring_seconds
+
+
+class FakeEvent:
+    """A CUDA event's interface: ``done`` once the device has reached it."""
+
+    def __init__(self, ms: float, done: bool) -> None:
+        self.ms, self.done, self.waited = ms, done, False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.waited = self.done = True
+
+    def elapsed_time(self, end) -> float:
+        assert self.done and end.done, "elapsed_time of an unfinished event"
+        return end.ms - self.ms
+
+
+def _timers(*specs):
+    """[(start, end, counter)] with ``end`` finished or not."""
+    return [(FakeEvent(0.0, True), FakeEvent(ms, done), counter)
+            for ms, done, counter in specs]
+
+
+def test_resolve_timers_takes_finished_events_only():
+    stats = SpecExtendStats()
+    stats._pending = _timers((250.0, True, "scoring_seconds"),
+                             (500.0, False, "compaction_seconds"))
+    unfinished = stats._pending[1]
+    stats.resolve_timers()
+    assert stats.scoring_seconds == pytest.approx(0.25)
+    assert stats.compaction_seconds == 0.0
+    assert stats._pending == [unfinished], "kept for a later report"
+    assert not unfinished[1].waited, "never waits for the device"
+    assert stats.snapshot(wait=False)["compaction_seconds"] == 0.0
+    unfinished[1].done = True
+    stats.resolve_timers()
+    assert stats.compaction_seconds == pytest.approx(0.5)
+    assert stats._pending == []
+
+
+def test_snapshot_waits_for_timers_when_asked():
+    """An RPC's or benchmark's snapshot (the default) counts every timer."""
+    stats = SpecExtendStats()
+    stats._pending = _timers((100.0, False, "scoring_seconds"))
+    end = stats._pending[0][1]
+    assert stats.snapshot()["scoring_seconds"] == pytest.approx(0.1)
+    assert end.waited and stats._pending == []
+
+
+def test_reporter_does_not_wait_for_device_timers(metrics_env):
+    stats = SpecExtendStats()
+    rep = StatsReporter(stats, 3600.0, log=lambda _: None)
+    stats._pending = _timers((100.0, True, "scoring_seconds"),
+                             (300.0, False, "scoring_seconds"))
+    end = stats._pending[1][1]
+    rep.maybe_report(force=True)
+    assert not end.waited
+    assert json.loads(rep.path.read_text())["scoring_seconds"] == pytest.approx(0.1)
+    end.done = True
+    rep.maybe_report(force=True)
+    assert json.loads(rep.path.read_text())["scoring_seconds"] == pytest.approx(0.4)
+    rep.close()
 
 
 def test_snapshot_has_public_fields_only():
@@ -95,19 +187,149 @@ def test_format_line_zero_division_safe():
 
 def test_metrics_dir_from_env(metrics_env):
     assert metrics.metrics_dir() == metrics_env
+    assert metrics.ensure_metrics_dir() == metrics_env
 
 
-def test_metrics_dir_named_when_unset(monkeypatch, tmp_path):
-    # Empty counts as unset; setenv makes monkeypatch restore the variable.
-    monkeypatch.setenv(METRICS_DIR_ENV, "")
-    monkeypatch.setattr(metrics.tempfile, "tempdir", str(tmp_path))
-    path = metrics.metrics_dir()
-    assert not path.exists(), "only a snapshot writer creates it"
-    assert path.parent == tmp_path
-    assert path.name == f"specextend-metrics-{os.getpid()}"
+def test_private_dir_made_when_unset(unset_env):
+    path = metrics.ensure_metrics_dir()
+    assert path.parent == unset_env and path.name.startswith(DIR_PREFIX)
+    assert path.name != f"{DIR_PREFIX}{os.getpid()}", "not a predictable name"
+    _assert_private(path)
     # Inherited by child processes through the environment, stable afterwards.
     assert os.environ[METRICS_DIR_ENV] == str(path)
-    assert metrics.metrics_dir() == path
+    assert metrics.ensure_metrics_dir() == path
+    assert list(unset_env.iterdir()) == [path]
+    metrics.remove_own_dirs()
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("planted", ["symlink", "directory"])
+def test_predictable_old_path_is_not_used(unset_env, planted):
+    """Another user's directory, or symlink, at the old predictable name
+    ``<tmp>/specextend-metrics-<pid>`` gets nothing."""
+    theirs = unset_env / "theirs"
+    theirs.mkdir(mode=0o777)
+    old = unset_env / f"{DIR_PREFIX}{os.getpid()}"
+    if planted == "symlink":
+        old.symlink_to(theirs)
+    else:
+        old.mkdir(mode=0o777)
+    path = metrics.ensure_metrics_dir()
+    assert path != old
+    stats = SpecExtendStats(retrievals=3)
+    rep = StatsReporter(stats, 0.0, log=lambda _: None)
+    rep.maybe_report(force=True)
+    assert rep.path.parent == path
+    assert json.loads(rep.path.read_text())["retrievals"] == 3
+    assert SnapshotCollector(path).read()["retrievals"] == 3
+    rep.close()
+    metrics.remove_own_dirs()
+    assert list(theirs.iterdir()) == [] and old.exists(), "theirs, untouched"
+    if planted == "directory":
+        assert list(old.iterdir()) == []
+
+
+def test_private_dir_inside_vllm_multiproc_dir(unset_env, monkeypatch):
+    prom = unset_env / "prometheus"
+    prom.mkdir()
+    monkeypatch.setenv(PROMETHEUS_DIR_ENV, str(prom))
+    path = metrics.ensure_metrics_dir()
+    assert path.parent == prom and path.name.startswith(DIR_PREFIX)
+    _assert_private(path)
+
+
+def test_private_dir_in_tmp_when_multiproc_dir_is_missing(unset_env, monkeypatch):
+    monkeypatch.setenv(PROMETHEUS_DIR_ENV, str(unset_env / "missing"))
+    path = metrics.ensure_metrics_dir()
+    assert path.parent == unset_env
+    _assert_private(path)
+
+
+def test_own_dir_kept_while_another_writer_lives(unset_env):
+    """Removed after the processes that write into it have exited."""
+    path = metrics.ensure_metrics_dir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (path / f"worker-{dead.pid}.json").write_text("{}")
+    live = path / f"worker-{os.getppid()}.json"  # a live process that is not us
+    live.write_text("{}")
+    metrics.remove_own_dirs()
+    assert live.exists()
+    live.unlink()
+    metrics._own_dirs[path] = os.getpid()
+    metrics.remove_own_dirs()
+    assert not path.exists(), "a dead writer's snapshot does not keep it"
+
+
+def test_own_dir_removed_by_its_maker_only(unset_env):
+    """A forked child exiting (it inherits the exit handlers) leaves its
+    parent's directory alone; the parent removes it at its own exit."""
+    script = (
+        "import os, sys\n"
+        "from vllm_specextend import metrics\n"
+        "path = metrics.ensure_metrics_dir()\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    sys.exit(0)\n"
+        "os.waitpid(child, 0)\n"
+        "print(path, path.is_dir(), flush=True)\n"
+    )
+    env = {**os.environ, METRICS_DIR_ENV: "", PROMETHEUS_DIR_ENV: "",
+           "TMPDIR": str(unset_env)}
+    proc = subprocess.run([sys.executable, "-c", script], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    path, exists_after_child = proc.stdout.split()
+    assert exists_after_child == "True", "the child removed its parent's directory"
+    assert path.startswith(str(unset_env / DIR_PREFIX))
+    assert not os.path.exists(path), "the maker removes it when it exits"
+
+
+def _unsafe_dir(kind: str, tmp_path, monkeypatch):
+    """A named directory that must be refused, and where files would land."""
+    path = tmp_path / "metrics"
+    if kind == "symlink":
+        target = tmp_path / "target"
+        target.mkdir(mode=0o700)
+        path.symlink_to(target)
+        return path, target
+    path.mkdir(mode=0o700)
+    if kind == "mode":
+        path.chmod(0o755)
+    elif kind == "owner":
+        if os.geteuid() == 0:
+            os.chown(path, 65534, 65534)
+        else:  # cannot give it away: be someone else instead
+            uid = os.geteuid()
+            monkeypatch.setattr(metrics.os, "geteuid", lambda: uid + 1)
+    return path, path
+
+
+@pytest.mark.parametrize("kind, fix", [
+    ("symlink", "is a symlink, which is not followed"),
+    ("mode", "chmod 700"),
+    ("owner", "not by this user"),
+])
+def test_named_dir_refused_once_engine_goes_on(kind, fix, tmp_path, monkeypatch):
+    """A SPECEXTEND_METRICS_DIR that is a symlink, not ours or not 0700: one
+    warning naming the fix, nothing published, counting and logging go on."""
+    path, lands = _unsafe_dir(kind, tmp_path, monkeypatch)
+    monkeypatch.setenv(METRICS_DIR_ENV, str(path))
+    warned, lines = [], []
+    assert metrics.ensure_metrics_dir(warned.append) == path
+    assert len(warned) == 1 and str(path) in warned[0] and fix in warned[0], warned
+    stats = SpecExtendStats()
+    rep = StatsReporter(stats, 0.0, lines.append, warn=warned.append)
+    for _ in range(3):
+        stats.retrievals += 1
+        stats.decode_rows += 1
+        rep.maybe_report(force=True)
+    assert len(warned) == 1, "once, not per report"
+    assert len(lines) == 3 and stats.retrievals == 3
+    collector = SnapshotCollector(path, warn=warned.append)
+    assert list(collector.collect()) == [], "refused: series left out"
+    assert list(lands.iterdir()) == []
+    rep.close()
 
 
 def test_reporter_writes_snapshot_and_logs(metrics_env):
@@ -163,6 +385,63 @@ def test_unpublished_reporter_keeps_interval_writes_nothing(metrics_env):
     rep.interval_s = 3600.0
     assert not rep.due(), "the interval restarts even when nothing is published"
     rep.close()
+
+
+def test_reporter_remakes_a_removed_directory(metrics_env):
+    """The H100 crash: maybe_report raised FileNotFoundError on
+    ``worker-<pid>.tmp`` once the directory was removed under the worker."""
+    warned = []
+    stats = SpecExtendStats(retrievals=1)
+    rep = StatsReporter(stats, 3600.0, log=lambda _: None, warn=warned.append)
+    rep.maybe_report(force=True)
+    shutil.rmtree(metrics_env)
+    stats.retrievals = 2
+    rep.maybe_report(force=True)
+    _assert_private(metrics_env)
+    assert json.loads(rep.path.read_text())["retrievals"] == 2
+    assert len(warned) == 1 and "was missing" in warned[0], warned
+    # Another trouble gets its own warning, once.
+    shutil.rmtree(metrics_env)
+    metrics_env.write_text("")
+    for _ in range(2):
+        rep.maybe_report(force=True)
+    assert len(warned) == 2 and "is not a directory" in warned[1], warned
+    metrics_env.unlink()
+    rep.close()
+
+
+@pytest.mark.parametrize("broken", ["parent removed", "file in its place"])
+def test_reporter_fails_soft_and_resumes(tmp_path, monkeypatch, broken):
+    """A directory that cannot be made again, or is not one: each report goes
+    on (one warning), counters keep counting; publishing resumes once the
+    directory is usable again."""
+    parent = tmp_path / "parent"
+    directory = parent / "metrics"
+    directory.mkdir(parents=True, mode=0o700)
+    monkeypatch.setenv(METRICS_DIR_ENV, str(directory))
+    warned, lines = [], []
+    stats = SpecExtendStats()
+    rep = StatsReporter(stats, 0.0, lines.append, warn=warned.append)
+    if broken == "parent removed":
+        shutil.rmtree(parent)
+    else:
+        directory.rmdir()
+        directory.write_text("")
+    for _ in range(3):
+        stats.decode_rows += 1
+        rep.maybe_report(force=True)
+    assert len(warned) == 1 and str(directory) in warned[0], warned
+    assert len(lines) == 3 and stats.decode_rows == 3
+    assert SnapshotCollector(directory).read()["decode_rows"] == 0
+    if broken == "parent removed":
+        parent.mkdir()
+    else:
+        directory.unlink()
+    rep.maybe_report(force=True)
+    assert json.loads(rep.path.read_text())["decode_rows"] == 3
+    _assert_private(directory)
+    rep.close()
+    assert not rep.path.exists()
 
 
 def _families(collector):
@@ -260,6 +539,20 @@ def test_last_requests_ending_publish_at_once(metrics_env):
     del proposer.runner.requests["a"]  # the runner drops it in its own step
     proposer.on_requests_done({"b", "c"})
     assert json.loads(proposer.reporter.path.read_text())["decode_rows"] == 5
+
+
+def test_requests_done_survives_a_removed_directory(tmp_path, monkeypatch):
+    """The crash's own path: on_requests_done publishing into a directory
+    whose parent is gone returns, and the request's state is still freed."""
+    directory = tmp_path / "parent" / "metrics"
+    directory.mkdir(parents=True, mode=0o700)
+    monkeypatch.setenv(METRICS_DIR_ENV, str(directory))
+    proposer = _proposer_with_batch(["a"], interval_s=3600.0)
+    proposer.state.slots_for(["a"])  # "a" holds a state slot
+    assert "a" in proposer.state
+    shutil.rmtree(tmp_path / "parent")
+    proposer.on_requests_done({"a"})
+    assert "a" not in proposer.state and not directory.exists()
 
 
 def test_series_carry_vllm_labels_per_engine(metrics_env, monkeypatch):
