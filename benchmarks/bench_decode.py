@@ -231,7 +231,10 @@ def run_engine(args, mode: str, index: int, out: Path) -> int:
     engine = {"mode": label, "draft": draft and Path(draft).name,
               "engine_args": json.loads(shown), "env_set": env,
               "vllm_env": {k: v for k, v in os.environ.items()
-                           if k.startswith("VLLM_")}}
+                           if k.startswith("VLLM_")},
+              # The plugin's tuning switches (proposer.DraftTuning) and paths.
+              "plugin_env": {k: v for k, v in os.environ.items()
+                             if k.startswith("SPECEXTEND_")}}
     start = time.perf_counter()
     try:
         llm = LLM(**kwargs)

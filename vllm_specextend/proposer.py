@@ -31,6 +31,8 @@ small arrays they produce reach the device in one non-blocking copy
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -82,6 +84,7 @@ class SpecExtendMixin:
             )
             compat.allow_long_drafts(runner)
         self._min_context = self.settings.min_view_context
+        self._tuning = DraftTuning.from_env(device)
         self._view: View | None = None
         self.graphs: DraftGraphs | None = None
         self._in_graph = False  # the body runs: no nested piecewise graphs
@@ -219,9 +222,23 @@ class SpecExtendMixin:
         # The funnel of every draft forward: read through the view, then super().
         if self._view is not None:
             common_attn_metadata = self._apply_view(common_attn_metadata)
-        return super().build_per_group_and_layer_attn_metadata(
+        per_group, per_layer = super().build_per_group_and_layer_attn_metadata(
             common_attn_metadata, draft_index
         )
+        if self._tuning.attn_splits is not None:
+            for metadata in per_group:
+                compat.set_attn_splits(metadata, self._tuning.attn_splits)
+        return per_group, per_layer
+
+    @override
+    def _greedy_sample(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        # The greedy draft token: vLLM's argmax, or the Triton one (a tuning
+        # switch under measurement, ``DraftTuning``).
+        argmax = self._tuning.argmax
+        if (argmax is not None and not self.use_local_argmax_reduction
+                and not self.use_heterogeneous_vocab):
+            return argmax(self.model.compute_logits(hidden_states))
+        return super()._greedy_sample(hidden_states)
 
     @override
     def _determine_batch_execution_and_padding(self, num_tokens: int,
@@ -470,6 +487,28 @@ class SpecExtendMixin:
             self.state.sweep(compat.live_req_ids(self.runner))
             self.stats.tracked_requests = len(self.state)
             self.reporter.maybe_report(force=True)
+
+
+@dataclass(frozen=True)
+class DraftTuning:
+    """Switches for the draft's kernels whose defaults wait for a same-session
+    A/B on a GPU (``docs/design.md``): ``SPECEXTEND_DRAFT_ARGMAX=triton`` (the
+    greedy token by ``argmax_triton``), ``SPECEXTEND_DRAFT_ATTN_SPLITS=N`` (the
+    draft's FlashAttention split count; vLLM uses up to 32 under CUDA graphs,
+    which a view of ~2K tokens pays for in combine kernels)."""
+
+    argmax: Callable[[torch.Tensor], torch.Tensor] | None = None
+    attn_splits: int | None = None
+
+    @classmethod
+    def from_env(cls, device: torch.device) -> DraftTuning:
+        if device.type != "cuda":
+            return cls()
+        argmax = None
+        if os.environ.get("SPECEXTEND_DRAFT_ARGMAX") == "triton":
+            from vllm_specextend.argmax_triton import argmax_triton as argmax
+        splits = os.environ.get("SPECEXTEND_DRAFT_ATTN_SPLITS")
+        return cls(argmax=argmax, attn_splits=int(splits) if splits else None)
 
 
 @dataclass

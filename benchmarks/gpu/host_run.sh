@@ -35,6 +35,7 @@ case "$1" in
     # no host-device sync.
     timeout ${GPU_TESTS_TIMEOUT:-400} python3 -m pytest -v -p no:cacheprovider \
       tests/kernels/test_draft_graph_gpu.py tests/unit/test_proposer_step.py \
+      tests/kernels/test_argmax_triton.py \
       > "$OUT/graph_tests.txt" 2>&1
     echo "graph-tests rc=$?"; grep -E "PASSED|FAILED|ERROR|passed|failed|Error" \
       "$OUT/graph_tests.txt" | tail -30 ;;
@@ -44,7 +45,10 @@ case "$1" in
     # DECODE_MODES, DECODE_DRAFT, DECODE_CONTEXTS, DECODE_BATCHES, DECODE_METHOD
     # (eagle3 with DECODE_DRAFT=llama31_8b_eagle3), DECODE_ARGS (extra flags).
     draft=${DECODE_DRAFT:-llama32_1b}; modes=${DECODE_MODES:-plain}
-    tag=$(echo "$draft $modes ${DECODE_CONTEXTS:-32768} ${DECODE_BATCHES:-1}" | tr ' ' -)
+    # DECODE_TAG names a variant (e.g. a SPECEXTEND_DRAFT_* tuning switch set
+    # for the call; the result file records SPECEXTEND_* in plugin_env).
+    tag=$(echo "$draft $modes ${DECODE_CONTEXTS:-32768} ${DECODE_BATCHES:-1} ${DECODE_TAG:-}" \
+      | tr -s ' ' - | sed 's/-$//')
     timeout ${DECODE_TIMEOUT:-560} python3 -m benchmarks.bench_decode --target-config $M/llama31_8b \
       --draft-config $M/$draft --modes $modes --method ${DECODE_METHOD:-draft_model} \
       --contexts ${DECODE_CONTEXTS:-32768} --batch-sizes ${DECODE_BATCHES:-1} \

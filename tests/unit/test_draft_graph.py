@@ -111,3 +111,15 @@ def test_fixed_width_view_is_the_full_views_prefix():
     # The window's blocks near the end of a long row stay reachable.
     assert logical[0, 6].item() == 150
 
+
+
+def test_draft_tuning_is_off_unless_asked_and_never_on_cpu(monkeypatch):
+    from vllm_specextend.proposer import DraftTuning
+
+    cuda = torch.device("cuda")
+    monkeypatch.delenv("SPECEXTEND_DRAFT_ARGMAX", raising=False)
+    monkeypatch.delenv("SPECEXTEND_DRAFT_ATTN_SPLITS", raising=False)
+    assert DraftTuning.from_env(cuda) == DraftTuning()
+    monkeypatch.setenv("SPECEXTEND_DRAFT_ATTN_SPLITS", "2")
+    assert DraftTuning.from_env(cuda).attn_splits == 2
+    assert DraftTuning.from_env(CPU) == DraftTuning()

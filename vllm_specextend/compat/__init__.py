@@ -37,6 +37,8 @@ argparse ``_option_string_actions``                 read        an option's acti
 ``InputBatch.block_table[g].block_table.gpu``       read        the table width the graphs are sized to
 ``AttentionGroup.get_metadata_builder``             read        FlashAttention: capturable drafting
 EAGLE-3 ``model.fc.input_size``                     read        width of the head's static input
+``  ._greedy_sample``                               override    the greedy draft token (Triton argmax)
+``FlashAttentionMetadata.max_num_splits``           write       the draft's split count (tuning)
 ``Attention.kv_cache``                              patch       draft layers' KV with scratch blocks
 ``GPUModelRunner.kv_caches``                        patch       ... and the runner's list of them
 ``GPUModelRunner.effective_drafter_max_model_len``  patch       drafts past the draft's length
@@ -84,6 +86,7 @@ from vllm_specextend.compat.graphs import (
     decode_attn_metadata,
     draft_graph_blocker,
     eagle_input_width,
+    set_attn_splits,
 )
 from vllm_specextend.compat.kv import (
     PADDING_SLOT_ID,
@@ -129,7 +132,7 @@ __all__ = [
     "apply_process_patches", "attention_layer", "batch_num_prompt_tokens",
     "batch_req_ids", "batch_seq_lens_cpu", "block_table_width",
     "check_touch_points", "decode_attn_metadata", "draft_graph_blocker",
-    "eagle_input_width",
+    "eagle_input_width", "set_attn_splits",
     "check_vllm_version", "cpu_key_order", "engine_facts",
     "engine_index", "engine_indexes", "extend_rope", "has_option",
     "is_cpu_platform", "kv_block_bytes", "kv_cache_layer_names",
@@ -199,6 +202,7 @@ _TOUCH_POINTS = {
     "GPUWorkerBase.initialize_from_config": ("kv_cache_config",),
     "GPUWorkerBase.execute_model": ("scheduler_output",),
     "GPUWorkerBase.compile_or_warm_up_model": (),
+    "DraftModelProposer._greedy_sample": ("hidden_states",),
     "DraftModelProposer._determine_batch_execution_and_padding": (
         "num_tokens",
         "use_cudagraphs",

@@ -59,3 +59,10 @@ def eagle_input_width(proposer) -> int:
     if proposer.method == "eagle3" and proposer.eagle3_use_aux_hidden_state:
         return proposer.model.model.fc.input_size
     return proposer.vllm_config.model_config.get_hidden_size()
+
+
+def set_attn_splits(attn_metadata, num_splits: int) -> None:
+    """Cap a FlashAttention call's KV splits (``FlashAttentionMetadata.
+    max_num_splits``, passed as ``num_splits``); other backends have none."""
+    if hasattr(attn_metadata, "max_num_splits"):
+        attn_metadata.max_num_splits = num_splits
