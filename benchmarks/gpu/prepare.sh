@@ -1,0 +1,41 @@
+#!/bin/bash
+# Here, before a GPU session: fill the git-ignored .gpu/ folder that the device
+# calls carry (benchmarks/gpu/host_run.sh reads it there).
+#
+#   bash benchmarks/gpu/prepare.sh            # from the repository root
+#
+#   .gpu/p1..pN, host-setup.sh  vLLM 0.26.0 and its packages (../shared/gpu/pack.sh,
+#                               about 5 minutes, skipped when the parts exist)
+#   .gpu/wheel/                 this plugin as a wheel (its vllm.general_plugins entry
+#                               point; the code itself comes from the checkout)
+#   .gpu/models/                model shapes for dummy weights (config.json only)
+#   .gpu/data/                  the long-input prompts (serving workloads, evaluation)
+#   .gpu/tokenizer/             a tokenizer for vllm serve and its client (SmolLM2's,
+#                               converted once as scripts/demo.sh does): its ids stay
+#                               below the 8B shape's vocabulary
+#
+# Then, on the device: one call per part (`bash .gpu/host-setup.sh stage .gpu/pI`,
+# carry .gpu/pI and .gpu/host-setup.sh), the last one also `install` and a phase
+# (carry .gpu/wheel .gpu/models, and .gpu/data .gpu/tokenizer for serving).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+SHARED=${SHARED:-$ROOT/../shared}
+VENV=${SPECEXTEND_VENV:-$HOME/.cache/vllm-specextend/venv-cpu}
+
+if ! ls .gpu/p1 >/dev/null 2>&1; then
+  bash "$SHARED/gpu/pack.sh" .gpu
+fi
+rm -rf .gpu/wheel && mkdir -p .gpu/wheel
+python3 -m pip wheel --no-deps -q -w .gpu/wheel . 2>&1 | grep -v '^WARNING' || true
+rm -rf .gpu/models .gpu/data && mkdir -p .gpu/models .gpu/data
+cp -r "$SHARED"/gpu/models/* .gpu/models/
+cp -r "$SHARED"/data/govreport "$SHARED"/data/pg19 .gpu/data/
+if [ ! -f .gpu/tokenizer/tokenizer.json ]; then
+  models=${SPECEXTEND_MODELS:-$HOME/.cache/vllm-specextend/models}
+  PYTHONPATH="$ROOT" "$VENV/bin/python" -m benchmarks.models.builders smollm2 \
+    "$models/smollm2-135m-instruct" >/dev/null
+  mkdir -p .gpu/tokenizer
+  cp "$models"/smollm2-135m-instruct/tokenizer* "$models"/smollm2-135m-instruct/special_tokens_map.json .gpu/tokenizer/ 2>/dev/null || true
+fi
+du -sh .gpu/* | sort -k2
