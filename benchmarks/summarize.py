@@ -8,16 +8,22 @@ headline tables rendered from it. Never edit either by hand: run this.
 summary.json is a list of rows, one per (result file, mode, draft, context,
 batch or concurrency): ``{"bench": "decode"|"serve", "device", "mode",
 "draft", "context", "batch"|"concurrency", "tok_s": [one figure per run],
-"file"}``, plus ``"workload"`` (serve), ``"synthetic_acceptance"`` (the
-synthetic acceptance length, None for real rejection sampling) and
-``"date_utc"``. Decode ``tok_s`` is decode tok/s, serve ``tok_s`` output tok/s;
-``context`` is the prompt length. Files under ``results/archive/`` (superseded
-runs) are left out.
+"gpu_busy": [one figure per run], "file"}``, plus ``"workload"`` (serve),
+``"synthetic_acceptance"`` (the synthetic acceptance length, None for real
+rejection sampling) and ``"date_utc"``. Decode ``tok_s`` is decode tok/s, serve
+``tok_s`` output tok/s; ``context`` is the prompt length. ``gpu_busy`` is each
+run's GPU busy share (0..1: the share of the run's decode window during which a
+kernel ran, NVML, ``benchmarks.harness.gpu_busy``), None for a run without a
+sample there (a CPU host); ``[]`` for files older than the sampler (before
+2026-11-24), so every row has the key and ``[]`` tells "not measured" from
+"measured, no sample". Files under ``results/archive/`` (superseded runs) are
+left out.
 
 ``--write`` replaces what lies between ``<!-- summary:start -->`` and
 ``<!-- summary:end -->`` in each file with the headline tables: for every cell
-the newest file's runs, median (min–max), linked to that file; only runs at a
-synthetic acceptance (speed runs; real-acceptance runs check correctness).
+the newest file's runs, median (min–max), linked to that file, and after ``·``
+the median GPU busy share of the runs that have one; only runs at a synthetic
+acceptance (speed runs; real-acceptance runs check correctness).
 """
 
 from __future__ import annotations
@@ -46,17 +52,24 @@ def _synthetic(config: dict) -> float | None:
     return value if value > 0 else None
 
 
+def _busy(runs: list[dict]) -> list[float | None]:
+    """Each run's GPU busy share; [] where no run has the key (older files)."""
+    if not any("gpu_busy" in run for run in runs):
+        return []
+    return [run.get("gpu_busy") for run in runs]
+
+
 def decode_rows(result: dict, file: str) -> list[dict]:
     meta = result["meta"]
     rows = []
     for r in result["results"]:
         if "skipped" in r:
             continue
-        runs = r.get("runs")
-        tok_s = [run["decode_tok_s"] for run in runs] if runs else [r["decode_tok_s"]]
+        runs = r.get("runs") or [r]  # older files: the row is its one run
         rows.append({"bench": "decode", "device": device(meta), "mode": r["mode"],
                      "draft": r["draft"], "context": r["context"], "batch": r["batch"],
-                     "tok_s": tok_s, "file": file,
+                     "tok_s": [run["decode_tok_s"] for run in runs],
+                     "gpu_busy": _busy(runs), "file": file,
                      "synthetic_acceptance": _synthetic(meta["config"]),
                      "date_utc": meta["date_utc"]})
     return rows
@@ -67,15 +80,15 @@ def serve_rows(result: dict, file: str) -> list[dict]:
     rows = []
     if "results" in result:  # one row per (workload, mode, concurrency)
         for r in result["results"]:
-            tok_s = [run["output_throughput"] for run in r.get("runs", [])
-                     if "error" not in run]
-            if not tok_s:
+            ok = [run for run in r.get("runs", []) if "error" not in run]
+            if not ok:
                 continue
             rows.append({"bench": "serve", "device": device(meta), "mode": r["mode"],
                          "draft": r["draft"], "workload": r["workload"],
                          "context": r["input_len"], "concurrency": r["concurrency"],
-                         "tok_s": tok_s,
-                         "file": file, "synthetic_acceptance": _synthetic(cfg),
+                         "tok_s": [run["output_throughput"] for run in ok],
+                         "gpu_busy": _busy(ok), "file": file,
+                         "synthetic_acceptance": _synthetic(cfg),
                          "date_utc": meta["date_utc"]})
         return rows
     # Older files: one run per row, one workload (short outputs) per file.
@@ -87,7 +100,8 @@ def serve_rows(result: dict, file: str) -> list[dict]:
         rows.append({"bench": "serve", "device": device(meta), "mode": r["mode"],
                      "draft": draft, "workload": "short", "context": cfg["input_len"],
                      "concurrency": r["concurrency"],
-                     "tok_s": [r["output_throughput"]], "file": file,
+                     "tok_s": [r["output_throughput"]], "gpu_busy": _busy([r]),
+                     "file": file,
                      "synthetic_acceptance": _synthetic(cfg),
                      "date_utc": meta["date_utc"]})
     return rows
@@ -147,9 +161,18 @@ def _cell(row: dict | None, link_base: Path | None) -> str:
     text = f"{statistics.median(values):.0f}"
     text += (f" ({min(values):.0f}–{max(values):.0f})" if len(values) > 1
              else " (1 run)")
+    busy = _median_busy(row)
+    if busy is not None:
+        text += f" · {100 * busy:.0f}%"
     if link_base is None:
         return text
     return f"[{text}]({os.path.relpath(RESULTS / row['file'], link_base)})"
+
+
+def _median_busy(row: dict) -> float | None:
+    """Median GPU busy share of the row's runs that have one."""
+    busy = [b for b in row.get("gpu_busy", []) if b is not None]
+    return statistics.median(busy) if busy else None
 
 
 def _ratio(a: dict | None, b: dict | None) -> str:
@@ -202,6 +225,14 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def _busy_note(rows: list[dict]) -> str:
+    """What ``· N%`` in a cell is, where a cell has it."""
+    if not any(_median_busy(r) is not None for r in rows):
+        return ""
+    return (", then `· N%`: the median GPU busy share, the share of the decode "
+            "window during which a kernel ran (NVML, measured since 2026-11-24)")
+
+
 def render(rows: list[dict], link_base: Path | None = None) -> str:
     """The headline tables (markdown), links relative to ``link_base``."""
     speed = [r for r in rows if r["synthetic_acceptance"]]
@@ -216,9 +247,10 @@ def render(rows: list[dict], link_base: Path | None = None) -> str:
             continue
         acceptance = sorted({r["synthetic_acceptance"] for r in mine})
         caption = (f"**{bench}**: {what}, median (min–max) over the runs of the "
-                   f"newest result file per cell (linked); synthetic acceptance "
-                   f"length {', '.join(map(str, acceptance))}. Generated by "
-                   "`python -m benchmarks.summarize` from `summary.json`.")
+                   f"newest result file per cell (linked){_busy_note(mine)}; "
+                   f"synthetic acceptance length {', '.join(map(str, acceptance))}. "
+                   "Generated by `python -m benchmarks.summarize` from "
+                   "`summary.json`.")
         parts.append(_table(mine, key_cols, x, link_base, caption))
     return "\n\n".join(parts) + "\n"
 

@@ -30,10 +30,18 @@ def _decode(date, rows, acceptance=3.0):
             "engines": [], "results": rows}
 
 
-def _decode_row(mode, tok_s, draft="d", context=32768, batch=1):
+def _runs(tok_key, tok_s, busy):
+    """Runs with ``tok_key``; with ``gpu_busy`` where ``busy`` is a list (files
+    from before the sampler have no key at all)."""
+    if busy is None:
+        return [{tok_key: t} for t in tok_s]
+    return [{tok_key: t, "gpu_busy": b} for t, b in zip(tok_s, busy, strict=True)]
+
+
+def _decode_row(mode, tok_s, draft="d", context=32768, batch=1, busy=None):
     return {"mode": mode, "draft": None if mode == "plain" else draft,
             "context": context, "batch": batch,
-            "runs": [{"decode_tok_s": t} for t in tok_s]}
+            "runs": _runs("decode_tok_s", tok_s, busy)}
 
 
 def _serve(rows):
@@ -42,10 +50,10 @@ def _serve(rows):
             "servers": [], "results": rows}
 
 
-def _serve_row(mode, tok_s):
+def _serve_row(mode, tok_s, busy=None):
     return {"workload": "long", "input_len": 16384, "mode": mode,
             "draft": None if mode == "plain" else "d", "concurrency": 4,
-            "runs": [{"output_throughput": t} for t in tok_s] + [{"error": "x"}]}
+            "runs": _runs("output_throughput", tok_s, busy) + [{"error": "x"}]}
 
 
 @pytest.fixture
@@ -54,9 +62,13 @@ def results(tmp_path, monkeypatch):
     (tmp_path / "archive").mkdir()
     (tmp_path / "serve" / "20261201T0000Z").mkdir(parents=True)
     old = _decode("a", [_decode_row("spec_extend", [50.0, 60.0, 70.0])])
-    new = _decode("b", [_decode_row("plain", [100.0, 90.0, 110.0]),
-                        _decode_row("draft_model", [150.0, 140.0, 160.0]),
-                        _decode_row("spec_extend", [200.0, 180.0, 210.0]),
+    # Busy shares: all runs, one run without a sample, none (a CPU host).
+    new = _decode("b", [_decode_row("plain", [100.0, 90.0, 110.0],
+                                    busy=[0.99, 0.98, 1.0]),
+                        _decode_row("draft_model", [150.0, 140.0, 160.0],
+                                    busy=[0.6, None, 0.7]),
+                        _decode_row("spec_extend", [200.0, 180.0, 210.0],
+                                    busy=[None, None, None]),
                         {**_decode_row("spec_extend", []), "batch": 8,
                          "skipped": "does not fit"}])
     (tmp_path / "decode" / "20261201T0000Z_x.json").write_text(json.dumps(old))
@@ -66,7 +78,8 @@ def results(tmp_path, monkeypatch):
     (tmp_path / "archive" / "20261203T0000Z_x.json").write_text(json.dumps(new))
     (tmp_path / "serve" / "20261201T0000Z" / "results.json").write_text(json.dumps(
         _serve([_serve_row("plain", [10.0, 12.0, 11.0]),
-                _serve_row("spec_extend", [15.0, 16.0, 14.0])])))
+                _serve_row("spec_extend", [15.0, 16.0, 14.0],
+                           busy=[0.9, None, 0.8])])))
     (tmp_path / "other.json").write_text(json.dumps({"meta": {}, "rows": []}))
     monkeypatch.setattr(summarize, "RESULTS", tmp_path)
     return tmp_path
@@ -83,7 +96,7 @@ def test_rows_carry_every_run(results):
         ("spec_extend", [200.0, 180.0, 210.0])]  # skipped cells left out
     assert new[0] == {"bench": "decode", "device": "GPU", "mode": "plain",
                       "draft": None, "context": 32768, "batch": 1,
-                      "tok_s": [100.0, 90.0, 110.0],
+                      "tok_s": [100.0, 90.0, 110.0], "gpu_busy": [0.99, 0.98, 1.0],
                       "file": "decode/20261202T0000Z_x.json",
                       "synthetic_acceptance": 3.0, "date_utc": "b"}
     serve = [r for r in rows if r["bench"] == "serve"]
@@ -92,15 +105,40 @@ def test_rows_carry_every_run(results):
                                 ("spec_extend", "long", 16384, 4, [15.0, 16.0, 14.0])]
 
 
+def test_rows_carry_each_runs_gpu_busy(results):
+    """One figure per run, None where a run had no sample; [] for files from
+    before the sampler; serve runs that failed are left out of both lists."""
+    busy = [(Path(r["file"]).stem, r["mode"], r["gpu_busy"])
+            for r in summarize.summarize(results)]
+    assert busy == [("20261201T0000Z_x", "spec_extend", []),
+                    ("20261202T0000Z_x", "plain", [0.99, 0.98, 1.0]),
+                    ("20261202T0000Z_x", "draft_model", [0.6, None, 0.7]),
+                    ("20261202T0000Z_x", "spec_extend", [None, None, None]),
+                    ("real", "plain", []),
+                    ("results", "plain", []),
+                    ("results", "spec_extend", [0.9, None, 0.8])]
+
+
 def test_headline_takes_the_newest_file_and_links_it(results):
     text = summarize.render(summarize.summarize(results), results / "docs")
     link = "../decode/20261202T0000Z_x.json"
-    assert (f"| GPU | 32K | d | 1 | [100 (90–110)]({link}) | [150 (140–160)]({link}) "
-            f"| [200 (180–210)]({link}) | 1.33 |") in text
+    # Median busy of the runs with a sample; none without one.
+    assert (f"| GPU | 32K | d | 1 | [100 (90–110) · 99%]({link}) "
+            f"| [150 (140–160) · 65%]({link}) | [200 (180–210)]({link}) "
+            "| 1.33 |") in text
     assert "real.json" not in text, "real-acceptance runs are no speed runs"
     serve = next(ln for ln in text.splitlines() if ln.startswith("| GPU | long |"))
     assert serve.startswith("| GPU | long | 16K | d | 4 | [11 (10–12)](")
+    assert "[15 (14–16) · 85%](" in serve
     assert serve.endswith("| – |"), "no draft_model column to compare with"
+
+
+def test_caption_explains_busy_only_where_a_cell_shows_it(results):
+    rows = summarize.summarize(results)
+    assert summarize.render(rows).count("median GPU busy share") == 2
+    old = [r for r in rows if r["file"] == "decode/20261201T0000Z_x.json"]
+    text = summarize.render(old)
+    assert "GPU busy" not in text and "%" not in text
 
 
 def test_region_between_the_markers_is_replaced():
@@ -130,5 +168,5 @@ def test_ratio_only_within_one_file(results):
     text = summarize.render(summarize.summarize(results), results / "docs")
     row = next(ln for ln in text.splitlines() if ln.startswith("| GPU | 32K | d | 1 |"))
     assert "[310 (300–320)](../decode/20261204T0000Z_x.json)" in row
-    assert "[150 (140–160)](../decode/20261202T0000Z_x.json)" in row
+    assert "[150 (140–160) · 65%](../decode/20261202T0000Z_x.json)" in row
     assert row.endswith("| – |")
