@@ -123,12 +123,12 @@ def test_headline_takes_the_newest_file_and_links_it(results):
     text = summarize.render(summarize.summarize(results), results / "docs")
     link = "../decode/20261202T0000Z_x.json"
     # Median busy of the runs with a sample; none without one.
-    assert (f"| GPU | 32K | d | 1 | [100 (90–110) · 99%]({link}) "
+    assert (f"| 32K | d | 1 | [100 (90–110) · 99%]({link}) "
             f"| [150 (140–160) · 65%]({link}) | [200 (180–210)]({link}) "
             "| 1.33 |") in text
     assert "real.json" not in text, "real-acceptance runs are no speed runs"
-    serve = next(ln for ln in text.splitlines() if ln.startswith("| GPU | long |"))
-    assert serve.startswith("| GPU | long | 16K | d | 4 | [11 (10–12)](")
+    serve = next(ln for ln in text.splitlines() if ln.startswith("| long |"))
+    assert serve.startswith("| long | 16K | d | 4 | [11 (10–12)](")
     assert "[15 (14–16) · 85%](" in serve
     assert serve.endswith("| – |"), "no draft_model column to compare with"
 
@@ -166,7 +166,24 @@ def test_ratio_only_within_one_file(results):
     newer = _decode("e", [_decode_row("spec_extend", [300.0, 310.0, 320.0])])
     (results / "decode" / "20261204T0000Z_x.json").write_text(json.dumps(newer))
     text = summarize.render(summarize.summarize(results), results / "docs")
-    row = next(ln for ln in text.splitlines() if ln.startswith("| GPU | 32K | d | 1 |"))
+    row = next(ln for ln in text.splitlines() if ln.startswith("| 32K | d | 1 |"))
     assert "[310 (300–320)](../decode/20261204T0000Z_x.json)" in row
     assert "[150 (140–160) · 65%](../decode/20261202T0000Z_x.json)" in row
     assert row.endswith("| – |")
+
+
+def test_a_table_per_device_with_its_own_modes(results):
+    """Two devices: two tables under the bench's one caption, the device as
+    their title; the TP file's table has no draft_model column."""
+    tp = _decode("f", [_decode_row("plain", [80.0]),
+                       _decode_row("spec_extend", [90.0])])
+    tp["meta"]["config"]["tensor_parallel_size"] = 2
+    (results / "decode" / "20261205T0000Z_tp.json").write_text(json.dumps(tp))
+    text = summarize.render(summarize.summarize(results))
+    decode = text.split("**serve**")[0]
+    assert decode.count("**decode**") == 1
+    one, two = decode.split("*GPU*\n\n")[1].split("*GPU ×2 (TP=2)*\n\n")
+    assert one.startswith("| context | draft | batch | plain | draft_model | ")
+    assert two.startswith("| context | draft | batch | plain | spec_extend | ")
+    assert "| 32K | d | 1 | 80 (1 run) | 90 (1 run) | – |" in two
+    assert "*GPU*\n\n| workload | context |" in text
