@@ -2,17 +2,21 @@
 
 NVML's ``utilization.gpu`` is the share of the last sample period during which
 at least one kernel ran; below 100% during decoding the GPU waited for the
-host. A thread samples it every ``interval_s`` with ``time.monotonic()``
-stamps, the clock of vLLM's engine-core token timestamps, so the samples
+host. A thread samples it every ``interval_s``, stamped by ``clock``: the
+clock of the token timestamps the samples are matched with, so the samples
 inside a run's decode intervals (each request's [first token, last token])
-give the run's busy share. ``None`` where NVML is missing (CPU hosts).
+give the run's busy share. ``time.monotonic`` (the default) is the clock of
+vLLM's engine-core timestamps (``bench_decode``); ``time.perf_counter`` that of
+``vllm bench serve``'s per-request times (``bench_serve``; on Linux both read
+CLOCK_MONOTONIC, one clock for every process of the host, so a client in
+another process stamps on it too). ``None`` where NVML is missing (CPU hosts).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 
 def _nvml():
@@ -33,9 +37,11 @@ def _nvml():
 class GpuBusy:
     """``with GpuBusy() as busy: ...`` then ``busy.share(intervals)``."""
 
-    def __init__(self, device_indexes: Iterable[int] = (0,), interval_s: float = 0.05):
+    def __init__(self, device_indexes: Iterable[int] = (0,), interval_s: float = 0.05,
+                 clock: Callable[[], float] = time.monotonic):
         self.interval_s = interval_s
-        self.samples: list[tuple[float, float]] = []  # (monotonic s, busy 0..1)
+        self.clock = clock
+        self.samples: list[tuple[float, float]] = []  # (clock s, busy 0..1)
         self._nvml = _nvml()
         self._handles = []
         if self._nvml is not None:
@@ -63,12 +69,12 @@ class GpuBusy:
         while not self._stop.is_set():
             rates = [self._nvml.nvmlDeviceGetUtilizationRates(h).gpu
                      for h in self._handles]
-            self.samples.append((time.monotonic(), sum(rates) / len(rates) / 100.0))
+            self.samples.append((self.clock(), sum(rates) / len(rates) / 100.0))
             self._stop.wait(self.interval_s)
 
     def share(self, intervals: Iterable[tuple[float, float]]) -> float | None:
         """Mean busy share of the samples inside any of ``intervals``
-        (monotonic seconds); None without samples there."""
+        (``clock`` seconds); None without samples there."""
         intervals = list(intervals)
         inside = [busy for t, busy in self.samples
                   if any(start <= t <= end for start, end in intervals)]

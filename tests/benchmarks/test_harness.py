@@ -1,12 +1,18 @@
-"""The benchmark harness's pure parts: the figures (``measure``), how each mode
-differs from plain decoding (``modes``) and the device a result names
+"""The benchmark harness's pure parts: the figures (``measure``), the GPU busy
+share over a decode window (``gpu_busy``, from hand-made samples), how each
+mode differs from plain decoding (``modes``) and the device a result names
 (``meta``)."""
 
 from __future__ import annotations
 
+import itertools
+import time
+from types import SimpleNamespace
+
 import pytest
 
 from benchmarks.harness import measure, modes
+from benchmarks.harness.gpu_busy import GpuBusy
 from benchmarks.harness.meta import device
 
 
@@ -27,6 +33,38 @@ def test_decode_throughput_leaves_out_first_tokens_and_waits():
     out = measure.decode_throughput([(0.0, 2.0, 5), (3.0, 4.0, 3)])
     assert out == {"decode_s": 3.0, "decode_tokens": 6, "decode_tok_s": 2.0}
     assert measure.decode_throughput([(1.0, 1.0, 1)])["decode_tok_s"] is None
+
+
+def test_gpu_busy_share_counts_the_samples_inside_the_intervals():
+    busy = GpuBusy()
+    busy.samples = [(0.0, 0.1), (1.0, 0.9), (2.0, 0.7), (3.0, 0.2), (4.0, 1.0),
+                    (5.0, 0.0)]
+    # Interval ends count; 0.0, 3.0 and 5.0 lie outside both intervals.
+    assert busy.share([(1.0, 2.0), (3.5, 4.5)]) == pytest.approx((0.9 + 0.7 + 1.0) / 3)
+    # Overlapping intervals (concurrent requests) count a sample once.
+    assert busy.share([(0.5, 2.5), (1.5, 3.0)]) == pytest.approx((0.9 + 0.7 + 0.2) / 3)
+    assert busy.share([(5.5, 9.0)]) is None
+    assert busy.share([]) is None
+    busy.samples = []  # no NVML (CPU), or a window shorter than a sample period
+    assert busy.share([(0.0, 9.0)]) is None
+
+
+class _FakeNvml:
+    """Device 0 at 50%, device 1 at 100%."""
+
+    @staticmethod
+    def nvmlDeviceGetUtilizationRates(handle):
+        return SimpleNamespace(gpu=50 if handle == 0 else 100)
+
+
+def test_gpu_busy_stamps_samples_with_its_clock_and_averages_devices():
+    ticks = itertools.count(100)
+    busy = GpuBusy(interval_s=0.001, clock=lambda: float(next(ticks)))
+    busy._nvml, busy._handles = _FakeNvml(), [0, 1]  # NVML without a GPU
+    with busy:
+        time.sleep(0.05)
+    assert busy.samples[:2] == [(100.0, 0.75), (101.0, 0.75)]
+    assert busy.share([(100.0, 101.0)]) == 0.75
 
 
 def test_percentile_interpolates_like_numpy():
