@@ -25,12 +25,15 @@ Per run, from ``vllm bench serve --save-result --save-detailed``: output
 tok/s, TTFT, TPOT and ITL (p50 / p99), completed and failed requests, and the
 decode-phase throughput (output tokens after each request's first token over
 the time after the first tokens, ``benchmarks.harness.measure``, from the
-per-request start times, TTFTs and ITLs); from ``/metrics``: acceptance and
-the deltas of the ``vllm:spec_decode_*`` / ``vllm:spec_extend_*`` counters;
-a digest of the generated texts (equal across modes with real rejection
-sampling). Per cell: min / median / max over the runs. Per server: its
-command, start-up time, whether vLLM turned async scheduling on (its log
-line), and whether it stopped cleanly.
+per-request start times, TTFTs and ITLs); the GPU busy share over that same
+decode phase (``gpu_busy``: NVML's ``utilization.gpu`` of device 0, sampled
+here while the client runs, stamped with the client's clock
+``time.perf_counter``, ``benchmarks.harness.gpu_busy``; None without NVML);
+from ``/metrics``: acceptance and the deltas of the ``vllm:spec_decode_*`` /
+``vllm:spec_extend_*`` counters; a digest of the generated texts (equal across
+modes with real rejection sampling). Per cell: min / median / max over the
+runs. Per server: its command, start-up time, whether vLLM turned async
+scheduling on (its log line), and whether it stopped cleanly.
 
     python -m benchmarks.bench_serve --target TARGET --draft DRAFT \\
         --workloads long shared-doc --input-lens 16384 32768 --concurrency 1 4 16 32 \\
@@ -57,12 +60,14 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import prompts
 from benchmarks.harness import modes
+from benchmarks.harness.gpu_busy import GpuBusy
 from benchmarks.harness.measure import decode_throughput, spread
 from benchmarks.harness.meta import device, run_metadata
 from benchmarks.harness.server import log_errors, scrape, serve, tail, vllm_command
@@ -211,23 +216,27 @@ def acceptance(bench: dict, delta: dict) -> tuple[float | None, float | None]:
     return accepted / drafted, 1 + accepted / drafts
 
 
-def decode_phase(bench: dict) -> dict:
-    """Decode throughput from the per-request data of ``--save-detailed``."""
-    return decode_throughput(
-        (start + ttft, start + ttft + sum(itls), n)
-        for start, ttft, itls, n, error in zip(
-            bench["start_times"], bench["ttfts"], bench["itls"],
-            bench["output_lens"], bench["errors"], strict=True)
-        if not error and n)
+def decode_phase(bench: dict, busy: GpuBusy) -> dict:
+    """Decode throughput and GPU busy share from the per-request data of
+    ``--save-detailed``: each request's [first token, last token], in the
+    client's ``time.perf_counter`` seconds (its start time, TTFT and ITLs), the
+    clock ``busy`` must stamp its samples with."""
+    requests = [(start + ttft, start + ttft + sum(itls), n)
+                for start, ttft, itls, n, error in zip(
+                    bench["start_times"], bench["ttfts"], bench["itls"],
+                    bench["output_lens"], bench["errors"], strict=True)
+                if not error and n]
+    return {**decode_throughput(requests),
+            "gpu_busy": busy.share((first, last) for first, last, _ in requests)}
 
 
-def run_figures(bench: dict, delta: dict) -> dict:
+def run_figures(bench: dict, delta: dict, busy: GpuBusy) -> dict:
     rate, length = acceptance(bench, delta)
     texts = bench.get("generated_texts") or []
     return {
         # Scalars only: per-request lists stay in the bench file.
         **{k: v for k, v in bench.items() if not isinstance(v, (list, dict))},
-        **decode_phase(bench),
+        **decode_phase(bench, busy),
         "errors": [e for e in bench.get("errors", []) if e][:5],
         "acceptance_rate": rate,
         "acceptance_length": length,
@@ -247,7 +256,8 @@ def run_cell(args, base: str, mode: str, cell: Cell, logs: Path) -> list[dict]:
             complete(base, args.target, prime, 1, args.run_timeout)
         before = scrape(base)
         log = logs / f"bench_{tag}.log"
-        with log.open("wb") as out:
+        # NVML is device-wide: sampling from here sees the server's kernels.
+        with log.open("wb") as out, GpuBusy(clock=time.perf_counter) as busy:
             try:
                 rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL,
@@ -260,7 +270,8 @@ def run_cell(args, base: str, mode: str, cell: Cell, logs: Path) -> list[dict]:
         if rc != 0 or not result.exists():
             runs.append({**run, "error": f"vllm bench serve: {rc}\n{tail(log)}"})
             continue
-        runs.append({**run, **run_figures(json.loads(result.read_text()), delta)})
+        runs.append({**run, **run_figures(json.loads(result.read_text()), delta,
+                                          busy)})
     return runs
 
 
@@ -331,6 +342,12 @@ def _s(stats: dict, digits: int = 0) -> str:
             f"{fmt.format(stats['max'])})")
 
 
+def busy_percent(runs: list[dict]) -> dict:
+    """Spread of the runs' GPU busy shares in %, over the runs that have one
+    (None on CPU; no key in files from before the sampler)."""
+    return spread([100 * r["gpu_busy"] for r in runs if r.get("gpu_busy") is not None])
+
+
 def table(result: dict) -> str:
     """Markdown: a table per workload and input length, a line per mode and
     concurrency; then the servers and the setup."""
@@ -342,9 +359,9 @@ def table(result: dict) -> str:
         out += [f"### {workload}: {input_len}-token inputs, {out_len} output tokens",
                 "",
                 "| mode | concurrency | runs | failed requests | output tok/s "
-                "| decode tok/s | TTFT ms p50 / p99 | TPOT ms p50 / p99 "
+                "| decode tok/s | GPU busy % | TTFT ms p50 / p99 | TPOT ms p50 / p99 "
                 "| ITL ms p50 / p99 | acceptance length | draft context |",
-                "|---|---|---|---|---|---|---|---|---|---|---|"]
+                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         rows = [r for r in result["results"]
                 if (r["workload"], r["input_len"]) == (workload, input_len)]
         rows.sort(key=lambda r: (order.get(r["mode"], 9), r["concurrency"]))
@@ -359,7 +376,7 @@ def table(result: dict) -> str:
             out.append(
                 f"| {r['mode']} | {r['concurrency']} | {len(ok)}/{len(r['runs'])} "
                 f"| {r['failed_requests']} | {_s(r['output_tok_s'])} "
-                f"| {_s(r['decode_tok_s'])} "
+                f"| {_s(r['decode_tok_s'])} | {_s(busy_percent(ok))} "
                 f"| {_s(r['ttft_p50_ms'])} / {_s(r['ttft_p99_ms'])} "
                 f"| {_s(r['tpot_p50_ms'], 1)} / {_s(r['tpot_p99_ms'], 1)} "
                 f"| {_s(r['itl_p50_ms'], 1)} / {_s(r['itl_p99_ms'], 1)} "
@@ -382,7 +399,8 @@ def table(result: dict) -> str:
         f"\n{device(meta)}, vLLM {meta['vllm']}, torch {meta['torch']}, "
         f"{meta['date_utc']}, commit {(meta['git_commit'] or '?')[:7]}; "
         f"{', '.join(cfg['datasets'])} documents, K={cfg['num_spec_tokens']}, "
-        f"{synthetic}; median (min–max) of {cfg['runs']} runs per cell.")
+        f"{synthetic}; median (min–max) of {cfg['runs']} runs per cell. GPU busy: "
+        "the share of the decode phase during which a kernel ran (NVML).")
     return "\n".join(out)
 
 

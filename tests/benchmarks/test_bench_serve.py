@@ -92,6 +92,8 @@ def test_cells_have_runs_and_every_request_completes(run):
             assert x["total_output_tokens"] == NUM_PROMPTS * r["output_len"]
             assert x["decode_tokens"] == NUM_PROMPTS * (r["output_len"] - 1)
             assert x["decode_tok_s"] > 0 and x["max_concurrency"] == CONCURRENCY
+            # Recorded in every run: None without NVML (a CPU host).
+            assert x["gpu_busy"] is None or 0 <= x["gpu_busy"] <= 1
             assert (out / x["bench_result"]).is_file()
 
 
@@ -124,6 +126,7 @@ def test_summary_and_plots(run):
         assert f"### {workload}: {INPUT_LEN}-token inputs" in text
     assert f"| spec_extend | {CONCURRENCY} | {RUNS}/{RUNS} | 0 |" in text
     assert "| plain |" in text and "async scheduling" in text
+    assert "| decode tok/s | GPU busy % |" in text
     if importlib.util.find_spec("matplotlib"):
         for workload in WORKLOADS:
             png = out / f"serve_{workload}_{INPUT_LEN}.png"

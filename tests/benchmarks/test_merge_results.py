@@ -31,16 +31,20 @@ def test_refuses_different_benchmarks():
         merge_results.merge([part("runs", "plain", "a"), part("results", "plain", "b")])
 
 
-def serve_part(mode: str) -> dict:
-    """A bench_serve result of one server: one long-workload cell, 3 runs."""
+def serve_part(mode: str, busy: list | None = None) -> dict:
+    """A bench_serve result of one server: one long-workload cell, 3 runs,
+    with each run's GPU busy share where ``busy`` is given (older files: no
+    key)."""
     def spread(v):
         return {"min": v - 1, "median": v, "max": v + 1, "n": 3}
 
     run = {"output_throughput": 100.0, "server_metrics": {}, "completed": 4,
            "failed": 0}
+    runs = ([run] * 3 if busy is None
+            else [{**run, "gpu_busy": b} for b in busy])
     row = {"workload": "long", "input_len": 16384, "output_len": 1024, "mode": mode,
            "draft": None if mode == "plain" else "d", "concurrency": 4,
-           "num_prompts": 4, "runs": [run] * 3, "failed_requests": 0,
+           "num_prompts": 4, "runs": runs, "failed_requests": 0,
            "failed_runs": 0, "acceptance_length": None if mode == "plain" else 3.0,
            **{key: spread(10.0) for key in (
                "output_tok_s", "decode_tok_s", "ttft_p50_ms", "ttft_p99_ms",
@@ -59,9 +63,10 @@ def serve_part(mode: str) -> dict:
 
 def test_serve_parts_get_summary_and_plots(tmp_path):
     files = []
-    for mode in ("plain", "spec_extend"):
+    # A file from before the sampler, one with a run without a sample.
+    for mode, busy in (("plain", None), ("spec_extend", [0.97, None, 0.99])):
         files.append(tmp_path / f"{mode}.json")
-        files[-1].write_text(json.dumps(serve_part(mode)))
+        files[-1].write_text(json.dumps(serve_part(mode, busy)))
     out = tmp_path / "merged" / "results.json"
     assert merge_results.main([str(out), *map(str, files)]) == 0
     merged = json.loads(out.read_text())
@@ -69,6 +74,10 @@ def test_serve_parts_get_summary_and_plots(tmp_path):
     summary = (out.parent / "summary.md").read_text()
     assert "### long: 16384-token inputs, 1024 output tokens" in summary
     assert summary.count("| plain | 4 |") == 1 and summary.count("| spec_extend |") == 2
+    assert "| decode tok/s | GPU busy % |" in summary
+    assert "| plain | 4 | 3/3 | 0 | 10 (9–11) | 10 (9–11) | – |" in summary
+    assert ("| spec_extend | 4 | 3/3 | 0 | 10 (9–11) | 10 (9–11) | 98 (97–99) |"
+            in summary)
     assert "| plain | 90 | True | yes |" in summary
     if importlib.util.find_spec("matplotlib"):
         png = out.parent / "serve_long_16384.png"

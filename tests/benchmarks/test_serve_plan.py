@@ -1,12 +1,15 @@
 """``benchmarks.bench_serve`` without a server: its datasets, the flags of
-each mode, acceptance and the decode-phase throughput from vLLM bench's
-per-request data."""
+each mode, acceptance, and the decode-phase throughput and GPU busy share
+from vLLM bench's per-request data."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import bench_serve
+from benchmarks.harness.gpu_busy import GpuBusy
 
 WORKLOADS = ["long", "shared-doc", "short"]
 
@@ -76,12 +79,19 @@ def test_acceptance_from_counters():
 
 def test_decode_phase_from_per_request_data():
     """Two requests: decode intervals [1.5, 3.5] and [3, 4] cover 2.5 s; the
-    failed request and the tokens before each first token do not count."""
-    bench = {"start_times": [1.0, 2.0, 2.5], "ttfts": [0.5, 1.0, 0.1],
+    failed request and the tokens before each first token do not count, nor
+    do GPU busy samples outside the intervals (before the first token at 1.5,
+    between the failed request's start and its error, after the last token)."""
+    bench = {"start_times": [1.0, 2.0, 6.0], "ttfts": [0.5, 1.0, 0.1],
              "itls": [[1.0, 1.0], [0.5, 0.5], []], "output_lens": [3, 3, 0],
              "errors": ["", "", "boom"]}
-    assert bench_serve.decode_phase(bench) == {
-        "decode_s": 2.5, "decode_tokens": 4, "decode_tok_s": 4 / 2.5}
+    busy = GpuBusy()
+    busy.samples = [(1.2, 0.0), (2.0, 0.9), (3.8, 0.7), (4.5, 0.0), (6.1, 0.0)]
+    assert bench_serve.decode_phase(bench, busy) == {
+        "decode_s": 2.5, "decode_tokens": 4, "decode_tok_s": 4 / 2.5,
+        "gpu_busy": pytest.approx(0.8)}
+    busy.samples = []  # no NVML
+    assert bench_serve.decode_phase(bench, busy)["gpu_busy"] is None
 
 
 def test_async_scheduling_is_the_engine_cores_decision(tmp_path):
