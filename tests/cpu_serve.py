@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 
 SPEC_EXTEND = '{"min_context": 128, "top_k": 2, "recent_tokens": 64}'
+MAX_MODEL_LEN = 2048
 COMMON = ["--block-size", "32", "--kv-cache-memory-bytes", "1G",
-          "--max-model-len", "2048", "--dtype", "float32", "--enforce-eager",
-          "--seed", "0"]
+          "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "float32",
+          "--enforce-eager", "--seed", "0"]
 STARTUP_S = 300
 # Bytecode beside the sources (the venv's own), for faster server starts.
 ENV = {**os.environ, "VLLM_LOG_STATS_INTERVAL": "1"}

@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from cpu_serve import COMMON, ENV, SPEC_EXTEND, STARTUP_S
+from cpu_serve import COMMON, ENV, MAX_MODEL_LEN, SPEC_EXTEND, STARTUP_S
 
 from benchmarks.harness.server import free_port, scrape, vllm_command
 from benchmarks.harness.server import serve as start_server
@@ -30,8 +30,8 @@ def _spec_args(draft: str, spec_extend: str = SPEC_EXTEND) -> list[str]:
 @contextlib.contextmanager
 def serve(model: str, extra: list[str], log: Path, env: dict | None = None):
     """``vllm serve`` with the CPU flags (and ``env`` added to ENV) until
-    /health answers; yield its URL. A server that does not start fails the
-    test."""
+    /health answers; yield the harness's ``Server`` (``base`` URL, ``log``). A
+    server that does not start fails the test."""
     # No snapshot dir named: each server makes its own private one.
     env = {**{k: v for k, v in ENV.items() if k != METRICS_DIR_ENV}, **(env or {})}
     with contextlib.ExitStack() as stack:
@@ -40,7 +40,7 @@ def serve(model: str, extra: list[str], log: Path, env: dict | None = None):
                 [model, *extra, *COMMON], log, STARTUP_S, env=env))
         except RuntimeError as e:
             pytest.fail(str(e))
-        yield server.base
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +51,10 @@ def prompt(long_prompts) -> list[int]:
 @pytest.fixture(scope="module")
 def server(tiny_target, tiny_draft, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "vllm_serve.log"
-    with serve(tiny_target, _spec_args(tiny_draft), log) as base:
-        yield base
+    # Logged requests: the log names each request the server aborts.
+    with serve(tiny_target, [*_spec_args(tiny_draft), "--enable-log-requests"],
+               log) as spec_server:
+        yield spec_server
 
 
 def _client(base: str):
@@ -63,25 +65,38 @@ def _client(base: str):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return _client(server)
+    return _client(server.base)
 
 
-def _complete(client, prompt, max_tokens: int, **kw):
+def _complete(client, prompt, max_tokens: int, extra_body: dict | None = None, **kw):
     return client.completions.create(
-        model=client.models.list().data[0].id, prompt=prompt,
-        max_tokens=max_tokens, temperature=0, extra_body={"ignore_eos": True}, **kw)
+        model=client.models.list().data[0].id, prompt=prompt, max_tokens=max_tokens,
+        temperature=0, extra_body={"ignore_eos": True, **(extra_body or {})}, **kw)
 
 
-def _poll_metrics(base, client, prompt, done, timeout_s: float = 30.0):
-    """Scrape until ``done(metrics)``; between tries send a request after the
-    stats interval, so the worker writes a fresh snapshot."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        metrics = scrape(base)
-        if done(metrics) or time.monotonic() > deadline:
-            return metrics
-        time.sleep(1.2)
-        _complete(client, prompt, 4)
+WAIT_S = 120.0
+"""Bounds a wait for a server state. The states come in seconds, on 2 loaded
+cores too; only a hang runs this out."""
+
+IDLE = ("vllm:num_requests_running", "vllm:num_requests_waiting",
+        "vllm:spec_extend_tracked_requests")
+
+
+def _wait_for(probe, done, what: str):
+    """``probe()`` until ``done`` holds for its value; returns that value.
+    Polling only reads: no request of its own moves what it waits for."""
+    deadline = time.monotonic() + WAIT_S
+    while not done(value := probe()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {WAIT_S:.0f} s; "
+                        f"last: {str(value)[-3000:]}")
+        time.sleep(0.1)
+    return value
+
+
+def _idle(metrics: dict[str, float]) -> bool:
+    """No request in the engine and none holding SpecExtend state."""
+    return all(metrics[key] == 0 for key in IDLE)
 
 
 def test_completion_and_metrics(server, client, prompt):
@@ -92,15 +107,14 @@ def test_completion_and_metrics(server, client, prompt):
     assert resp.choices[0].finish_reason == "length"
     keys = ("vllm:spec_decode_num_draft_tokens_total",
             "vllm:spec_extend_retrievals_total", "vllm:spec_extend_view_rows_total")
-    m = _poll_metrics(server, client, prompt,
-                      lambda m: all(m.get(k, 0) > 0 for k in keys))
-    for key in keys:
-        assert m.get(key, 0) > 0, (key, m)
+    # The worker publishes its counters when the batch empties.
+    m = _wait_for(lambda: scrape(server.base),
+                  lambda m: all(m.get(k, 0) > 0 for k in keys), f"{keys} > 0")
     draft = m["vllm:spec_extend_draft_context_tokens_total"]
     full = m["vllm:spec_extend_full_context_tokens_total"]
     assert 0 < draft < full
     # Labelled as vLLM's own spec-decode series: same model_name and engine.
-    labels = _labels(server)
+    labels = _labels(server.base)
     assert labels["vllm:spec_extend_retrievals_total"] == \
         labels["vllm:spec_decode_num_draft_tokens_total"]
     assert set(labels["vllm:spec_extend_tracked_requests"]) == {"model_name", "engine"}
@@ -132,10 +146,11 @@ def test_chat_completion(client, tiny_tokenizer, prompt):
 def test_greedy_matches_plain_server(client, tiny_target, prompt, tmp_path):
     """Greedy output with SpecExtend equals a server without speculation."""
     spec = _complete(client, prompt, 24).choices[0].text
-    with serve(tiny_target, [], tmp_path / "plain.log") as base:
-        plain = _complete(_client(base), prompt, 24).choices[0].text
+    with serve(tiny_target, [], tmp_path / "plain.log") as plain_server:
+        plain = _complete(_client(plain_server.base), prompt, 24).choices[0].text
         # The plugin is installed but not enabled: no SpecExtend series.
-        exported = [k for k in scrape(base) if k.startswith("vllm:spec_extend_")]
+        exported = [k for k in scrape(plain_server.base)
+                    if k.startswith("vllm:spec_extend_")]
     assert spec == plain
     assert exported == []
 
@@ -146,20 +161,21 @@ def test_metrics_dir_trouble_never_reaches_the_engine(tiny_target, tiny_draft,
     server: it keeps answering, token-identical to plain decoding; the worker
     makes the directory again and /metrics recovers; while it is refused the
     series are left out; each process warns once, not per step."""
-    with serve(tiny_target, [], tmp_path / "plain.log") as base:
-        plain = _complete(_client(base), prompt, 24).choices[0].text
+    with serve(tiny_target, [], tmp_path / "plain.log") as plain_server:
+        plain = _complete(_client(plain_server.base), prompt, 24).choices[0].text
     directory = tmp_path / "metrics"
     directory.mkdir(mode=0o700)
     log = tmp_path / "spec.log"
     retrievals = "vllm:spec_extend_retrievals_total"
     with serve(tiny_target, _spec_args(tiny_draft), log,
-               env={METRICS_DIR_ENV: str(directory)}) as base:
-        client = _client(base)
+               env={METRICS_DIR_ENV: str(directory)}) as spec_server:
+        client = _client(spec_server.base)
         shutil.rmtree(directory)
         assert _complete(client, prompt, 24).choices[0].text == plain
-        m = _poll_metrics(base, client, prompt[:32],
-                          lambda m: m.get(retrievals, 0) > 0)
-        assert m.get(retrievals, 0) > 0, "/metrics did not recover"
+        # The worker publishes (and makes the directory again) at the latest
+        # when the batch empties.
+        m = _wait_for(lambda: scrape(spec_server.base),
+                      lambda m: m.get(retrievals, 0) > 0, "/metrics recovered")
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700
         shutil.rmtree(directory)
         directory.write_text("")  # cannot be made again: not a directory
@@ -168,8 +184,8 @@ def test_metrics_dir_trouble_never_reaches_the_engine(tiny_target, tiny_draft,
         def refused(_) -> bool:  # by the API server's scrape and the worker
             return log.read_text().count("is not a directory") >= 2
 
-        m = _poll_metrics(base, client, prompt[:32], refused)
-        assert refused(m), "the worker did not try to publish"
+        m = _wait_for(lambda: scrape(spec_server.base), refused,
+                      "the worker's and the API server's refusals")
         assert not [k for k in m if k.startswith("vllm:spec_extend_")]
         directory.unlink()
     warnings = [line for line in log.read_text().splitlines()
@@ -181,23 +197,35 @@ def test_metrics_dir_trouble_never_reaches_the_engine(tiny_target, tiny_draft,
 
 
 def test_abort_leaves_no_state(server, client, prompt):
-    """A stream closed mid-way drops the request's SpecExtend state."""
-    generated = scrape(server)["vllm:generation_tokens_total"]
-    stream = _complete(client, prompt, 400, stream=True)
-    start, chunks = time.monotonic(), 0
-    for _ in stream:
-        chunks += 1
-        if chunks >= 5 and time.monotonic() - start > 2.5:
+    """A stream closed while its request holds SpecExtend state: the server
+    aborts that request, it does not finish, and its state is dropped."""
+    # Nothing else in flight, so the gauges below are this request's alone.
+    before = _wait_for(lambda: scrape(server.base), _idle, "an idle server")
+    # The most the model length allows: far more than the server generates
+    # before the close below (within about one stats interval, 1 s).
+    max_tokens = MAX_MODEL_LEN - len(prompt)
+    stream = _complete(client, prompt, max_tokens, stream=True,
+                       extra_body={"return_token_ids": True})
+    received, reasons, tracked = 0, set(), False
+    for chunk in stream:
+        received += len(chunk.choices[0].token_ids)
+        reasons.add(chunk.choices[0].finish_reason)
+        # Close as soon as the worker has published the request's state.
+        if scrape(server.base)["vllm:spec_extend_tracked_requests"] >= 1:
+            tracked = True
             break
-    # Drafting for >1 interval: the worker published the live request.
-    assert scrape(server)["vllm:spec_extend_tracked_requests"] >= 1
     stream.close()
-    short = prompt[:32]  # below min_context: never tracked itself
-    m = _poll_metrics(server, client, short,
-                      lambda m: m["vllm:spec_extend_tracked_requests"] == 0)
-    assert m["vllm:spec_extend_tracked_requests"] == 0
-    # The aborted request stopped early, so it was dropped, not finished.
-    assert m["vllm:generation_tokens_total"] - generated < 400
+    assert tracked, f"the stream ended before the request was tracked: {reasons}"
+    assert reasons == {None} and 0 < received < max_tokens
+
+    # The request leaves the engine and its state goes, with no request of ours.
+    after = _wait_for(lambda: scrape(server.base), _idle, "the request's end")
+    # It ended unfinished: a finished request (any reason) counts as a success.
+    assert after["vllm:request_success_total"] == before["vllm:request_success_total"]
+    # And the server names it aborted (vLLM's engine id: the response id, "-0").
+    line = f"Request {chunk.id}-0 aborted."
+    _wait_for(lambda: server.log.read_text(errors="replace"),
+              lambda log: line in log, f"{line!r} in the server log")
 
 
 def _bad_args(case: str, draft: str) -> list[str]:
