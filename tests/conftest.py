@@ -25,6 +25,8 @@ TINY_TARGET_KWARGS = dict(seed=0)
 TINY_DRAFT_KWARGS = dict(seed=1, num_layers=1)
 TINY_SHORT_DRAFT_KWARGS = dict(seed=2, max_position_embeddings=256)
 TINY_SHORT_TARGET_KWARGS = dict(seed=0, max_position_embeddings=256)
+TINY_LONG_TARGET_KWARGS = dict(seed=0, max_position_embeddings=32768)
+TINY_LONG_DRAFT_KWARGS = dict(seed=1, num_layers=1, max_position_embeddings=32768)
 
 
 def _cache_name(name: str, kwargs: dict) -> str:
@@ -79,6 +81,21 @@ def tiny_short_target(model_cache_dir, tiny_target) -> str:
     """``tiny_target``'s weights with only 256 positions: a draft that agrees
     with the target where its context allows."""
     return _build_tiny(model_cache_dir, "tiny_short_target", TINY_SHORT_TARGET_KWARGS,
+                       tiny_target)
+
+
+@pytest.fixture(scope="session")
+def tiny_long_target(model_cache_dir, tiny_target) -> str:
+    """``tiny_target``'s weights with 32768 positions: room for a request that
+    no test's wait can see to its end."""
+    return _build_tiny(model_cache_dir, "tiny_long_target", TINY_LONG_TARGET_KWARGS,
+                       tiny_target)
+
+
+@pytest.fixture(scope="session")
+def tiny_long_draft(model_cache_dir, tiny_target) -> str:
+    """``tiny_draft``'s weights with 32768 positions."""
+    return _build_tiny(model_cache_dir, "tiny_long_draft", TINY_LONG_DRAFT_KWARGS,
                        tiny_target)
 
 

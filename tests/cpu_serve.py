@@ -7,9 +7,16 @@ import os
 
 SPEC_EXTEND = '{"min_context": 128, "top_k": 2, "recent_tokens": 64}'
 MAX_MODEL_LEN = 2048
-COMMON = ["--block-size", "32", "--kv-cache-memory-bytes", "1G",
-          "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "float32",
-          "--enforce-eager", "--seed", "0"]
+
+
+def common(max_model_len: int = MAX_MODEL_LEN) -> list[str]:
+    """The CPU flags; ``max_model_len`` up to the model's positions."""
+    return ["--block-size", "32", "--kv-cache-memory-bytes", "1G",
+            "--max-model-len", str(max_model_len), "--dtype", "float32",
+            "--enforce-eager", "--seed", "0"]
+
+
+COMMON = common()
 STARTUP_S = 300
 # Bytecode beside the sources (the venv's own), for faster server starts.
 ENV = {**os.environ, "VLLM_LOG_STATS_INTERVAL": "1"}

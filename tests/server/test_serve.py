@@ -4,6 +4,7 @@ greedy equivalence with a plain server and startup errors for bad configs."""
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import shutil
 import stat
@@ -13,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from cpu_serve import COMMON, ENV, MAX_MODEL_LEN, SPEC_EXTEND, STARTUP_S
+from cpu_serve import COMMON, ENV, MAX_MODEL_LEN, SPEC_EXTEND, STARTUP_S, common
 
 from benchmarks.harness.server import free_port, scrape, vllm_command
 from benchmarks.harness.server import serve as start_server
@@ -28,7 +29,8 @@ def _spec_args(draft: str, spec_extend: str = SPEC_EXTEND) -> list[str]:
 
 
 @contextlib.contextmanager
-def serve(model: str, extra: list[str], log: Path, env: dict | None = None):
+def serve(model: str, extra: list[str], log: Path, env: dict | None = None,
+          max_model_len: int = MAX_MODEL_LEN):
     """``vllm serve`` with the CPU flags (and ``env`` added to ENV) until
     /health answers; yield the harness's ``Server`` (``base`` URL, ``log``). A
     server that does not start fails the test."""
@@ -37,7 +39,7 @@ def serve(model: str, extra: list[str], log: Path, env: dict | None = None):
     with contextlib.ExitStack() as stack:
         try:
             server = stack.enter_context(start_server(
-                [model, *extra, *COMMON], log, STARTUP_S, env=env))
+                [model, *extra, *common(max_model_len)], log, STARTUP_S, env=env))
         except RuntimeError as e:
             pytest.fail(str(e))
         yield server
@@ -49,11 +51,15 @@ def prompt(long_prompts) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_target, tiny_draft, tmp_path_factory):
+def server(tiny_long_target, tiny_long_draft, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "vllm_serve.log"
-    # Logged requests: the log names each request the server aborts.
-    with serve(tiny_target, [*_spec_args(tiny_draft), "--enable-log-requests"],
-               log) as spec_server:
+    # Logged requests: the log names each request the server aborts. All the
+    # models' positions: room for a request that cannot end before its abort.
+    positions = json.loads((Path(tiny_long_target) / "config.json").read_text())[
+        "max_position_embeddings"]
+    with serve(tiny_long_target,
+               [*_spec_args(tiny_long_draft), "--enable-log-requests"],
+               log, max_model_len=positions) as spec_server:
         yield spec_server
 
 
@@ -143,10 +149,10 @@ def test_chat_completion(client, tiny_tokenizer, prompt):
     assert resp.usage.completion_tokens == 16
 
 
-def test_greedy_matches_plain_server(client, tiny_target, prompt, tmp_path):
+def test_greedy_matches_plain_server(client, tiny_long_target, prompt, tmp_path):
     """Greedy output with SpecExtend equals a server without speculation."""
     spec = _complete(client, prompt, 24).choices[0].text
-    with serve(tiny_target, [], tmp_path / "plain.log") as plain_server:
+    with serve(tiny_long_target, [], tmp_path / "plain.log") as plain_server:
         plain = _complete(_client(plain_server.base), prompt, 24).choices[0].text
         # The plugin is installed but not enabled: no SpecExtend series.
         exported = [k for k in scrape(plain_server.base)
@@ -201,9 +207,10 @@ def test_abort_leaves_no_state(server, client, prompt):
     aborts that request, it does not finish, and its state is dropped."""
     # Nothing else in flight, so the gauges below are this request's alone.
     before = _wait_for(lambda: scrape(server.base), _idle, "an idle server")
-    # The most the model length allows: far more than the server generates
-    # before the close below (within about one stats interval, 1 s).
-    max_tokens = MAX_MODEL_LEN - len(prompt)
+    # All the model length allows, 32168 tokens: on 2 loaded cores up to 2800
+    # were generated before the close reached the server (the first chunk alone
+    # came up to 9 s late), so the request is far from its end when aborted.
+    max_tokens = client.models.list().data[0].max_model_len - len(prompt)
     stream = _complete(client, prompt, max_tokens, stream=True,
                        extra_body={"return_token_ids": True})
     received, reasons, tracked = 0, set(), False
