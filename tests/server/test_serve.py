@@ -9,12 +9,12 @@ import re
 import shutil
 import stat
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 from cpu_serve import COMMON, ENV, MAX_MODEL_LEN, SPEC_EXTEND, STARTUP_S, common
+from waiting import wait_for
 
 from benchmarks.harness.server import free_port, scrape, vllm_command
 from benchmarks.harness.server import serve as start_server
@@ -80,24 +80,8 @@ def _complete(client, prompt, max_tokens: int, extra_body: dict | None = None, *
         temperature=0, extra_body={"ignore_eos": True, **(extra_body or {})}, **kw)
 
 
-WAIT_S = 120.0
-"""Bounds a wait for a server state. The states come in seconds, on 2 loaded
-cores too; only a hang runs this out."""
-
 IDLE = ("vllm:num_requests_running", "vllm:num_requests_waiting",
         "vllm:spec_extend_tracked_requests")
-
-
-def _wait_for(probe, done, what: str):
-    """``probe()`` until ``done`` holds for its value; returns that value.
-    Polling only reads: no request of its own moves what it waits for."""
-    deadline = time.monotonic() + WAIT_S
-    while not done(value := probe()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {WAIT_S:.0f} s; "
-                        f"last: {str(value)[-3000:]}")
-        time.sleep(0.1)
-    return value
 
 
 def _idle(metrics: dict[str, float]) -> bool:
@@ -114,7 +98,7 @@ def test_completion_and_metrics(server, client, prompt):
     keys = ("vllm:spec_decode_num_draft_tokens_total",
             "vllm:spec_extend_retrievals_total", "vllm:spec_extend_view_rows_total")
     # The worker publishes its counters when the batch empties.
-    m = _wait_for(lambda: scrape(server.base),
+    m = wait_for(lambda: scrape(server.base),
                   lambda m: all(m.get(k, 0) > 0 for k in keys), f"{keys} > 0")
     draft = m["vllm:spec_extend_draft_context_tokens_total"]
     full = m["vllm:spec_extend_full_context_tokens_total"]
@@ -180,7 +164,7 @@ def test_metrics_dir_trouble_never_reaches_the_engine(tiny_target, tiny_draft,
         assert _complete(client, prompt, 24).choices[0].text == plain
         # The worker publishes (and makes the directory again) at the latest
         # when the batch empties.
-        m = _wait_for(lambda: scrape(spec_server.base),
+        m = wait_for(lambda: scrape(spec_server.base),
                       lambda m: m.get(retrievals, 0) > 0, "/metrics recovered")
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700
         shutil.rmtree(directory)
@@ -190,7 +174,7 @@ def test_metrics_dir_trouble_never_reaches_the_engine(tiny_target, tiny_draft,
         def refused(_) -> bool:  # by the API server's scrape and the worker
             return log.read_text().count("is not a directory") >= 2
 
-        m = _wait_for(lambda: scrape(spec_server.base), refused,
+        m = wait_for(lambda: scrape(spec_server.base), refused,
                       "the worker's and the API server's refusals")
         assert not [k for k in m if k.startswith("vllm:spec_extend_")]
         directory.unlink()
@@ -206,7 +190,7 @@ def test_abort_leaves_no_state(server, client, prompt):
     """A stream closed while its request holds SpecExtend state: the server
     aborts that request, it does not finish, and its state is dropped."""
     # Nothing else in flight, so the gauges below are this request's alone.
-    before = _wait_for(lambda: scrape(server.base), _idle, "an idle server")
+    before = wait_for(lambda: scrape(server.base), _idle, "an idle server")
     # All the model length allows, 32168 tokens: on 2 loaded cores up to 2800
     # were generated before the close reached the server (the first chunk alone
     # came up to 9 s late), so the request is far from its end when aborted.
@@ -226,12 +210,12 @@ def test_abort_leaves_no_state(server, client, prompt):
     assert reasons == {None} and 0 < received < max_tokens
 
     # The request leaves the engine and its state goes, with no request of ours.
-    after = _wait_for(lambda: scrape(server.base), _idle, "the request's end")
+    after = wait_for(lambda: scrape(server.base), _idle, "the request's end")
     # It ended unfinished: a finished request (any reason) counts as a success.
     assert after["vllm:request_success_total"] == before["vllm:request_success_total"]
     # And the server names it aborted (vLLM's engine id: the response id, "-0").
     line = f"Request {chunk.id}-0 aborted."
-    _wait_for(lambda: server.log.read_text(errors="replace"),
+    wait_for(lambda: server.log.read_text(errors="replace"),
               lambda log: line in log, f"{line!r} in the server log")
 
 
