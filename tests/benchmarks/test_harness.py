@@ -6,10 +6,10 @@ mode differs from plain decoding (``modes``) and the device a result names
 from __future__ import annotations
 
 import itertools
-import time
 from types import SimpleNamespace
 
 import pytest
+from waiting import wait_for
 
 from benchmarks.harness import measure, modes
 from benchmarks.harness.gpu_busy import GpuBusy
@@ -61,8 +61,8 @@ def test_gpu_busy_stamps_samples_with_its_clock_and_averages_devices():
     ticks = itertools.count(100)
     busy = GpuBusy(interval_s=0.001, clock=lambda: float(next(ticks)))
     busy._nvml, busy._handles = _FakeNvml(), [0, 1]  # NVML without a GPU
-    with busy:
-        time.sleep(0.05)
+    with busy:  # until the sampler has taken two samples, however slowly
+        wait_for(lambda: len(busy.samples), lambda n: n >= 2, "two samples")
     assert busy.samples[:2] == [(100.0, 0.75), (101.0, 0.75)]
     assert busy.share([(100.0, 101.0)]) == 0.75
 
