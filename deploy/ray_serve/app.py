@@ -24,11 +24,21 @@ Usage, from the repository root (``deploy/`` must be importable on the cluster):
 a dict of strings; a config file's ``args`` may also hold mappings and numbers.
 The app serves the OpenAI API (``/v1/chat/completions``, ``/v1/completions``,
 ``/v1/models``); the model id is ``model_id`` (default: the target's name).
+
+API key: the builder reads the key from the environment variable named by
+``api_key_env`` (``VLLM_API_KEY``, as ``vllm serve`` does) where it runs, and
+refuses to build without one unless ``require_api_key=false``. The key guards
+the OpenAI routes with vLLM's own middleware (``/v1``, ``/v2``,
+``/inference``: what ``vllm serve --api-key`` guards); Ray Serve LLM has no
+key of its own, so the ingress is assembled as Ray's ``build_openai_app``
+assembles it, on a FastAPI app that carries the middleware. The key travels
+to the ingress replica inside the application, like every builder argument.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 DEFAULT_TARGET = "meta-llama/Llama-3.1-8B-Instruct"
@@ -128,19 +138,78 @@ def llm_config_kwargs(
     return kwargs
 
 
-def build_app(**kwargs: Any):
+def api_key_from_env(api_key_env: str = "VLLM_API_KEY",
+                     require_api_key: bool | str = True) -> str | None:
+    """The key the OpenAI routes require, from ``api_key_env``; None only when
+    ``require_api_key`` is false. Pure: no Ray needed."""
+    key = os.environ.get(api_key_env) or None
+    if key is None and _flag("require_api_key", require_api_key):
+        raise ValueError(
+            f"no API key: set {api_key_env} where the application is built (the "
+            "key clients send as `Authorization: Bearer <key>`), or pass "
+            "require_api_key=false to serve the OpenAI routes to anyone"
+        )
+    return key
+
+
+def _flag(name: str, value: bool | str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if value.lower() in ("true", "1", "yes"):
+        return True
+    if value.lower() in ("false", "0", "no"):
+        return False
+    raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
+def build_app(api_key_env: str = "VLLM_API_KEY", require_api_key: bool | str = True,
+              **kwargs: Any):
     """The Ray Serve application (needs ``ray[serve]`` and vLLM)."""
     from ray.serve.llm import LLMConfig, build_openai_app
 
     llm_config = LLMConfig(**llm_config_kwargs(**kwargs))
-    return build_openai_app({"llm_configs": [llm_config]})
+    key = api_key_from_env(api_key_env, require_api_key)
+    if key is None:
+        return build_openai_app({"llm_configs": [llm_config]})
+    return _guarded_openai_app(llm_config, key)
+
+
+def _guarded_openai_app(llm_config, key: str):
+    """Ray's OpenAI app for one model, its FastAPI app guarded by ``key``.
+
+    Ray 2.58: the parts ``build_openai_app`` uses, public except Ray's FastAPI
+    app factory (``init``: its exception, CORS and telemetry middlewares) and
+    ``to_model_metadata``, which Ray's own ``OpenAiIngress`` example imports.
+    """
+    from ray import serve
+    from ray.llm._internal.serve.core.configs.openai_api_models import (
+        to_model_metadata,
+    )
+    from ray.llm._internal.serve.core.ingress.ingress import init as ingress_app
+    from ray.serve.llm import build_llm_deployment
+    from ray.serve.llm.ingress import OpenAiIngress, make_fastapi_ingress
+    # vLLM 0.26: the middleware behind `vllm serve --api-key`.
+    from vllm.entrypoints.serve.utils.server_utils import AuthenticationMiddleware
+
+    app = ingress_app()
+    app.add_middleware(AuthenticationMiddleware, tokens=[key])
+    model_id = llm_config.model_id
+    return (
+        serve.deployment(make_fastapi_ingress(OpenAiIngress, app=app))
+        .options(**OpenAiIngress.get_deployment_options([llm_config]))
+        .bind(
+            llm_deployments={model_id: build_llm_deployment(llm_config)},
+            model_cards={model_id: to_model_metadata(model_id, llm_config)},
+        )
+    )
 
 
 def app_builder(args: dict[str, Any] | None = None):
     """Application builder for ``serve run`` (import path or config file).
 
     Keys: target, draft, spec_extend (JSON), replicas, num_speculative_tokens,
-    model_id, max_model_len, engine_kwargs (JSON), accelerator (gpu or cpu).
+    model_id, max_model_len, engine_kwargs (JSON), accelerator (gpu or cpu),
+    api_key_env (default VLLM_API_KEY), require_api_key (default true).
     """
     return build_app(**dict(args or {}))
 

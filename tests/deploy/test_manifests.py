@@ -4,7 +4,10 @@ The Kubernetes manifests are validated, strictly (unknown fields are errors),
 against Kubernetes' own OpenAPI schemas for ``K8S_VERSION`` as shipped by
 ``kubernetes-validate``. The checks after that are ones a schema cannot
 express: probes on /health, the GPU limit, the scrape annotations, the Service
-selecting the pod, the ``--spec-extend`` JSON accepted by ``SpecExtendConfig``.
+selecting the pod, the ``--spec-extend`` JSON accepted by ``SpecExtendConfig``,
+the API key taken from the Secret, and least privilege (the image's user, a
+read-only root filesystem with writable caches, no capabilities). checkov's
+security checks run in ``test_checkov.py``.
 Nothing is applied to a cluster or started here.
 """
 
@@ -64,6 +67,9 @@ def test_yaml_files_present():
     assert {
         "deploy/k8s/configmap.yaml",
         "deploy/k8s/deployment.yaml",
+        "deploy/k8s/namespace.yaml",
+        "deploy/k8s/networkpolicy.yaml",
+        "deploy/k8s/secret.example.yaml",
         "deploy/k8s/service.yaml",
         "docker/compose.yaml",
         "docker/prometheus.yml",
@@ -87,7 +93,52 @@ def test_manifest_matches_kubernetes_schema(path):
 
 def test_k8s_kinds():
     assert sorted(o["kind"] for o in _k8s_objects()) == [
-        "ConfigMap", "Deployment", "Service"]
+        "ConfigMap", "Deployment", "Namespace", "NetworkPolicy", "Secret", "Service"]
+
+
+def test_objects_live_in_the_namespace():
+    name = _one("Namespace")["metadata"]["name"]
+    for obj in _k8s_objects():
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"].get("namespace") == name, obj["kind"]
+
+
+def test_api_key_comes_from_the_secret():
+    env = {e["name"]: e for e in _container(_one("Deployment"))["env"]}
+    ref = env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]
+    secret = _one("Secret")
+    assert ref["name"] == secret["metadata"]["name"]
+    assert ref["key"] in secret["stringData"]
+    assert not ref.get("optional"), "the pod must not start without a key"
+
+
+def test_least_privilege():
+    dep = _one("Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    pod_ctx = pod["securityContext"]
+    assert pod_ctx["runAsNonRoot"] is True
+    assert pod_ctx["seccompProfile"] == {"type": "RuntimeDefault"}
+    user = re.search(r"^USER (\d+)$", (DOCKER / "Dockerfile").read_text(), re.M)
+    assert user and pod_ctx["runAsUser"] == int(user.group(1)) >= 10000
+    container = _container(dep)
+    ctx = container["securityContext"]
+    assert ctx["allowPrivilegeEscalation"] is False
+    assert ctx["readOnlyRootFilesystem"] is True
+    assert ctx["capabilities"] == {"drop": ["ALL"]}
+    # A read-only root: vLLM writes only to these (caches, Inductor, snapshots).
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/dev/shm", "/tmp", "/home/vllm/.cache"} <= mounts
+    limits, requests = (container["resources"][k] for k in ("limits", "requests"))
+    assert {"cpu", "memory", "nvidia.com/gpu"} <= limits.keys() & requests.keys()
+
+
+def test_checkov_skips_say_why():
+    annotations = _one("Deployment")["metadata"]["annotations"]
+    skips = {k: v for k, v in annotations.items() if k.startswith("checkov.io/skip")}
+    assert skips, "the Deployment declares its checkov skips"
+    for value in skips.values():
+        assert re.fullmatch(r"CKV2?_\w+=.{20,}", value), value
 
 
 def _set(obj: dict, path: str, value) -> None:
@@ -227,7 +278,17 @@ def test_compose():
     assert devices[0]["driver"] == "nvidia" and devices[0]["count"] == 1
     assert any(str(p).endswith(":8000") for p in vllm["ports"])
     assert "/health" in " ".join(vllm["healthcheck"]["test"])
-    assert any("/root/.cache/huggingface" in v for v in vllm["volumes"])
+    assert any(v.endswith(":/home/vllm/.cache/huggingface") for v in vllm["volumes"])
+    # The key is required: compose stops when it is unset or empty.
+    assert vllm["environment"]["VLLM_API_KEY"].startswith("${VLLM_API_KEY:?")
+    assert vllm["read_only"] is True and vllm["cap_drop"] == ["ALL"]
+    assert "no-new-privileges:true" in vllm["security_opt"]
+    assert "ipc" not in vllm, "shared memory via shm_size, not the host's IPC"
+    assert any(t.startswith("/tmp:") for t in vllm["tmpfs"])
+    example = (DOCKER / "env.example").read_text()
+    assert re.search(r"^VLLM_API_KEY=$", example, re.M), "no key in the example"
+    assert "docker/.env" in (REPO / ".gitignore").read_text().split()
+    assert "docker/.env" in (REPO / ".dockerignore").read_text().split()
     prom = compose["services"]["prometheus"]
     assert any("prometheus.yml" in v for v in prom["volumes"])
     scrape = _docs(DOCKER / "prometheus.yml")[0]["scrape_configs"][0]

@@ -5,8 +5,9 @@ Ray head (``ray start --head --block``) and ``serve run`` on
 ``deploy/ray_serve/config.yaml`` with its args and port replaced: SmolLM2 as
 target and draft, SpecExtend on, one CPU replica. A long greedy chat request
 must return what a plain ``vllm serve`` (no speculation) returns, and the
-plugin's worker snapshot must show retrievals. Then Serve and Ray are stopped
-and no process of either may be left.
+plugin's worker snapshot must show retrievals. The app is built with an API
+key (``VLLM_API_KEY``): the OpenAI routes answer 401 without it or with a
+wrong one. Then Serve and Ray are stopped and no process of either may be left.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ MAX_TOKENS = 48
 STARTUP_S = 600  # Ray head, Serve and the engine on 2 shared cores
 STOP_S = 120
 CHILD_EXIT_S = 60
+API_KEY = "ray-test-key"
 
 
 def _ray_app():
@@ -101,6 +103,43 @@ def test_ray_app_llm_config_kwargs():
         module.llm_config_kwargs(engine_kwargs={"speculative_config": {}})
     with pytest.raises(ValueError, match="engine_kwargs must be a JSON object"):
         module.llm_config_kwargs(engine_kwargs="dtype=float32")
+
+
+def test_ray_app_needs_an_api_key(monkeypatch):
+    module = _ray_app()
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    with pytest.raises(ValueError, match="set VLLM_API_KEY"):
+        module.api_key_from_env()
+    assert module.api_key_from_env(require_api_key="false") is None
+    monkeypatch.setenv("MY_KEY", "secret")
+    assert module.api_key_from_env("MY_KEY") == "secret"
+    with pytest.raises(ValueError, match="true or false"):
+        module.api_key_from_env(require_api_key="maybe")
+
+
+def test_ray_app_with_a_key_guards_the_openai_routes(monkeypatch):
+    """Built (not run): the ingress's FastAPI app carries vLLM's API-key
+    middleware with the key, over Ray's own OpenAI routes."""
+    pytest.importorskip("ray.serve.llm")
+    monkeypatch.setenv("VLLM_API_KEY", "secret")
+    app = _ray_app().build_app(accelerator="cpu", replicas=1)
+    fastapi_app = _asgi_app(app._bound_deployment.func_or_class)
+    names = [m.cls.__name__ for m in fastapi_app.user_middleware]
+    assert "AuthenticationMiddleware" in names
+    routes = {r.path for r in fastapi_app.routes}
+    assert {"/v1/models", "/v1/completions", "/v1/chat/completions"} <= routes
+
+
+def _asgi_app(ingress_cls):
+    """The FastAPI app ``serve.ingress`` wrapped into the class (Ray 2.58 keeps
+    it in a closure of the wrapper's ``__init__``)."""
+    for value in vars(ingress_cls).values():
+        closure = getattr(value, "__closure__", None) or ()
+        for cell in closure:
+            content = cell.cell_contents
+            if hasattr(content, "user_middleware") and hasattr(content, "routes"):
+                return content
+    raise AssertionError(f"no FastAPI app found on {ingress_cls}")
 
 
 def test_ray_config_builds_the_default_app():
@@ -242,7 +281,7 @@ def _serve_run(config: Path, address: str, log: Path, env: dict,
 def _chat(base: str, model: str | None, text: str, timeout_s: float):
     from openai import OpenAI
 
-    client = OpenAI(base_url=f"{base}/v1", api_key="x", timeout=timeout_s,
+    client = OpenAI(base_url=f"{base}/v1", api_key=API_KEY, timeout=timeout_s,
                     max_retries=0)
     return client.chat.completions.create(
         model=model or client.models.list().data[0].id,
@@ -250,10 +289,22 @@ def _chat(base: str, model: str | None, text: str, timeout_s: float):
         max_tokens=MAX_TOKENS, temperature=0, extra_body={"ignore_eos": True})
 
 
-def _wait_for_models(base: str, proc: subprocess.Popen, log: Path) -> None:
-    """Until the Serve proxy routes ``/v1/models`` (the app was built)."""
+def _models_status(base: str, key: str | None) -> int:
+    """The HTTP status of ``GET /v1/models`` with ``key`` as bearer token."""
+    import urllib.error
     import urllib.request
 
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    request = urllib.request.Request(f"{base}/v1/models", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def _wait_for_models(base: str, proc: subprocess.Popen, log: Path) -> None:
+    """Until the Serve proxy routes ``/v1/models`` (the app was built)."""
     deadline = time.monotonic() + STARTUP_S
     while True:
         if proc.poll() is not None:
@@ -261,9 +312,8 @@ def _wait_for_models(base: str, proc: subprocess.Popen, log: Path) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"Ray Serve app not routed in {STARTUP_S} s:\n{tail(log)}")
         with contextlib.suppress(OSError):
-            with urllib.request.urlopen(f"{base}/v1/models", timeout=5) as r:
-                if r.status == 200:
-                    return
+            if _models_status(base, API_KEY) == 200:
+                return
         time.sleep(2)
 
 
@@ -287,6 +337,8 @@ def test_ray_serve_matches_plain_vllm_serve(smollm2_model, document, tmp_path):
     metrics.mkdir(mode=0o700)  # a private one, or the plugin refuses it
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1",
            "VLLM_LOG_STATS_INTERVAL": "1", METRICS_DIR_ENV: str(metrics),
+           # The key the app builder reads (deploy/ray_serve/app.py).
+           "VLLM_API_KEY": API_KEY,
            # Serve is shut down before Ray: nothing to drain on SIGTERM (30 s).
            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
            # Logs complete up to a kill; a stuck process's stacks on SIGABRT.
@@ -312,6 +364,7 @@ def test_ray_serve_matches_plain_vllm_serve(smollm2_model, document, tmp_path):
         with _ray_head(temp_dir, head_log, env, leftovers) as address, \
                 _serve_run(config_path, address, serve_log, env, leftovers) as proc:
             _wait_for_models(base, proc, serve_log)
+            unauthorized = [_models_status(base, None), _models_status(base, "wrong")]
             try:
                 ray_resp = _chat(base, "smollm2", document, STARTUP_S)
             except Exception as e:
@@ -330,6 +383,7 @@ def test_ray_serve_matches_plain_vllm_serve(smollm2_model, document, tmp_path):
         shutil.rmtree(temp_dir, ignore_errors=True)
     assert not leftovers, (f"processes left after shutdown: {leftovers}\n"
                            f"{tail(serve_log, 80)}")
+    assert unauthorized == [401, 401], "the OpenAI routes need the API key"
     assert ray_resp.usage.prompt_tokens > PROMPT_TOKENS
     assert ray_resp.usage.completion_tokens == MAX_TOKENS
     assert stats["retrievals"] > 0 and stats["view_rows"] > 0, stats

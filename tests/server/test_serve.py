@@ -1,5 +1,6 @@
 """End-to-end ``vllm serve --spec-extend`` on CPU: OpenAI API, /metrics, aborts,
-greedy equivalence with a plain server and startup errors for bad configs."""
+greedy equivalence with a plain server, startup errors for bad configs, and the
+API key every deployment sets (``deploy/README.md``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 import shutil
 import stat
 import subprocess
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -21,6 +23,9 @@ from benchmarks.harness.server import serve as start_server
 from vllm_specextend.metrics import METRICS_DIR_ENV
 
 pytestmark = pytest.mark.server
+
+# The shared server requires it, as the deployments do (VLLM_API_KEY).
+API_KEY = "test-key"
 
 
 def _spec_args(draft: str, spec_extend: str = SPEC_EXTEND) -> list[str]:
@@ -58,14 +63,16 @@ def server(tiny_long_target, tiny_long_draft, tmp_path_factory):
     positions = json.loads((Path(tiny_long_target) / "config.json").read_text())[
         "max_position_embeddings"]
     with serve(tiny_long_target,
-               [*_spec_args(tiny_long_draft), "--enable-log-requests"],
+               [*_spec_args(tiny_long_draft), "--enable-log-requests",
+                "--api-key", API_KEY],
                log, max_model_len=positions) as spec_server:
         yield spec_server
 
 
 def _client(base: str):
     openai = pytest.importorskip("openai")
-    return openai.OpenAI(base_url=f"{base}/v1", api_key="x", timeout=300,
+    # Servers without a key accept any.
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=API_KEY, timeout=300,
                          max_retries=0)
 
 
@@ -108,6 +115,36 @@ def test_completion_and_metrics(server, client, prompt):
     assert labels["vllm:spec_extend_retrievals_total"] == \
         labels["vllm:spec_decode_num_draft_tokens_total"]
     assert set(labels["vllm:spec_extend_tracked_requests"]) == {"model_name", "engine"}
+
+
+def _status(url: str, key: str | None = None, body: dict | None = None) -> int:
+    """The HTTP status of a GET (or, with ``body``, a JSON POST) to ``url``,
+    with ``key`` as bearer token."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_api_key_guards_the_openai_routes(server):
+    """With a key (``--api-key``, or ``VLLM_API_KEY`` as the deployments set
+    it) the OpenAI routes answer 401 without it or with a wrong one, and 200
+    with it; ``/health`` and ``/metrics`` stay open for probes and Prometheus."""
+    base = server.base
+    completion = {"model": "m", "prompt": "hello", "max_tokens": 1}
+    assert _status(f"{base}/v1/models") == 401
+    assert _status(f"{base}/v1/models", "wrong") == 401
+    assert _status(f"{base}/v1/completions", None, completion) == 401
+    assert _status(f"{base}/v1/models", API_KEY) == 200
+    assert _status(f"{base}/health") == 200
+    assert _status(f"{base}/metrics") == 200
 
 
 def _labels(base: str) -> dict[str, dict[str, str]]:
