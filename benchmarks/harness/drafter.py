@@ -130,7 +130,9 @@ def worker_state(llm) -> list[dict]:
 
 def stats_delta(before: dict, after: dict) -> dict:
     """Counter growth between two ``stats`` snapshots (gauges left out)."""
-    return {k: after[k] - before[k] for k in after if k != "tracked_requests"}
+    from vllm_specextend.metrics import GAUGES
+
+    return {k: after[k] - before[k] for k in after if k not in GAUGES}
 
 
 # --------------------------------------------------------------------------- #
