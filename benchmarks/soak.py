@@ -261,6 +261,15 @@ def run(args, result: dict, out: Path, logs: Path) -> None:
     def save() -> None:
         out.write_text(json.dumps(result, indent=1))
 
+    phases = result["phases_s"]
+    started = time.monotonic()
+
+    def phase(name: str) -> None:
+        nonlocal started
+        phases[name] = round(time.monotonic() - started, 1)
+        started = time.monotonic()
+        save()
+
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     probes = probe_prompts(tok, args.probe_lens)
     pool = prompts.long_prompts(tok, args.max_input_len, args.pool_docs, start=100)
@@ -285,7 +294,7 @@ def run(args, result: dict, out: Path, logs: Path) -> None:
             rec.update(plain="a plain server (the same flags without speculation)",
                        reference=run_probes(plain.base, model, probes, args, "plain"))
         result["plain_server"]["forced_stop"] = plain.forced_stop
-        save()
+    phase("prompts_and_reference")
 
     log = logs / "spec_extend.log"
     spec = result["spec_server"]
@@ -293,16 +302,18 @@ def run(args, result: dict, out: Path, logs: Path) -> None:
         spec.update(command=shlex.join(server.command),
                     startup_s=round(server.startup_s, 1),
                     async_scheduling=async_scheduling(log))
+        phase("spec_extend_start")
         model, max_model_len = served_model(server.base)
         rec["before"] = run_probes(server.base, model, probes, args, "before")
-        save()
+        phase("probes_before")
         start_metrics = scrape(server.base)
         target = traffic.Target(server.base, model, max_model_len, pool, tok.decode)
         tally, watched, elapsed = asyncio.run(_soak(args, target, _mix(args)))
         result.update(traffic=tally.as_dict(), watch=watched.as_dict(),
                       soak_s=round(elapsed, 1))
-        save()
+        phase("soak_and_drain")
         result["gauges_at_end"] = wait_idle(server.base, args.idle_timeout_s)
+        phase("idle_wait")
         try:
             rec["after"] = run_probes(server.base, model, probes, args, "after")
         except (OSError, KeyError, ValueError) as e:
@@ -312,6 +323,8 @@ def run(args, result: dict, out: Path, logs: Path) -> None:
             **{k: end_metrics.get(k, 0.0) - start_metrics.get(k, 0.0)
                for k in COUNTERS},
             **counter_deltas(start_metrics, end_metrics)}
+        phase("probes_after")
+    phase("stop")
     text = log.read_text(errors="replace")
     spec.update(forced_stop=server.forced_stop, log_errors=log_errors(log)[:20],
                 dead_engine_lines=[ln for ln in text.splitlines()
@@ -385,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     name = f"{stamp}_{device_slug(meta)}"
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out, logs = args.out_dir / f"{name}.json", args.out_dir / f"{name}_logs"
-    result = {"meta": meta, "probes": {}, "spec_server": {}}
+    result = {"meta": meta, "phases_s": {}, "probes": {}, "spec_server": {}}
     try:
         run(args, result, out, logs)
         result["criteria"] = criteria(result)
