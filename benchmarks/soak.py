@@ -65,7 +65,7 @@ from benchmarks import prompts
 from benchmarks.bench_serve import async_scheduling, counter_deltas, serve_args
 from benchmarks.harness import traffic
 from benchmarks.harness.meta import run_metadata
-from benchmarks.harness.server import log_errors, scrape, serve
+from benchmarks.harness.server import log_errors, scrape, serve, serve_args_parser
 
 PROBES = 8
 COUNTERS = ("vllm:num_preemptions_total", "vllm:request_success_total",
@@ -339,12 +339,7 @@ def _mix(args) -> traffic.Mix:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    serve_extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
-    p = argparse.ArgumentParser(
-        description=" ".join(__doc__.split("\n\n")[0].split()),
-        usage="%(prog)s [options] [-- VLLM_SERVE_ARGS...]")
+    p, argv, serve_extra = serve_args_parser(__doc__, argv)
     p.add_argument("--target", required=True)
     p.add_argument("--draft", required=True)
     p.add_argument("--tokenizer", help="default: --target")
