@@ -183,7 +183,8 @@ def wait_idle(base: str, timeout_s: float) -> dict[str, float]:
     (a bound for a hang: finished requests reach the worker within a step)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        gauges = {k: scrape(base).get(k) for k in traffic.IDLE_GAUGES}
+        metrics = scrape(base)
+        gauges = {k: metrics.get(k) for k in traffic.IDLE_GAUGES}
         if all(v == 0 for v in gauges.values()) or time.monotonic() > deadline:
             return gauges
         time.sleep(0.5)
@@ -220,9 +221,10 @@ def criteria(result: dict) -> dict[str, dict]:
         ok > 0 and num_others == 0 and t["sent"].get("abort", 0) > 0,
         f"{ok} completed in full, {t['sent'].get('abort', 0)} closed by their "
         f"client, {num_others} problems: {others[:3]}")
-    end = result["gauges_at_end"]
-    out["idle_at_end"] = check(all(v == 0 for v in end.values()), f"{end}")
-    preemptions = result["counters"].get("vllm:num_preemptions_total", 0)
+    end = result.get("gauges_at_end")
+    out["idle_at_end"] = check(end is not None and all(v == 0 for v in end.values()),
+                               f"{end or result.get('after_soak_error')}")
+    preemptions = result.get("counters", {}).get("vllm:num_preemptions_total", 0)
     out["preempted"] = check(preemptions > 0, f"{preemptions:.0f} preemptions")
     before, after = probes.get("before"), probes.get("after")
     out["probes_stable"] = check(
@@ -312,18 +314,18 @@ def run(args, result: dict, out: Path, logs: Path) -> None:
         result.update(traffic=tally.as_dict(), watch=watched.as_dict(),
                       soak_s=round(elapsed, 1))
         phase("soak_and_drain")
-        result["gauges_at_end"] = wait_idle(server.base, args.idle_timeout_s)
-        phase("idle_wait")
-        try:
+        try:  # a server the soak took down answers none of this: criteria fail
+            result["gauges_at_end"] = wait_idle(server.base, args.idle_timeout_s)
+            phase("idle_wait")
             rec["after"] = run_probes(server.base, model, probes, args, "after")
+            end_metrics = scrape(server.base)
+            result["counters"] = {
+                **{k: end_metrics.get(k, 0.0) - start_metrics.get(k, 0.0)
+                   for k in COUNTERS},
+                **counter_deltas(start_metrics, end_metrics)}
+            phase("probes_after")
         except (OSError, KeyError, ValueError) as e:
-            rec["after_error"] = f"{type(e).__name__}: {e}"
-        end_metrics = scrape(server.base)
-        result["counters"] = {
-            **{k: end_metrics.get(k, 0.0) - start_metrics.get(k, 0.0)
-               for k in COUNTERS},
-            **counter_deltas(start_metrics, end_metrics)}
-        phase("probes_after")
+            result["after_soak_error"] = f"{type(e).__name__}: {e}"
     phase("stop")
     text = log.read_text(errors="replace")
     spec.update(forced_stop=server.forced_stop, log_errors=log_errors(log)[:20],

@@ -49,6 +49,9 @@ def test_a_clean_run_passes_every_criterion():
     (lambda r: r["spec_server"].update(dead_engine_lines=["EngineDeadError"]),
      "no_engine_death"),
     (lambda r: r["probes"].update(after=None), "no_engine_death"),
+    # Gone after the soak: nothing read back.
+    (lambda r: [r.pop("gauges_at_end"), r.pop("counters"), r["probes"].pop("after")],
+     "idle_at_end"),
     (lambda r: r["traffic"]["statuses"].update({"500": 1}), "no_5xx"),
     (lambda r: r["traffic"]["malformed"]["max_tokens_negative"]["statuses"].update(
         {"200": 1}), "malformed_answered"),
