@@ -306,6 +306,12 @@ def run(args, result: dict, out: Path, logs: Path) -> None:
                     async_scheduling=async_scheduling(log))
         phase("spec_extend_start")
         model, max_model_len = served_model(server.base)
+        if args.max_input_len + args.max_output_len > max_model_len:
+            raise SystemExit(
+                f"--max-input-len {args.max_input_len} + --max-output-len "
+                f"{args.max_output_len} exceed the server's max_model_len "
+                f"{max_model_len}: well-formed requests would be refused; raise "
+                "--max-model-len or lower them")
         rec["before"] = run_probes(server.base, model, probes, args, "before")
         phase("probes_before")
         start_metrics = scrape(server.base)
