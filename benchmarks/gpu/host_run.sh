@@ -193,7 +193,8 @@ PY
     # phase again within the machine's 30 s warm window: it starts nothing new,
     # waits again, and once the runner has ended copies the result file, the
     # runner's log and the server logs to $OUT. Two calls, ~16 min of device
-    # time. SOAK_FRESH=1 starts over; SOAK_ARGS adds runner flags.
+    # time. SOAK_FRESH=1 starts over; SOAK_ARGS adds runner flags. Carry
+    # .gpu/wheel .gpu/models .gpu/data .gpu/tokenizer.
     dir=/root/soak21
     [ "${SOAK_FRESH:-0}" = 1 ] && rm -rf $dir
     mkdir -p $dir
