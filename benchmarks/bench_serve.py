@@ -70,7 +70,14 @@ from benchmarks.harness import modes
 from benchmarks.harness.gpu_busy import GpuBusy
 from benchmarks.harness.measure import decode_throughput, spread
 from benchmarks.harness.meta import device, run_metadata
-from benchmarks.harness.server import log_errors, scrape, serve, tail, vllm_command
+from benchmarks.harness.server import (
+    log_errors,
+    scrape,
+    serve,
+    serve_args_parser,
+    tail,
+    vllm_command,
+)
 
 WORKLOADS = ("long", "shared-doc", "short")
 METRIC_PREFIXES = ("vllm:spec_decode_", "vllm:spec_extend_")
@@ -405,12 +412,7 @@ def table(result: dict) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    serve_extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
-    p = argparse.ArgumentParser(
-        description=" ".join(__doc__.split("\n\n")[0].split()),
-        usage="%(prog)s [options] [-- VLLM_SERVE_ARGS...]")
+    p, argv, serve_extra = serve_args_parser(__doc__, argv)
     p.add_argument("--target", required=True, help="target model (dir or name)")
     p.add_argument("--draft",
                    help="draft model of the draft_model and spec_extend modes")

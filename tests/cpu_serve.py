@@ -9,9 +9,9 @@ SPEC_EXTEND = '{"min_context": 128, "top_k": 2, "recent_tokens": 64}'
 MAX_MODEL_LEN = 2048
 
 
-def common(max_model_len: int = MAX_MODEL_LEN) -> list[str]:
+def common(max_model_len: int = MAX_MODEL_LEN, kv_cache_bytes: str = "1G") -> list[str]:
     """The CPU flags; ``max_model_len`` up to the model's positions."""
-    return ["--block-size", "32", "--kv-cache-memory-bytes", "1G",
+    return ["--block-size", "32", "--kv-cache-memory-bytes", kv_cache_bytes,
             "--max-model-len", str(max_model_len), "--dtype", "float32",
             "--enforce-eager", "--seed", "0"]
 

@@ -54,7 +54,13 @@ COUNTERS = {
     "graph_steps": "Draft steps that replayed the captured draft routine.",
     "graph_fallbacks": "Draft steps that drafted eagerly although graphs are captured.",
 }
-GAUGES = {"tracked_requests": "Requests holding SpecExtend selection state."}
+GAUGES = {
+    "tracked_requests": "Requests holding SpecExtend selection state.",
+    # A slot outlives its selection (prefill, a refresh due): a slot a finished
+    # request never gave back leaks its buffers and scratch run unseen above.
+    "request_slots": "Request slots held (selection buffers and, with "
+                     "compacted positions, a scratch KV run each).",
+}
 LABELS = ["model_name", "engine"]
 ENGINE_KEY = "engine"
 """Snapshot field naming the worker's engine (its data-parallel rank)."""
@@ -76,6 +82,7 @@ class SpecExtendStats:
     graph_steps: int = 0
     graph_fallbacks: int = 0
     tracked_requests: int = 0
+    request_slots: int = 0
     _pending: list = field(default_factory=list, repr=False)
 
     def start_timer(self, device: torch.device):

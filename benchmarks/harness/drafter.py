@@ -7,8 +7,9 @@ Two ways in:
   processes): ``drafter(llm)`` is the live proposer, read with ``stats``,
   ``selection_store``/``selections``, ``config``, switched with
   ``reconfigure``, and timed or recorded by wrapping ``propose``
-  (``ProposeTimer``, ``DraftRecorder``) or the per-step view preparation
-  (``HostTimer``).
+  (``ProposeTimer``, ``DraftRecorder``), the per-step view preparation
+  (``HostTimer``) or the release of finished and preempted requests
+  (``ReleaseRecorder``).
 * Across processes (vLLM's default engine, TP workers): ``worker_state(llm)``
   calls the plugin worker's ``specextend_state`` on every rank (SpecExtend
   engines only). ``install_worker_timers`` / ``take_worker_timings`` put the
@@ -103,6 +104,40 @@ def record_retrievals(proposer, log: list) -> None:
     proposer.retriever.retrieve = recording
 
 
+class Held(NamedTuple):
+    """What a request held in the proposer's state when it was let go of."""
+
+    selection: bool
+    compacted: bool
+    """Its scratch run holds copies for compacted positions."""
+
+
+class ReleaseRecorder:
+    """Records every request the worker reports done (finished, aborted or
+    preempted) to a proposer: per request id, in order, what it ``Held`` at
+    that moment. A finished id is reported once, so an id reported more than
+    once was preempted and came back (``resumed``)."""
+
+    def __init__(self, proposer):
+        original = proposer.on_requests_done
+        self.releases: dict[str, list[Held]] = {}
+
+        def recorded(req_ids):
+            state = proposer.state
+            for req_id in req_ids:
+                slot = state.slot_of(req_id)
+                held = slot is not None and bool(state.active[slot])
+                compacted = slot is not None and bool(state.compacted[slot])
+                self.releases.setdefault(req_id, []).append(Held(held, compacted))
+            return original(req_ids)
+
+        proposer.on_requests_done = recorded
+
+    def resumed(self) -> dict[str, list[Held]]:
+        """{req_id: its releases} of the requests preempted and resumed."""
+        return {r: held for r, held in self.releases.items() if len(held) > 1}
+
+
 def compactor(proposer):
     """The proposer's compactor (compacted positions), or None."""
     return proposer.compactor
@@ -130,7 +165,9 @@ def worker_state(llm) -> list[dict]:
 
 def stats_delta(before: dict, after: dict) -> dict:
     """Counter growth between two ``stats`` snapshots (gauges left out)."""
-    return {k: after[k] - before[k] for k in after if k != "tracked_requests"}
+    from vllm_specextend.metrics import GAUGES
+
+    return {k: after[k] - before[k] for k in after if k not in GAUGES}
 
 
 # --------------------------------------------------------------------------- #

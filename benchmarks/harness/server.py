@@ -17,6 +17,7 @@ outlives that.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import re
@@ -40,6 +41,19 @@ def vllm_command(bin_dir: str | Path | None = None) -> list[str]:
     if script.exists():
         return [str(script)]
     return [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+
+
+def serve_args_parser(doc: str, argv: list[str] | None = None
+                      ) -> tuple[argparse.ArgumentParser, list[str], list[str]]:
+    """For a script whose arguments after ``--`` go to every ``vllm serve``: its
+    parser (described by ``doc``'s first paragraph), its own arguments and those
+    for the servers (``argv``: default ``sys.argv[1:]``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(
+        description=" ".join(doc.split("\n\n")[0].split()),
+        usage="%(prog)s [options] [-- VLLM_SERVE_ARGS...]")
+    return parser, argv[:cut], argv[cut + 1:]
 
 
 def free_port(host: str = HOST) -> int:

@@ -119,20 +119,6 @@ def test_greedy_matches_plain(tiny_target, tiny_draft, prompts, plain_outputs,
     assert store_size == 0, "finished requests leave no selection state"
 
 
-def test_lossless_under_preemption(tiny_target, tiny_draft, prompts, plain_outputs):
-    # Room for about one and a half long requests: the scheduler must preempt
-    # and recompute, and the proposer must drop and rebuild selections.
-    llm = make_llm(tiny_target, tiny_draft, CMR, kv_cache_memory_bytes=4 << 20)
-    outputs = generate(llm, prompts)
-    preemptions = counter(llm, "vllm:num_preemptions")
-    counts = stats(drafter(llm))
-    shutdown(llm)
-
-    assert preemptions > 0
-    assert outputs == plain_outputs
-    assert counts["view_rows"] > 0
-
-
 def test_streaming_policy_is_lossless(tiny_target, tiny_draft, prompts, plain_outputs):
     llm = make_llm(tiny_target, tiny_draft, {**CMR, "policy": "streaming"})
     outputs = generate(llm, prompts)

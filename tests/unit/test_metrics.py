@@ -541,6 +541,20 @@ def test_last_requests_ending_publish_at_once(metrics_env):
     assert json.loads(proposer.reporter.path.read_text())["decode_rows"] == 5
 
 
+def test_slots_held_are_published_apart_from_selections(metrics_env):
+    """A request with a slot but no selection yet (its prefill) shows in
+    ``request_slots`` only; giving the slots back zeroes both gauges."""
+    proposer = _proposer_with_batch(["a", "b"], interval_s=3600.0)
+    proposer.state.slots_for(["a", "b"])
+    proposer._report(force=True)
+    published = json.loads(proposer.reporter.path.read_text())
+    assert (published["request_slots"], published["tracked_requests"]) == (2, 0)
+    proposer.runner.requests.clear()
+    proposer.on_requests_done({"a", "b"})
+    published = json.loads(proposer.reporter.path.read_text())
+    assert (published["request_slots"], published["tracked_requests"]) == (0, 0)
+
+
 def test_requests_done_survives_a_removed_directory(tmp_path, monkeypatch):
     """The crash's own path: on_requests_done publishing into a directory
     whose parent is gone returns, and the request's state is still freed."""

@@ -84,11 +84,13 @@ class SpecExtendWorkerMixin:
 
     def specextend_state(self) -> dict:
         """For ``collective_rpc("specextend_state")``: this rank's live request
-        ids, the requests holding selection state, and the plugin's counters."""
+        ids, the requests holding selection state or a slot, and the plugin's
+        counters."""
         drafter = self.model_runner.drafter
         return {
             "live_requests": sorted(compat.live_req_ids(self.model_runner)),
             "tracked_requests": len(drafter.state),
+            "request_slots": drafter.state.num_slots_held,
             "stats": drafter.stats.snapshot(),
         }
 
