@@ -242,7 +242,10 @@ def run_engine(args, mode: str, index: int, out: Path) -> int:
         # Recorded; the parent goes on with the next engine.
         append(out, "engines", {**engine, "error": f"{type(e).__name__}: {e}"})
         raise
-    plugin = plugin_state(llm) is not None
+    # Asked only where the plugin was requested: elsewhere the RPC fails in the
+    # engine, which logs it as an error with a traceback.
+    requested = "spec_extend" in (llm.llm_engine.vllm_config.additional_config or {})
+    plugin = requested and plugin_state(llm) is not None
     engine.update(
         startup_s=time.perf_counter() - start,
         async_scheduling=llm.llm_engine.vllm_config.scheduler_config.async_scheduling,

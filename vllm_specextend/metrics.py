@@ -31,7 +31,7 @@ import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -123,7 +123,10 @@ class SpecExtendStats:
         """The counters and gauges. ``wait=False`` (the periodic reporter)
         leaves device timers that are still running for a later snapshot."""
         self.resolve_timers(wait=wait)
-        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        # Not asdict(): it deep-copies every field, the pending CUDA events too,
+        # and an event cannot be copied (TypeError inside an engine step).
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if not f.name.startswith("_")}
 
 
 def format_line(delta: dict, now: dict) -> str:
@@ -359,6 +362,17 @@ class StatsReporter:
     def maybe_report(self, force: bool = False) -> None:
         if not force and not self.due():
             return
+        # It runs inside an engine step, which must go on whatever the report
+        # does: a failure is logged once and the counters keep counting.
+        try:
+            self._report()
+        except Exception as e:
+            self._last_time = time.monotonic()
+            _warn_once(self.warn, f"report: {type(e).__name__}",
+                       f"SpecExtend metrics: a report failed ({type(e).__name__}: "
+                       f"{e}); the engine goes on, this report is skipped.")
+
+    def _report(self) -> None:
         now_t = time.monotonic()
         if not self.publish:
             self._last_time = now_t

@@ -93,6 +93,11 @@ class FakeEvent:
     def synchronize(self) -> None:
         self.waited = self.done = True
 
+    def __reduce_ex__(self, protocol):
+        # Neither can a torch.cuda.Event be copied or pickled: a snapshot that
+        # deep-copied the pending timers raised inside an engine step (H100).
+        raise TypeError("cannot pickle 'Event' object")
+
     def elapsed_time(self, end) -> float:
         assert self.done and end.done, "elapsed_time of an unfinished event"
         return end.ms - self.ms
@@ -142,6 +147,35 @@ def test_reporter_does_not_wait_for_device_timers(metrics_env):
     end.done = True
     rep.maybe_report(force=True)
     assert json.loads(rep.path.read_text())["scoring_seconds"] == pytest.approx(0.4)
+    rep.close()
+
+
+def test_snapshot_with_timers_pending():
+    """The periodic snapshot leaves running timers alone, without copying them."""
+    stats = SpecExtendStats(retrievals=2)
+    stats._pending = _timers((100.0, False, "scoring_seconds"))
+    snap = stats.snapshot(wait=False)
+    assert snap["retrievals"] == 2 and snap["scoring_seconds"] == 0.0
+    assert len(stats._pending) == 1
+
+
+def test_a_failing_report_never_raises_into_the_step(metrics_env, monkeypatch):
+    stats = SpecExtendStats()
+    warned = []
+    rep = StatsReporter(stats, 0.0, log=lambda _: None, warn=warned.append)
+
+    def broken(wait=True):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(stats, "snapshot", broken)
+    monkeypatch.setattr(metrics, "_warned", set())
+    rep.maybe_report(force=True)
+    rep.maybe_report(force=True)
+    assert len(warned) == 1 and "boom" in warned[0] and "goes on" in warned[0]
+    monkeypatch.undo()
+    stats.retrievals = 5
+    rep.maybe_report(force=True)  # recovers once the snapshot works again
+    assert json.loads(rep.path.read_text())["retrievals"] == 5
     rep.close()
 
 
