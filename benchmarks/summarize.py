@@ -60,6 +60,18 @@ def _busy(runs: list[dict]) -> list[float | None]:
     return [run.get("gpu_busy") for run in runs]
 
 
+def _variant(result: dict, mode: str) -> str | None:
+    """The draft tuning switches (``SPECEXTEND_DRAFT_*``, proposer.DraftTuning)
+    a mode's engine ran with, e.g. ``SPECEXTEND_DRAFT_ARGMAX=triton``; None for
+    the shipped defaults. Variant rows stay out of the headline tables."""
+    env = {}
+    for e in result.get("engines", []):
+        if e.get("mode") == mode:
+            env.update({k: v for k, v in (e.get("plugin_env") or {}).items()
+                        if k.startswith("SPECEXTEND_DRAFT_")})
+    return " ".join(f"{k}={v}" for k, v in sorted(env.items())) or None
+
+
 def decode_rows(result: dict, file: str) -> list[dict]:
     meta = result["meta"]
     rows = []
@@ -68,6 +80,7 @@ def decode_rows(result: dict, file: str) -> list[dict]:
             continue
         runs = r.get("runs") or [r]  # older files: the row is its one run
         rows.append({"bench": "decode", "device": device(meta), "mode": r["mode"],
+                     "variant": _variant(result, r["mode"]),
                      "draft": r["draft"], "context": r["context"], "batch": r["batch"],
                      "tok_s": [run["decode_tok_s"] for run in runs],
                      "gpu_busy": _busy(runs), "file": file,
@@ -237,7 +250,7 @@ def _busy_note(rows: list[dict]) -> str:
 
 def render(rows: list[dict], link_base: Path | None = None) -> str:
     """The headline tables (markdown), links relative to ``link_base``."""
-    speed = [r for r in rows if r["synthetic_acceptance"]]
+    speed = [r for r in rows if r["synthetic_acceptance"] and not r.get("variant")]
     parts = []
     for bench, x, key_cols, what in (
         ("decode", "batch", ["context"], "decode tok/s after the first token"),

@@ -31,11 +31,13 @@ python3 -m pip wheel --no-deps -q -w .gpu/wheel . 2>&1 | grep -v '^WARNING' || t
 rm -rf .gpu/models .gpu/data && mkdir -p .gpu/models .gpu/data
 cp -r "$SHARED"/gpu/models/* .gpu/models/
 cp -r "$SHARED"/data/govreport "$SHARED"/data/pg19 .gpu/data/
-if [ ! -f .gpu/tokenizer/tokenizer.json ]; then
+# chat_template.jinja: without it every chat request of the soak answers 400.
+if [ ! -f .gpu/tokenizer/tokenizer.json ] || [ ! -f .gpu/tokenizer/chat_template.jinja ]; then
   models=${SPECEXTEND_MODELS:-$HOME/.cache/vllm-specextend/models}
   PYTHONPATH="$ROOT" "$VENV/bin/python" -m benchmarks.models.builders smollm2 \
     "$models/smollm2-135m-instruct" >/dev/null
   mkdir -p .gpu/tokenizer
-  cp "$models"/smollm2-135m-instruct/tokenizer* "$models"/smollm2-135m-instruct/special_tokens_map.json .gpu/tokenizer/ 2>/dev/null || true
+  cp "$models"/smollm2-135m-instruct/tokenizer* "$models"/smollm2-135m-instruct/chat_template.jinja .gpu/tokenizer/
+  cp "$models"/smollm2-135m-instruct/special_tokens_map.json .gpu/tokenizer/ 2>/dev/null || true
 fi
 du -sh .gpu/* | sort -k2

@@ -95,7 +95,7 @@ def test_rows_carry_every_run(results):
         ("plain", [100.0, 90.0, 110.0]), ("draft_model", [150.0, 140.0, 160.0]),
         ("spec_extend", [200.0, 180.0, 210.0])]  # skipped cells left out
     assert new[0] == {"bench": "decode", "device": "GPU", "mode": "plain",
-                      "draft": None, "context": 32768, "batch": 1,
+                      "variant": None, "draft": None, "context": 32768, "batch": 1,
                       "tok_s": [100.0, 90.0, 110.0], "gpu_busy": [0.99, 0.98, 1.0],
                       "file": "decode/20261202T0000Z_x.json",
                       "synthetic_acceptance": 3.0, "date_utc": "b"}
@@ -131,6 +131,20 @@ def test_headline_takes_the_newest_file_and_links_it(results):
     assert serve.startswith("| long | 16K | d | 4 | [11 (10–12)](")
     assert "[15 (14–16) · 85%](" in serve
     assert serve.endswith("| – |"), "no draft_model column to compare with"
+
+
+def test_tuning_variants_stay_out_of_the_headline(results):
+    """A newer run with a draft tuning switch set (an A/B) is a row of its own,
+    named by the switch, and never replaces the shipped default's cell."""
+    ab = _decode("z", [_decode_row("spec_extend", [999.0, 998.0, 997.0])])
+    ab["engines"] = [{"mode": "spec_extend", "plugin_env": {
+        "SPECEXTEND_DRAFT_ARGMAX": "triton", "SPECEXTEND_DATA_DIR": "/x"}}]
+    (results / "decode" / "20261209T0000Z_ab.json").write_text(json.dumps(ab))
+    rows = summarize.summarize(results)
+    assert [r["variant"] for r in rows if r["file"].endswith("_ab.json")] == [
+        "SPECEXTEND_DRAFT_ARGMAX=triton"]
+    text = summarize.render(rows, results / "docs")
+    assert "999" not in text and "[200 (180–210)]" in text
 
 
 def test_caption_explains_busy_only_where_a_cell_shows_it(results):
