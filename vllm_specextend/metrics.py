@@ -143,12 +143,18 @@ def format_line(delta: dict, now: dict) -> str:
         if delta.get("compactions")
         else ""
     )
+    replays = delta.get("graph_steps", 0)
+    eager = delta.get("graph_fallbacks", 0)
+    # Only where graphs are captured (a count moved): why eager is logged once
+    # per reason by the proposer.
+    graphs = (f"draft graph: {replays}/{replays + eager} steps, "
+              if replays or eager else "")
     return (
         f"SpecExtend metrics: retrievals: {delta['retrievals']}, "
         f"view rows: {delta['view_rows']}/{delta['decode_rows']}, "
         f"draft context: {share:.1f}% of full, "
         f"scoring: {per:.3f} ms/step, "
-        f"{compaction}"
+        f"{compaction}{graphs}"
         f"tracked requests: {now['tracked_requests']}"
     )
 

@@ -352,7 +352,10 @@ class SpecExtendMixin:
             self.stats.graph_fallbacks += 1
             if reason not in self._graph_blockers:
                 self._graph_blockers.add(reason)
-                logger.debug("SpecExtend: a step drafts eagerly (%s).", reason)
+                # Once per reason: the count is in graph_fallbacks and the
+                # periodic line ("draft graph: replayed/all steps").
+                logger.info("SpecExtend: some draft steps run eagerly: %s "
+                            "(first seen now; counted in graph_fallbacks).", reason)
             return None
         params = step.params
         (view_params,) = self.staging.to_device(np.stack([

@@ -180,14 +180,16 @@ PY
     tar -C "$OUT" -czf "$OUT/serve12_$tag.tgz" "serve12_$tag" && rm -rf "$OUT/serve12_$tag" ;;
   soak21)
     # Issue #21's soak (benchmarks/soak.py; docs/testing.md, "Soak"): vllm serve
-    # --spec-extend, 8B/1B shapes, dummy weights, synthetic acceptance 3.0 (K=4),
+    # --spec-extend, 8B/1B shapes, dummy weights, K=4, real rejection sampling
+    # (SOAK_ACCEPTANCE=0, the default: the probes are compared with a plain
+    # server's, started first; SOAK_ACCEPTANCE=3.0: synthetic, no comparison),
     # the plugin's default config and scheduling, for SOAK_DURATION_S (600) at 32
     # clients, inputs of 1K-32K tokens, up to 512 new tokens, 20% closed by their
     # client, 5% malformed. KV cache: 12 GiB is ~78K tokens at 160 KiB per token
     # (target + draft), room for two requests of max-model-len (33792), while 32
     # clients want ~290K (log-uniform 1K-32K: ~9K a prompt): vLLM preempts.
-    # Probes: before == after (synthetic acceptance: no plain comparison).
-    # The server's start (~3.5 min) and a 10-minute soak do not fit a 10-minute
+    # Probes: before == after, and == plain decoding's (real rejection only).
+    # The servers' starts (plain ~1.5 min, spec ~2.5) and a 10-minute soak do not fit a 10-minute
     # call, so the runner starts in a session of its own (setsid: it outlives
     # the call) and the call waits for it at most SOAK_WAIT_S (555). Call the
     # phase again within the machine's 30 s warm window: it starts nothing new,
@@ -204,7 +206,7 @@ PY
         --draft $M/llama32_1b --tokenizer .gpu/tokenizer \
         --duration-s ${SOAK_DURATION_S:-600} --concurrency 32 --min-input-len 1024 \
         --max-input-len 32768 --max-output-len 512 --num-spec-tokens 4 \
-        --acceptance-length 3.0 --out-dir $dir/out ${SOAK_ARGS:-} \
+        --acceptance-length ${SOAK_ACCEPTANCE:-0} --out-dir $dir/out ${SOAK_ARGS:-} \
         -- --load-format dummy --max-model-len 33792 --kv-cache-memory-bytes 12G \
         > $dir/runner.log 2>&1; echo \$? > $dir/rc" < /dev/null > /dev/null 2>&1 &
       echo "soak21: runner started (log: $dir/runner.log)"

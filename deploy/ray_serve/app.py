@@ -142,6 +142,8 @@ def api_key_from_env(api_key_env: str = "VLLM_API_KEY",
                      require_api_key: bool | str = True) -> str | None:
     """The key the OpenAI routes require, from ``api_key_env``; None only when
     ``require_api_key`` is false. Pure: no Ray needed."""
+    from deploy.auth import MIN_KEY_CHARS
+
     key = os.environ.get(api_key_env) or None
     if key is None and _flag("require_api_key", require_api_key):
         raise ValueError(
@@ -149,6 +151,11 @@ def api_key_from_env(api_key_env: str = "VLLM_API_KEY",
             "key clients send as `Authorization: Bearer <key>`), or pass "
             "require_api_key=false to serve the OpenAI routes to anyone"
         )
+    if key is not None and len(key) < MIN_KEY_CHARS:
+        # Refused here, at build time: the middleware would refuse it only in
+        # the ingress replica, on its first request.
+        raise ValueError(f"{api_key_env} is too short: use a random key of at "
+                         f"least {MIN_KEY_CHARS} characters (openssl rand -hex 32)")
     return key
 
 
@@ -188,11 +195,12 @@ def _guarded_openai_app(llm_config, key: str):
     from ray.llm._internal.serve.core.ingress.ingress import init as ingress_app
     from ray.serve.llm import build_llm_deployment
     from ray.serve.llm.ingress import OpenAiIngress, make_fastapi_ingress
-    # vLLM 0.26: the middleware behind `vllm serve --api-key`.
-    from vllm.entrypoints.serve.utils.server_utils import AuthenticationMiddleware
+    # The key on every path but /health and /metrics (vLLM's own middleware
+    # guards only /v1, /v2 and /inference).
+    from deploy.auth import ApiKeyMiddleware
 
     app = ingress_app()
-    app.add_middleware(AuthenticationMiddleware, tokens=[key])
+    app.add_middleware(ApiKeyMiddleware, api_key=key)
     model_id = llm_config.model_id
     return (
         serve.deployment(make_fastapi_ingress(OpenAiIngress, app=app))

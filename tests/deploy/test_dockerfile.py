@@ -51,3 +51,23 @@ def test_dockerfile_installs_plugin():
     assert not re.search(r"^(ENTRYPOINT|CMD)\b", text, flags=re.M)
     ignore = (REPO / ".dockerignore").read_text().split()
     assert {".venv", ".gpu", ".git", "benchmarks/results"} <= set(ignore)
+
+
+def test_image_ships_the_auth_middleware(tmp_path):
+    """``--middleware deploy.auth.ApiKeyMiddleware`` imports in the image's
+    layout: deploy/auth.py under lib/ with an __init__.py, lib on PYTHONPATH."""
+    text = DOCKERFILE.read_text()
+    assert re.search(r"^COPY deploy/auth\.py \./lib/deploy/auth\.py$", text, re.M)
+    assert "touch ./lib/deploy/__init__.py" in text
+    assert re.search(r"PYTHONPATH=/opt/vllm-specextend/lib\b", text)
+    lib = tmp_path / "lib" / "deploy"
+    lib.mkdir(parents=True)
+    (lib / "__init__.py").touch()
+    (lib / "auth.py").write_text((REPO / "deploy" / "auth.py").read_text())
+    probe = ("import deploy.auth as a; "
+             "assert a.__file__.startswith(%r); print(a.ApiKeyMiddleware.__name__)"
+             % str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path,
+                         env={"PYTHONPATH": str(tmp_path / "lib"), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "ApiKeyMiddleware"

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from deploy.auth import ApiKeyMiddleware
 from vllm_specextend.config import SpecExtendConfig
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
@@ -110,6 +111,12 @@ def test_api_key_comes_from_the_secret():
     assert ref["name"] == secret["metadata"]["name"]
     assert ref["key"] in secret["stringData"]
     assert not ref.get("optional"), "the pod must not start without a key"
+    # vLLM's own check leaves /invocations open: the middleware guards it too.
+    args = _container(_one("Deployment"))["args"]
+    assert args[args.index("--middleware") + 1] == "deploy.auth.ApiKeyMiddleware"
+    # The example's placeholder would not start a server (fail closed).
+    with pytest.raises(ValueError, match="too short"):
+        ApiKeyMiddleware(None, api_key=next(iter(secret["stringData"].values())))
 
 
 def test_least_privilege():
@@ -281,6 +288,7 @@ def test_compose():
     assert any(v.endswith(":/home/vllm/.cache/huggingface") for v in vllm["volumes"])
     # The key is required: compose stops when it is unset or empty.
     assert vllm["environment"]["VLLM_API_KEY"].startswith("${VLLM_API_KEY:?")
+    assert cmd[cmd.index("--middleware") + 1] == "deploy.auth.ApiKeyMiddleware"
     assert vllm["read_only"] is True and vllm["cap_drop"] == ["ALL"]
     assert "no-new-privileges:true" in vllm["security_opt"]
     assert "ipc" not in vllm, "shared memory via shm_size, not the host's IPC"

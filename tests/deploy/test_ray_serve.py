@@ -48,7 +48,7 @@ MAX_TOKENS = 48
 STARTUP_S = 600  # Ray head, Serve and the engine on 2 shared cores
 STOP_S = 120
 CHILD_EXIT_S = 60
-API_KEY = "ray-test-key"
+API_KEY = "ray-test-key-" + "k" * 32  # the middleware wants 32 characters or more
 
 
 def _ray_app():
@@ -111,21 +111,24 @@ def test_ray_app_needs_an_api_key(monkeypatch):
     with pytest.raises(ValueError, match="set VLLM_API_KEY"):
         module.api_key_from_env()
     assert module.api_key_from_env(require_api_key="false") is None
-    monkeypatch.setenv("MY_KEY", "secret")
-    assert module.api_key_from_env("MY_KEY") == "secret"
+    monkeypatch.setenv("MY_KEY", "s" * 32)
+    assert module.api_key_from_env("MY_KEY") == "s" * 32
+    monkeypatch.setenv("MY_KEY", "change-me")  # secret.example.yaml's placeholder
+    with pytest.raises(ValueError, match="too short"):
+        module.api_key_from_env("MY_KEY")
     with pytest.raises(ValueError, match="true or false"):
         module.api_key_from_env(require_api_key="maybe")
 
 
 def test_ray_app_with_a_key_guards_the_openai_routes(monkeypatch):
-    """Built (not run): the ingress's FastAPI app carries vLLM's API-key
-    middleware with the key, over Ray's own OpenAI routes."""
+    """Built (not run): the ingress's FastAPI app carries deploy/auth.py's
+    API-key middleware with the key, over Ray's own OpenAI routes."""
     pytest.importorskip("ray.serve.llm")
-    monkeypatch.setenv("VLLM_API_KEY", "secret")
+    monkeypatch.setenv("VLLM_API_KEY", API_KEY)
     app = _ray_app().build_app(accelerator="cpu", replicas=1)
     fastapi_app = _asgi_app(app._bound_deployment.func_or_class)
     names = [m.cls.__name__ for m in fastapi_app.user_middleware]
-    assert "AuthenticationMiddleware" in names
+    assert "ApiKeyMiddleware" in names
     routes = {r.path for r in fastapi_app.routes}
     assert {"/v1/models", "/v1/completions", "/v1/chat/completions"} <= routes
 

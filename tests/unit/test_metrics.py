@@ -213,6 +213,12 @@ def test_format_line_compaction_cost():
     assert "compaction: 1.500 ms/row" in line
 
 
+def test_format_line_graph_share_only_where_graphs_ran():
+    assert "draft graph: 30/40 steps" in format_line(
+        _delta(graph_steps=30, graph_fallbacks=10), {"tracked_requests": 0})
+    assert "draft graph" not in format_line(_delta(), {"tracked_requests": 0})
+
+
 def test_format_line_zero_division_safe():
     line = format_line(_delta(), {"tracked_requests": 0})
     assert "draft context: 100.0% of full" in line
