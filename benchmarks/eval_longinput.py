@@ -199,6 +199,8 @@ class Session:
         self.timer = access.ProposeTimer(self.drafter) if self.drafter else None
         needs_recorder = any(r.task == "needle" for r in runs)
         self.recorder = access.DraftRecorder(self.llm) if needs_recorder else None
+        self.probe = (access.WorkingSetProbe(self.drafter)
+                      if args.coverage and engine.is_spec_extend(kind) else None)
         self.warm_up(runs)
 
     def warm_up(self, runs: list[Run]) -> None:
@@ -249,12 +251,21 @@ class Session:
         if self.timer:
             self.timer.take_ms()
             self.timer.enabled = True
+        if self.probe:
+            self.probe.enabled = True
         params = self.params(run.max_new_tokens)
-        batches = []
+        batches, units = [], []
         for b in range(0, len(run.prompts), run.batch_size):
             batch = run.prompts[b:b + run.batch_size]
+            counted = acceptance.spec_counters(self.llm) if self.drafter else None
             batches.append(engine.generate(self.llm, batch, params))
+            if counted is not None:
+                units.append(acceptance.counter_delta(
+                    counted, acceptance.spec_counters(self.llm)))
             progress.update(1)
+        coverage = self.probe.take() if self.probe else None
+        if self.probe:
+            self.probe.enabled = False
         step_ms = self.timer.take_ms() if self.timer else []
         if self.timer:
             self.timer.enabled = False
@@ -273,6 +284,10 @@ class Session:
             "decode_tok_s": decode_tokens / decode_s if decode_s else None,
             "e2e_tok_s": total / e2e_s,
             **acceptance.summarize(delta["counters"]),
+            # Over batches (prompts, at batch size 1): the spread between them.
+            "accepted_length_ci95": acceptance.accepted_length_interval(units),
+            "batch_counters": [{k: u[k] for k in acceptance.COUNTERS} for u in units],
+            "coverage": coverage,
             "spec_decode": delta["counters"],
             "draft_step_ms": statistics.median(step_ms) if step_ms else None,
             "draft_steps": len(step_ms),
@@ -437,6 +452,11 @@ def parse_args(argv=None):
     r.add_argument("--working-sets", type=int, nargs="+", default=[],
                    help="run the streaming/cmr modes at each of these working-set "
                    "sizes in tokens (sinks + chunks + window)")
+    r.add_argument("--coverage", action="store_true",
+                   help="eval rows: what each draft step's working set held of "
+                        "the target's final-layer attention (harness."
+                        "drafter.WorkingSetProbe); scores every row every "
+                        "step, so draft times include it")
     r.add_argument("--ignore-eos", action="store_true",
                    help="always generate --max-new-tokens (default: stop at EOS)")
     r.add_argument("--cost-prompts", type=int, default=5)

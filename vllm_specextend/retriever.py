@@ -82,25 +82,10 @@ class Retriever:
         ctx_lens = cad.seq_lens[rows]
         if num_rejected is not None:
             ctx_lens = ctx_lens - num_rejected[rows]
-        kv_cache = compat.layer_kv_cache(self.layer)
-        if kv_cache.device.type == "cpu" and self._key_order is None:
-            self._key_order = compat.cpu_key_order(
-                self.layer, kv_cache.shape[2], kv_cache.dtype
-            )
-        block_size = kv_cache.shape[2]
-        max_ctx = int(lens.seq[rows_np].max())
-        lse = block_lse(
-            self.query_buf[query_rows.long()],  # [n, Hq, D]
-            kv_cache,
-            cad.block_table_tensor[rows],  # [n, max_blocks]
-            ctx_lens.to(torch.int32),  # [n]
-            -(-max_ctx // block_size),
-            self.layer.impl.scale,
-            self._key_order,
-        )  # [n, Hq, num_blocks]
-        mass = chunk_mass(lse, cfg.chunk_size // block_size)  # [n, num_chunks]
-        if self.tp_size > 1:
-            mass = compat.tp_all_reduce(mass) / self.tp_size
+        mass = self.chunk_masses(
+            query_rows, cad.block_table_tensor[rows], ctx_lens,
+            int(lens.seq[rows_np].max()),
+        )  # [n, num_chunks]
         selected = select_chunks(mass, lo_d, hi_d, min(cfg.top_k, mass.shape[1]))
         if self.tp_size > 1:
             selected = compat.tp_broadcast(selected.contiguous())
@@ -111,6 +96,33 @@ class Retriever:
         stats.retrievals += int(rows_np.size)
         stats.retrieval_steps += 1
         stats.stop_timer(timer)
+
+    def chunk_masses(self, query_rows: torch.Tensor, block_table: torch.Tensor,
+                     ctx_lens: torch.Tensor, max_ctx: int) -> torch.Tensor:
+        """The final layer's attention mass per chunk, [n, num_chunks] fp32:
+        the captured queries at ``query_rows`` ([n]) over the first
+        ``ctx_lens`` ([n]) tokens of ``block_table`` ([n, max_blocks]), all on
+        the device, averaged over every head of every tensor-parallel rank.
+        ``max_ctx`` bounds ``ctx_lens`` on the host."""
+        kv_cache = compat.layer_kv_cache(self.layer)
+        if kv_cache.device.type == "cpu" and self._key_order is None:
+            self._key_order = compat.cpu_key_order(
+                self.layer, kv_cache.shape[2], kv_cache.dtype
+            )
+        block_size = kv_cache.shape[2]
+        lse = block_lse(
+            self.query_buf[query_rows.long()],  # [n, Hq, D]
+            kv_cache,
+            block_table,
+            ctx_lens.to(torch.int32),
+            -(-max_ctx // block_size),
+            self.layer.impl.scale,
+            self._key_order,
+        )  # [n, Hq, num_blocks]
+        mass = chunk_mass(lse, self.cfg.chunk_size // block_size)
+        if self.tp_size > 1:
+            mass = compat.tp_all_reduce(mass) / self.tp_size
+        return mass
 
     def reset(self) -> None:
         self._key_order = None

@@ -79,3 +79,32 @@ def select_chunks(
     picked_valid = torch.gather(valid, 1, top)
     key = torch.where(picked_valid, top, top + mass.shape[1])
     return torch.sort(key, dim=1).values.to(torch.int32)
+
+
+def held_chunks(
+    num_chunks: int,
+    sink_chunks: int,
+    window_chunk: torch.Tensor,
+    selected_chunks: torch.Tensor,
+    num_selected: torch.Tensor,
+) -> torch.Tensor:
+    """Which chunks a draft's working set holds, [R, num_chunks] bool.
+
+    window_chunk:    [R] int, first chunk of the recent window (0: the whole
+                     context, as for a row drafting without a view).
+    selected_chunks: [R, K] int, chunk ids, the first ``num_selected`` valid.
+    num_selected:    [R] int.
+    The sinks, the selected chunks and everything from the window on.
+    """
+    ids = torch.arange(num_chunks, device=window_chunk.device)[None, :]
+    held = (ids < sink_chunks) | (ids >= window_chunk[:, None])
+    k = selected_chunks.shape[1]
+    if k:
+        valid = torch.arange(k, device=window_chunk.device)[None, :] < num_selected[:, None]
+        picked = torch.where(valid, selected_chunks.long(), torch.full_like(
+            selected_chunks, num_chunks, dtype=torch.long))  # num_chunks: none
+        hits = torch.zeros(held.shape[0], num_chunks + 1, dtype=torch.bool,
+                           device=held.device)
+        hits.scatter_(1, picked, True)
+        held |= hits[:, :num_chunks]
+    return held

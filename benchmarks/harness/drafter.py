@@ -9,7 +9,8 @@ Two ways in:
   ``reconfigure``, and timed or recorded by wrapping ``propose``
   (``ProposeTimer``, ``DraftRecorder``), the per-step view preparation
   (``HostTimer``) or the release of finished and preempted requests
-  (``ReleaseRecorder``).
+  (``ReleaseRecorder``), and probed for what its working sets hold
+  (``WorkingSetProbe``).
 * Across processes (vLLM's default engine, TP workers): ``worker_state(llm)``
   calls the plugin worker's ``specextend_state`` on every rank (SpecExtend
   engines only). ``install_worker_timers`` / ``take_worker_timings`` put the
@@ -239,6 +240,91 @@ class HostTimer:
     def take_ms(self) -> list[float]:
         times, self.times = self.times, []
         return times
+
+
+class WorkingSetProbe:
+    """How much of what the target attends to each step's working set holds
+    (issue #23). After the plan of every step (``_plan_view``: retrieval done,
+    the view's rows known), per drafting row: the final layer's attention mass
+    per chunk of the last accepted token, scored as the retriever scores
+    (``Retriever.chunk_masses``, over the whole context), against the chunks
+    the row's view holds (``selection.held_chunks``; a row drafting without a
+    view holds them all).
+
+    ``take()`` gives, over the rows and steps since the last take:
+    ``row_steps`` (rows drafting, summed over steps),
+    ``top_held`` (share whose working set held the chunk with the most mass,
+    sinks aside: every policy keeps them, and attention sinks would often win),
+    ``mass_held`` (mean share of the mass held). Scores every row every step
+    and syncs the device: off (``enabled``) where it is not wanted; draft
+    times taken while it is on include it. In-process engines, one rank.
+    """
+
+    def __init__(self, proposer):
+        original = proposer._plan_view
+        self.enabled = False
+        self._top: list[bool] = []
+        self._mass: list[float] = []
+
+        def probed(cad, token_indices_to_sample, num_rejected):
+            step = original(cad, token_indices_to_sample, num_rejected)
+            if self.enabled:
+                self._probe(proposer, step, cad, token_indices_to_sample, num_rejected)
+            return step
+
+        proposer._plan_view = probed
+
+    def _probe(self, proposer, step, cad, token_indices_to_sample, num_rejected):
+        import numpy as np
+        import torch
+
+        from vllm_specextend.selection import held_chunks
+
+        rows_np = np.flatnonzero(step.drafting)
+        if not rows_np.size:
+            return
+        cfg, state = proposer.cfg, proposer.state
+        device = cad.seq_lens.device
+
+        def dev(x):
+            return torch.as_tensor(np.asarray(x, dtype=np.int64), device=device)
+
+        rows = dev(rows_np)
+        if token_indices_to_sample is None:
+            query_rows = dev(cad.query_start_loc_cpu[1:].numpy()[rows_np] - 1)
+        else:
+            query_rows = token_indices_to_sample[rows]
+        ctx = cad.seq_lens[rows]
+        if num_rejected is not None:
+            ctx = ctx - num_rejected[rows]
+        mass = proposer.retriever.chunk_masses(
+            query_rows, cad.block_table_tensor[rows], ctx,
+            int(step.lens.seq[rows_np].max()),
+        )  # [n, num_chunks]
+        slots, on = step.slots[rows_np], step.params.on[rows_np]
+        sink_chunks = cfg.sink_tokens // cfg.chunk_size
+        held = held_chunks(
+            mass.shape[1], sink_chunks,
+            dev(np.where(on, state.window_start[slots] // cfg.chunk_size, 0)),
+            state.selected_chunks[step.slots_dev[rows]],
+            dev(np.where(on, state.num_selected[slots], 0)),
+        )  # [n, num_chunks]
+        # Chunks past the last whole one are in every window: never missed.
+        missed = (mass * ~held).sum(dim=1)
+        beyond_sinks = mass[:, sink_chunks:]
+        if beyond_sinks.shape[1]:
+            top = beyond_sinks.argmax(dim=1, keepdim=True) + sink_chunks
+            self._top += held.gather(1, top)[:, 0].tolist()
+        self._mass += (1.0 - missed).tolist()
+
+    def take(self) -> dict | None:
+        """The figures since the last take; None if no row drafted."""
+        if not self._mass:
+            return None
+        top, mass, self._top, self._mass = self._top, self._mass, [], []
+        return {"row_steps": len(mass),
+                "top_held": sum(top) / len(top) if top else None,
+                "mass_held": sum(mass) / len(mass)}
 
 
 _WORKER_TIMERS: dict[int, tuple] = {}

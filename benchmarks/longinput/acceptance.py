@@ -65,6 +65,25 @@ def summarize(delta: dict | None) -> dict:
     }
 
 
+def accepted_length_interval(units: list[dict], level: float = 0.95,
+                             resamples: int = 2000, seed: int = 0) -> list[float] | None:
+    """A bootstrap interval of the mean accepted length over ``units`` (the
+    counter deltas of each batch of a run; with batch size 1, of each prompt):
+    units drawn with replacement, ``1 + accepted / drafts`` of their sums, the
+    central ``level`` of those. None with fewer than two units."""
+    import numpy as np
+
+    units = [u for u in units if u["drafts"]]
+    if len(units) < 2:
+        return None
+    drafts = np.array([u["drafts"] for u in units], dtype=np.float64)
+    accepted = np.array([u["accepted_tokens"] for u in units], dtype=np.float64)
+    picks = np.random.default_rng(seed).integers(0, len(units), (resamples, len(units)))
+    lengths = 1.0 + accepted[picks].sum(axis=1) / drafts[picks].sum(axis=1)
+    tail = 100 * (1 - level) / 2
+    return [float(x) for x in np.percentile(lengths, [tail, 100 - tail])]
+
+
 @dataclass(frozen=True)
 class Step:
     """One verification: ``proposal`` drafted output[start:], ``accepted`` kept."""

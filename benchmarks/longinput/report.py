@@ -100,6 +100,20 @@ def context_share(row) -> float | None:
     return 100.0 * stats["draft_context_tokens"] / stats["full_context_tokens"]
 
 
+def interval(row) -> str | None:
+    """The accepted length's bootstrap interval as "lo–hi" (None: too few
+    batches, or a file from before it was recorded)."""
+    ci = row.get("accepted_length_ci95")
+    return None if ci is None else f"{ci[0]:.2f}–{ci[1]:.2f}"
+
+
+def coverage_percent(row, key: str) -> float | None:
+    """A ``WorkingSetProbe`` figure of the row in percent (None: not probed)."""
+    coverage = row.get("coverage")
+    value = coverage and coverage.get(key)
+    return None if value is None else 100.0 * value
+
+
 def eval_table(rows: list[dict]) -> str:
     rows = sorted((r for r in rows if r["task"] == "eval"), key=_key)
     plain = {(r["dataset"], r["length"]): r for r in rows if r["mode"] == "none"}
@@ -109,14 +123,17 @@ def eval_table(rows: list[dict]) -> str:
         speedup = r["decode_tok_s"] / base["decode_tok_s"] if base else None
         lines.append([
             r["dataset"], r["length"], r["prompt_len"], r["mode"],
-            r.get("working_set"), r["mean_accepted_length"], r["acceptance_rate"], r["decode_tok_s"],
-            r["e2e_tok_s"], speedup, context_share(r), r.get("mismatches"),
+            r.get("working_set"), r["mean_accepted_length"], interval(r),
+            r["acceptance_rate"], r["decode_tok_s"], r["e2e_tok_s"], speedup,
+            context_share(r), coverage_percent(r, "top_held"),
+            coverage_percent(r, "mass_held"), r.get("mismatches"),
         ])
     return _table(
         ["dataset", "length", "prompt tokens", "mode", "working set",
-         "accepted length",
+         "accepted length", "95% interval",
          "acceptance rate", "decode tok/s", "e2e tok/s", "decode speedup vs none",
-         "draft context %", "mismatches vs none"],
+         "draft context %", "top chunk held %", "attention held %",
+         "mismatches vs none"],
         lines,
     )
 

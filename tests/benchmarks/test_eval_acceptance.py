@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.longinput import acceptance
 from benchmarks.longinput.acceptance import (
     Step,
     counter_delta,
@@ -83,3 +84,27 @@ def test_replay_agrees_with_vllm_counters_up_to_truncation():
     # A last step rejected inside the output leaves no room for more.
     steps = replay([[11, 12, 99, 98]], OUTPUT)
     assert not replay_agrees(steps, len(OUTPUT), {"drafts": 1, "accepted_tokens": 3})
+
+
+def test_interval_brackets_the_pooled_accepted_length():
+    # Prompts that accept 1, 2 and 3 tokens per draft: the pooled figure is 3.0.
+    units = [{"drafts": 10, "accepted_tokens": 10 * a} for a in (1, 2, 3)] * 4
+    lo, hi = acceptance.accepted_length_interval(units)
+    assert 2.0 < lo < 3.0 < hi < 4.0
+    # The same prompts every time: no spread.
+    same = [{"drafts": 8, "accepted_tokens": 12}] * 5
+    assert acceptance.accepted_length_interval(same) == [2.5, 2.5]
+
+
+def test_interval_needs_two_batches_with_drafts():
+    assert acceptance.accepted_length_interval([]) is None
+    one = [{"drafts": 5, "accepted_tokens": 5}, {"drafts": 0, "accepted_tokens": 0}]
+    assert acceptance.accepted_length_interval(one) is None
+
+
+def test_interval_narrows_with_more_prompts():
+    few = [{"drafts": 10, "accepted_tokens": 10 * a} for a in (1, 3)] * 2
+    many = few * 25
+    lo_few, hi_few = acceptance.accepted_length_interval(few)
+    lo_many, hi_many = acceptance.accepted_length_interval(many)
+    assert hi_many - lo_many < (hi_few - lo_few) / 3

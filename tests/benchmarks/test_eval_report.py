@@ -70,17 +70,20 @@ def table_rows(table: str) -> list[list[str]]:
 def test_eval_table_orders_modes_and_computes_speedup_and_context_share():
     rows = [
         run_row("cmr", [[1], [2]], 150.0, spec_extend_stats=STATS,
-                mean_accepted_length=2.5, acceptance_rate=0.375),
+                mean_accepted_length=2.5, acceptance_rate=0.375,
+                accepted_length_ci95=[2.25, 2.75],
+                coverage={"row_steps": 40, "top_held": 0.875, "mass_held": 0.5}),
         run_row("none", [[1], [2]], 100.0),
     ]
     report.count_mismatches(rows)
     got = table_rows(report.eval_table(rows))
     assert [line[3] for line in got] == ["none", "cmr"]
-    # working set, accepted length, acceptance rate, decode, e2e, speedup,
-    # context %, mismatches
-    assert got[1][4:] == ["–", "2.50", "0.38", "150.00", "75.00", "1.50", "25.00",
-                          "0"]
-    assert got[0][9] == "1.00" and got[0][11] == "–"
+    # working set, accepted length, its interval, acceptance rate, decode, e2e,
+    # speedup, context %, top chunk held %, attention held %, mismatches
+    assert got[1][4:] == ["–", "2.50", "2.25–2.75", "0.38", "150.00", "75.00",
+                          "1.50", "25.00", "87.50", "50.00", "0"]
+    # plain decoding: no interval, no coverage, no mismatch count
+    assert got[0][10] == "1.00" and got[0][6] == "–" and got[0][12:] == ["–"] * 3
 
 
 def test_rows_of_one_mode_sort_by_working_set():

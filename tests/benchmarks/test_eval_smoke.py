@@ -106,3 +106,37 @@ def test_compacted_modes(tiny_target, tiny_draft, long_prompts, tmp_path):
         assert row["mismatches"] == 0, mode
         assert row["spec_extend_stats"]["compactions"] > 0, mode
     assert rows["cmr_compact"]["spec_extend_stats"]["retrievals"] > 0
+
+
+def test_coverage_and_intervals(tiny_target, tiny_draft, long_prompts, tmp_path):
+    """``--coverage``: CMR refreshed every step holds the chunk the target
+    attends to most (the probe scores as the retriever does, on the same
+    query), except on a prompt's first decode step, which drafts through the
+    selection made from the prompt's last token; a streaming window misses
+    part of the attention of a context longer than it (softmax mass is never
+    zero). Batch size 1: one interval per run over its prompts."""
+    cmr_every_step = '{"top_k": 4, "recent_tokens": 64, "retrieve_every": 1}'
+    result = harness(
+        tmp_path, tiny_target, tiny_draft, "--datasets", "govreport",
+        "--lengths", "1024", "--num-prompts", "3", "--batch-size", "1",
+        "--modes", "none", "draft_model", "streaming", "cmr", "--coverage",
+        "--spec-extend", cmr_every_step,
+    )
+    rows = {r["mode"]: r for r in result["rows"]}
+    cmr, streaming = rows["cmr"]["coverage"], rows["streaming"]["coverage"]
+    assert rows["cmr"]["spec_extend_stats"]["view_rows"] > 0
+    assert cmr["row_steps"] == rows["cmr"]["spec_extend_stats"]["decode_rows"]
+    misses = round((1.0 - cmr["top_held"]) * cmr["row_steps"])
+    assert misses <= 3, cmr  # at most one per prompt
+    assert 0.0 < streaming["mass_held"] < 1.0
+    assert 0.0 < cmr["mass_held"] < 1.0
+    assert rows["none"]["coverage"] is None and rows["draft_model"]["coverage"] is None
+    for mode in ("draft_model", "streaming", "cmr"):
+        row = rows[mode]
+        assert row["mismatches"] == 0, mode
+        assert len(row["batch_counters"]) == 3
+        lo, hi = row["accepted_length_ci95"]
+        assert lo <= row["mean_accepted_length"] <= hi, mode
+    assert rows["none"]["accepted_length_ci95"] is None
+    markdown = Path(tmp_path / "results.md").read_text()
+    assert "top chunk held %" in markdown

@@ -8,11 +8,13 @@ import torch
 from vllm_specextend.config import SpecExtendConfig
 from vllm_specextend.selection import (
     chunk_mass,
+    held_chunks,
     num_candidates,
     select_chunks,
     uses_view,
     window_start,
 )
+from vllm_specextend.view import view_blocks
 
 CONFIGS = [
     SpecExtendConfig(),
@@ -239,3 +241,39 @@ def test_select_chunks_zero_mass_candidates_beat_out_of_range():
     mass = torch.tensor([[1.0, 0.0, 0.0, 0.0, 1.0]])
     out = select_chunks(mass, torch.tensor([1]), torch.tensor([4]), 3)
     assert out[0].tolist() == [1, 2, 3]
+
+
+def test_held_chunks_sinks_selection_and_window():
+    held = held_chunks(
+        10, 1,
+        window_chunk=torch.tensor([7, 0, 7]),
+        selected_chunks=torch.tensor([[2, 4, 9], [2, 4, 9], [3, 5, 0]]),
+        num_selected=torch.tensor([2, 0, 3]),
+    )
+    as_ids = [torch.nonzero(row).flatten().tolist() for row in held]
+    assert as_ids[0] == [0, 2, 4, 7, 8, 9]  # chunk 9 is past num_selected
+    assert as_ids[1] == list(range(10))  # window from 0: the whole context
+    assert as_ids[2] == [0, 3, 5, 7, 8, 9]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_held_chunks_are_the_blocks_a_view_reads(seed):
+    """Coverage describes the draft's real view: the chunks ``held_chunks``
+    names are exactly those whose blocks ``view_blocks`` puts in a row's view."""
+    g = torch.Generator().manual_seed(seed)
+    rows, bpc, sink_chunks, k, num_chunks = 6, 2, 1, 4, 24
+    num_blocks = num_chunks * bpc
+    window_chunk = torch.randint(sink_chunks + k, num_chunks, (rows,), generator=g)
+    num_selected = torch.randint(0, k + 1, (rows,), generator=g)
+    selected = torch.zeros(rows, k, dtype=torch.int64)
+    for r in range(rows):
+        pool = torch.randperm(int(window_chunk[r]) - sink_chunks, generator=g)
+        selected[r] = torch.sort(pool[:k] + sink_chunks).values
+    idx = view_blocks((rows, num_blocks), sink_chunks * bpc, num_selected,
+                      window_chunk * bpc, selected, bpc)
+    held = held_chunks(num_chunks, sink_chunks, window_chunk, selected, num_selected)
+    for r in range(rows):
+        prefix = (sink_chunks + int(num_selected[r])) * bpc
+        view_len = prefix + num_blocks - int(window_chunk[r]) * bpc
+        read = set((idx[r, :view_len] // bpc).tolist())
+        assert read == set(torch.nonzero(held[r]).flatten().tolist())
