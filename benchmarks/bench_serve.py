@@ -1,7 +1,10 @@
 """Serving load test: ``vllm bench serve`` against one ``vllm serve`` per mode
-(plain, vLLM's draft_model, SpecExtend, self_draft), started one after another
+(plain, vLLM's speculation, SpecExtend, self_draft), started one after another
 with the same flags but the speculation ones, on workloads where decoding is
-the work, and one where prefill is.
+the work, and one where prefill is. ``--method`` is vLLM's speculation method
+under the draft_model and spec_extend modes (draft_model, eagle, eagle3 with
+``--draft`` an EAGLE head); rows of vLLM's speculation alone are named after it
+(``benchmarks.harness.modes.label``), so eagle3 rows say eagle3.
 
 Workloads, each at every ``--input-lens`` and ``--concurrency``:
 
@@ -12,7 +15,13 @@ Workloads, each at every ``--input-lens`` and ``--concurrency``:
   512). A one-token request primes the prefix cache first, so the document's
   prefill is paid once and decoding dominates (document QA, agent loops);
 * ``short``: the prefill-bound reference (``--short-output-len``, 128), every
-  request its own document.
+  request its own document;
+* ``mixed``: long outputs (``--long-output-len``) for requests alternating a
+  short input (``--mixed-short-len``, 1,024) and a long one (the input length),
+  every request its own document: both kinds are in flight together, so a mode
+  that pays off only on long contexts shows what the short part of a batch
+  costs it. Its rows' ``input_len`` is the long length, ``short_input_len``
+  the short one.
 
 Prompts are documents of PG-19 and GovReport (``../shared/data``,
 ``benchmarks.prompts``) cut to the input length with the tokenizer; outputs
@@ -54,6 +63,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
+import itertools
 import json
 import re
 import shlex
@@ -79,7 +89,7 @@ from benchmarks.harness.server import (
     vllm_command,
 )
 
-WORKLOADS = ("long", "shared-doc", "short")
+WORKLOADS = ("long", "shared-doc", "short", "mixed")
 METRIC_PREFIXES = ("vllm:spec_decode_", "vllm:spec_extend_")
 QUESTIONS = (
     "Summarize the text above in three sentences.",
@@ -111,6 +121,8 @@ class Cell:
     """One custom-dataset jsonl per run."""
     primes: list[str | None]
     """Per run: the shared document to cache before the run (shared-doc)."""
+    short_len: int | None = None
+    """mixed: the short inputs' length (``input_len`` is the long one's)."""
 
 
 def counter_deltas(before: dict, after: dict) -> dict[str, float]:
@@ -119,22 +131,44 @@ def counter_deltas(before: dict, after: dict) -> dict[str, float]:
             if k.startswith(METRIC_PREFIXES) and k.endswith("_total")}
 
 
-def document_prompts(tokenizer: str, datasets: list[str], input_len: int,
-                     n: int) -> list[str]:
-    """``n`` distinct texts of ``input_len`` tokens, taking the datasets in turn."""
+def document_prompts(tokenizer: str, datasets: list[str],
+                     lengths: list[int]) -> list[str]:
+    """A distinct text per length, of that many tokens, taking the datasets in
+    turn. One call for texts of several lengths: each is its own document, so
+    a short text is never the start of a long one (a prefix-cache hit)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer)
-    per_dataset = -(-n // len(datasets))
-    ids = {d: prompts.long_prompts(tok, input_len, per_dataset, dataset=d)
-           for d in datasets}
+    ids = {d: prompts.long_prompts(tok, lengths[i::len(datasets)], dataset=d)
+           for i, d in enumerate(datasets)}
     return [tok.decode(ids[datasets[i % len(datasets)]][i // len(datasets)])
-            for i in range(n)]
+            for i in range(len(lengths))]
 
 
 def output_len(args, workload: str) -> int:
     return {"long": args.long_output_len, "shared-doc": args.doc_output_len,
-            "short": args.short_output_len}[workload]
+            "short": args.short_output_len, "mixed": args.long_output_len}[workload]
+
+
+def document_lens(args, workload: str, input_len: int, n: int) -> list[int]:
+    """Token counts of the documents one run of ``n`` requests takes:
+    shared-doc's one; mixed's alternate short and long, so that any
+    concurrency above 1 keeps both kinds in flight."""
+    if workload == "shared-doc":
+        return [input_len]
+    if workload == "mixed":
+        return [(args.mixed_short_len, input_len)[i % 2] for i in range(n)]
+    return [input_len] * n
+
+
+def run_prompts(workload: str, docs: list[str], n: int) -> tuple[list[str], str | None]:
+    """A run's ``n`` prompts from its documents, and the document to cache
+    before the run: shared-doc asks ``n`` questions about its one document."""
+    if workload != "shared-doc":
+        return docs, None
+    doc = docs[0]
+    return [f"{doc}\n\nQuestion {i + 1}: {QUESTIONS[i % len(QUESTIONS)]}"
+            for i in range(n)], doc
 
 
 def write_dataset(path: Path, texts: list[str], out_len: int) -> Path:
@@ -148,37 +182,69 @@ def plan(args) -> tuple[dict[int, str], list[Cell]]:
     """The warm-up prompt per input length and every cell with its datasets."""
     warmups, cells = {}, []
     root = args.out_dir / "datasets"
+    runs = [(w, c, n, run) for w in args.workloads
+            for c, n in zip(args.concurrency, args.num_prompts, strict=True)
+            for run in range(args.runs)]
     for input_len in args.input_lens:
-        counts = {"long": sum(args.num_prompts), "short": sum(args.num_prompts),
-                  "shared-doc": len(args.concurrency)}
-        need = 1 + args.runs * sum(counts[w] for w in args.workloads)
-        texts = iter(document_prompts(args.tokenizer, args.datasets, input_len, need))
+        lens = [document_lens(args, w, input_len, n) for w, _, n, _ in runs]
+        # All documents of this input length from one call, in the order the
+        # runs take them: none is cut from another's document.
+        texts = iter(document_prompts(args.tokenizer, args.datasets,
+                                      [input_len, *itertools.chain(*lens)]))
         warmups[input_len] = next(texts)
-        for workload in args.workloads:
-            out_len = output_len(args, workload)
-            for c, n in zip(args.concurrency, args.num_prompts, strict=True):
-                paths, primes = [], []
-                for run in range(args.runs):
-                    path = root / f"{workload}_{input_len}_c{c}_run{run}.jsonl"
-                    if workload == "shared-doc":
-                        doc = next(texts)
-                        rows = [f"{doc}\n\nQuestion {i + 1}: "
-                                f"{QUESTIONS[i % len(QUESTIONS)]}" for i in range(n)]
-                        primes.append(doc)
-                    else:
-                        rows = [next(texts) for _ in range(n)]
-                        primes.append(None)
-                    paths.append(write_dataset(path, rows, out_len))
-                cells.append(Cell(workload, input_len, c, n, out_len, paths, primes))
+        here: dict[tuple[str, int], Cell] = {}
+        for (workload, c, n, run), run_lens in zip(runs, lens, strict=True):
+            if (workload, c) not in here:
+                short = args.mixed_short_len if workload == "mixed" else None
+                here[workload, c] = Cell(workload, input_len, c, n,
+                                         output_len(args, workload), [], [], short)
+            cell = here[workload, c]
+            rows, prime = run_prompts(workload, [next(texts) for _ in run_lens], n)
+            path = root / f"{workload}_{input_len}_c{c}_run{run}.jsonl"
+            cell.datasets.append(write_dataset(path, rows, cell.output_len))
+            cell.primes.append(prime)
+        cells += here.values()
     return warmups, cells
 
 
-def serve_args(args, mode: str) -> list[str]:
-    spec = modes.Speculation(draft=args.draft, num_spec_tokens=args.num_spec_tokens,
+def speculation(args) -> modes.Speculation:
+    return modes.Speculation(draft=args.draft, method=args.method,
+                             num_spec_tokens=args.num_spec_tokens,
                              acceptance_length=args.acceptance_length,
                              spec_extend=json.loads(args.spec_extend))
+
+
+def label(args, mode: str) -> str:
+    """The mode's name in rows, servers and file names (eagle3, not draft_model)."""
+    return modes.label(mode, speculation(args))
+
+
+def names(args, mode: str) -> dict:
+    """What rows and servers say of a mode's engine: its label, and vLLM's
+    method and the draft where it has a draft model."""
+    drafted = modes.needs_draft(mode)
+    return {"mode": label(args, mode), "method": args.method if drafted else None,
+            "draft": Path(args.draft).name if drafted else None}
+
+
+def series(row: dict) -> str:
+    """A row's (or server's) line in tables and plots: its mode, and the
+    method under the plugin, so that a merged result keeps spec_extend on an
+    EAGLE-3 head apart from spec_extend on a draft model."""
+    if row.get("method") in (None, "draft_model", row["mode"]):
+        return row["mode"]
+    return f"{row['mode']} on {row['method']}"
+
+
+def series_key(row: dict) -> tuple[int, str]:
+    """Lines in table order: plain, vLLM's methods, the plugin's modes."""
+    return modes.LABELS.index(row["mode"]), series(row)
+
+
+def serve_args(args, mode: str) -> list[str]:
+    settings = modes.engine_settings(mode, speculation(args))
     return [args.target, "--tokenizer", args.tokenizer, "--seed", str(args.seed),
-            *modes.serve_flags(modes.engine_settings(mode, spec)), *args.serve_args]
+            *modes.serve_flags(settings), *args.serve_args]
 
 
 def bench_command(args, base: str, dataset: Path, concurrency: int,
@@ -255,7 +321,8 @@ def run_figures(bench: dict, delta: dict, busy: GpuBusy) -> dict:
 def run_cell(args, base: str, mode: str, cell: Cell, logs: Path) -> list[dict]:
     runs = []
     for i, (dataset, prime) in enumerate(zip(cell.datasets, cell.primes, strict=True)):
-        tag = f"{mode}_{cell.workload}_{cell.input_len}_c{cell.concurrency}_run{i}"
+        tag = (f"{label(args, mode)}_{cell.workload}_{cell.input_len}"
+               f"_c{cell.concurrency}_run{i}")
         result = args.out_dir / "bench" / f"{tag}.json"
         cmd = bench_command(args, base, dataset, cell.concurrency, cell.num_prompts,
                             result)
@@ -285,8 +352,8 @@ def run_cell(args, base: str, mode: str, cell: Cell, logs: Path) -> list[dict]:
 def cell_row(args, mode: str, cell: Cell, runs: list[dict]) -> dict:
     ok = [r for r in runs if "error" not in r]
     row = {"workload": cell.workload, "input_len": cell.input_len,
-           "output_len": cell.output_len, "mode": mode,
-           "draft": Path(args.draft).name if modes.needs_draft(mode) else None,
+           "short_input_len": cell.short_len, "output_len": cell.output_len,
+           **names(args, mode),
            "concurrency": cell.concurrency, "num_prompts": cell.num_prompts,
            "runs": runs,
            "failed_requests": sum(r.get("failed", 0) for r in ok),
@@ -310,8 +377,8 @@ def run_mode(args, mode: str, warmups: dict[int, str], cells: list[Cell],
              result: dict, out: Path) -> None:
     """Start the mode's server, run every cell, record as it goes."""
     logs = args.out_dir / "logs"
-    log = logs / f"serve_{mode}.log"
-    record = {"mode": mode}
+    log = logs / f"serve_{label(args, mode)}.log"
+    record = names(args, mode)
     result["servers"].append(record)
     try:
         with serve(serve_args(args, mode), log, args.startup_timeout) as server:
@@ -355,15 +422,23 @@ def busy_percent(runs: list[dict]) -> dict:
     return spread([100 * r["gpu_busy"] for r in runs if r.get("gpu_busy") is not None])
 
 
+def inputs(row: dict) -> str:
+    """A row's inputs, for titles: a mixed row has two lengths (rows from
+    before the mixed workload have no ``short_input_len``)."""
+    if row.get("short_input_len"):
+        return f"{row['short_input_len']}- and {row['input_len']}-token inputs"
+    return f"{row['input_len']}-token inputs"
+
+
 def table(result: dict) -> str:
     """Markdown: a table per workload and input length, a line per mode and
     concurrency; then the servers and the setup."""
-    order = {m: i for i, m in enumerate(modes.MODES)}
     out = []
-    groups = dict.fromkeys((r["workload"], r["input_len"], r["output_len"])
-                           for r in result["results"])
-    for workload, input_len, out_len in groups:
-        out += [f"### {workload}: {input_len}-token inputs, {out_len} output tokens",
+    # A group's rows share their inputs: any one of them names them.
+    groups = {(r["workload"], r["input_len"], r["output_len"]): r
+              for r in result["results"]}
+    for (workload, input_len, out_len), any_row in groups.items():
+        out += [f"### {workload}: {inputs(any_row)}, {out_len} output tokens",
                 "",
                 "| mode | concurrency | runs | failed requests | output tok/s "
                 "| decode tok/s | GPU busy % | TTFT ms p50 / p99 | TPOT ms p50 / p99 "
@@ -371,7 +446,7 @@ def table(result: dict) -> str:
                 "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         rows = [r for r in result["results"]
                 if (r["workload"], r["input_len"]) == (workload, input_len)]
-        rows.sort(key=lambda r: (order.get(r["mode"], 9), r["concurrency"]))
+        rows.sort(key=lambda r: (series_key(r), r["concurrency"]))
         for r in rows:
             ok = [x for x in r["runs"] if "error" not in x]
             metrics = [x["server_metrics"] for x in ok]
@@ -381,7 +456,7 @@ def table(result: dict) -> str:
                         for m in metrics)
             length = r["acceptance_length"]
             out.append(
-                f"| {r['mode']} | {r['concurrency']} | {len(ok)}/{len(r['runs'])} "
+                f"| {series(r)} | {r['concurrency']} | {len(ok)}/{len(r['runs'])} "
                 f"| {r['failed_requests']} | {_s(r['output_tok_s'])} "
                 f"| {_s(r['decode_tok_s'])} | {_s(busy_percent(ok))} "
                 f"| {_s(r['ttft_p50_ms'])} / {_s(r['ttft_p99_ms'])} "
@@ -394,10 +469,10 @@ def table(result: dict) -> str:
             "|---|---|---|---|"]
     for s in result["servers"]:
         if "error" in s:
-            out.append(f"| {s['mode']} | error: {s['error'].splitlines()[0]} | | |")
+            out.append(f"| {series(s)} | error: {s['error'].splitlines()[0]} | | |")
             continue
         clean = not s.get("forced_stop") and not s.get("log_errors")
-        out.append(f"| {s['mode']} | {s['startup_s']:.0f} | {s['async_scheduling']} "
+        out.append(f"| {series(s)} | {s['startup_s']:.0f} | {s['async_scheduling']} "
                    f"| {'yes' if clean else 'no'} |")
     meta, cfg = result["meta"], result["meta"]["config"]
     synthetic = (f"synthetic acceptance length {cfg['acceptance_length']}"
@@ -420,6 +495,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "datasets (default: --target)")
     p.add_argument("--modes", nargs="+", choices=modes.MODES,
                    default=["plain", "draft_model", "spec_extend"])
+    p.add_argument("--method", choices=modes.METHODS, default="draft_model",
+                   help="vLLM's speculation method of the draft_model and "
+                   "spec_extend modes (eagle3: --draft is an EAGLE-3 head)")
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     p.add_argument("--input-lens", nargs="+", type=int, default=[16384, 32768],
                    help="prompt tokens (before the server adds BOS)")
@@ -431,6 +509,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--long-output-len", type=int, default=1024)
     p.add_argument("--doc-output-len", type=int, default=512)
     p.add_argument("--short-output-len", type=int, default=128)
+    p.add_argument("--mixed-short-len", type=int, default=1024,
+                   help="the mixed workload's short inputs (the long ones: "
+                   "--input-lens)")
     p.add_argument("--datasets", nargs="+", choices=prompts.DATASETS,
                    default=list(prompts.DATASETS))
     p.add_argument("--num-spec-tokens", type=int, default=4)
@@ -455,6 +536,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.num_prompts *= len(args.concurrency)
     if len(args.num_prompts) != len(args.concurrency):
         p.error("--num-prompts needs one number or one per --concurrency")
+    if "mixed" in args.workloads and args.mixed_short_len >= min(args.input_lens):
+        p.error("--mixed-short-len must be shorter than every --input-lens")
     if args.draft is None and any(map(modes.needs_draft, args.modes)):
         p.error("--draft is needed by the draft_model and spec_extend modes")
     return args

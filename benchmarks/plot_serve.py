@@ -1,6 +1,7 @@
-"""Output tok/s and TPOT against concurrency, one line per mode, error bars
-from the runs (min to max around the median): one PNG per workload and input
-length of a ``benchmarks.bench_serve`` result. Needs matplotlib (the ``bench``
+"""Output tok/s and TPOT against concurrency, one line per mode (and method
+under the plugin: ``benchmarks.bench_serve.series``), error bars from the runs
+(min to max around the median): one PNG per workload and input length of a
+``benchmarks.bench_serve`` result. Needs matplotlib (the ``bench``
 extra); ``bench_serve`` calls it itself where matplotlib is installed.
 
     python -m benchmarks.plot_serve DIR/results.json [--out-dir DIR]
@@ -12,8 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
+from benchmarks.bench_serve import inputs, series, series_key
 from benchmarks.harness.meta import device
-from benchmarks.harness.modes import MODES
 
 
 def _errorbar(ax, rows: list[dict], key: str, style: str, label: str, color=None):
@@ -26,7 +27,8 @@ def _errorbar(ax, rows: list[dict], key: str, style: str, label: str, color=None
     return line.lines[0].get_color()
 
 
-def plot(result: dict, workload: str, input_len: int, out: Path) -> Path:
+def figure(result: dict, workload: str, input_len: int):
+    """The figure of one workload and input length (``plot`` saves it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -35,14 +37,12 @@ def plot(result: dict, workload: str, input_len: int, out: Path) -> Path:
     fig, (tput, tpot) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
     cells = [r for r in result["results"] if (r["workload"], r["input_len"])
              == (workload, input_len) and r["output_tok_s"]["n"]]
-    for mode in MODES:
-        rows = sorted((r for r in cells if r["mode"] == mode),
+    for _, name in sorted({series_key(r) for r in cells}):
+        rows = sorted((r for r in cells if series(r) == name),
                       key=lambda r: r["concurrency"])
-        if not rows:
-            continue
-        color = _errorbar(tput, rows, "output_tok_s", "o-", mode)
-        _errorbar(tpot, rows, "tpot_p50_ms", "o-", f"{mode} p50", color)
-        _errorbar(tpot, rows, "tpot_p99_ms", "x--", f"{mode} p99", color)
+        color = _errorbar(tput, rows, "output_tok_s", "o-", name)
+        _errorbar(tpot, rows, "tpot_p50_ms", "o-", f"{name} p50", color)
+        _errorbar(tpot, rows, "tpot_p99_ms", "x--", f"{name} p99", color)
     concurrency = sorted({r["concurrency"] for r in cells})
     for ax, ylabel in ((tput, "output tokens/s"), (tpot, "TPOT (ms)")):
         ax.set_xscale("log", base=2)
@@ -53,11 +53,19 @@ def plot(result: dict, workload: str, input_len: int, out: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     meta, cfg = result["meta"], result["meta"]["config"]
-    out_len = cells[0]["output_len"] if cells else "?"
+    out_len, shown = ((cells[0]["output_len"], inputs(cells[0])) if cells
+                      else ("?", f"{input_len}-token inputs"))
     fig.suptitle(f"{workload}: {Path(cfg['target']).name} / "
-                 f"{Path(cfg['draft'] or '-').name}, {input_len}-token inputs, "
+                 f"{Path(cfg['draft'] or '-').name}, {shown}, "
                  f"{out_len} output tokens; {device(meta)}, vLLM {meta['vllm']}, "
                  f"median and min–max of {cfg['runs']} runs", fontsize=10)
+    return fig
+
+
+def plot(result: dict, workload: str, input_len: int, out: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig = figure(result, workload, input_len)
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out

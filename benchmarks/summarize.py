@@ -37,12 +37,12 @@ import sys
 from pathlib import Path
 
 from benchmarks.harness.meta import device
+from benchmarks.harness.modes import LABELS as MODE_ORDER
+from benchmarks.harness.modes import PLUGIN_MODES
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SUMMARY = RESULTS / "summary.json"
 START, END = "<!-- summary:start -->", "<!-- summary:end -->"
-MODE_ORDER = ("plain", "draft_model", "eagle", "eagle3", "spec_extend", "self_draft")
-PLUGIN_MODES = ("spec_extend", "self_draft")
 
 
 # --------------------------------------------------------------------------- #

@@ -156,18 +156,29 @@ PY
     # scheduler defaults; each server's async scheduling is read from its log).
     # A server starts in 1.5-3 min, so one mode, workload and input length per
     # call, and few concurrencies: SERVE_MODE (plain|draft_model|spec_extend|
-    # self_draft), SERVE_WORKLOAD (long|shared-doc|short), SERVE_INPUT_LEN
+    # self_draft), SERVE_WORKLOAD (long|shared-doc|short|mixed; mixed: requests
+    # alternating 1K and SERVE_INPUT_LEN inputs, run at 16K with
+    # SERVE_CONCURRENCY=16, its max-model-len the long one's), SERVE_INPUT_LEN
     # (16384|32768), SERVE_CONCURRENCY (default "1 4"; then "16" alone at 16K,
     # "8" at 32K: about 160 KB of target + draft KV per token, so 32 requests
     # at 16K or 16 at 32K do not fit the H100 and would queue), SERVE_PROMPTS
-    # (requests per run, default one per concurrency slot). The calls of one
-    # table go to one warm machine; merge them here:
+    # (requests per run, default one per concurrency slot), SERVE_DRAFT (the
+    # draft of draft_model and spec_extend, default llama32_1b), SERVE_METHOD
+    # (vLLM's method for it, default draft_model; vLLM's EAGLE-3 and the
+    # plugin on it: SERVE_METHOD=eagle3 SERVE_DRAFT=llama31_8b_eagle3, the dummy
+    # head with 64K positions; draft_model rows then say eagle3). The calls of
+    # one table go to one warm machine; merge them here:
     # python -m benchmarks.merge_results OUT/results.json serve12_*/results.json
     mode=${SERVE_MODE:-plain}; wl=${SERVE_WORKLOAD:-long}; len=${SERVE_INPUT_LEN:-16384}
-    conc=${SERVE_CONCURRENCY:-1 4}; tag=$(echo "$mode $wl $len $conc" | tr ' ' -)
+    draft=${SERVE_DRAFT:-llama32_1b}; method=${SERVE_METHOD:-draft_model}
+    conc=${SERVE_CONCURRENCY:-1 4}
+    # The method names the call's files unless it is draft_model (tags as
+    # before), so an eagle3 call's results do not overwrite the 1B draft's.
+    tag=$(echo "$mode ${method#draft_model} $wl $len $conc" | tr -s ' ' -)
     timeout 570 python3 -m benchmarks.bench_serve --target $M/llama31_8b \
-      --draft $M/llama32_1b --tokenizer .gpu/tokenizer --modes $mode --workloads $wl \
-      --input-lens $len --concurrency $conc --num-prompts ${SERVE_PROMPTS:-$conc} \
+      --draft $M/$draft --method $method --tokenizer .gpu/tokenizer --modes $mode \
+      --workloads $wl --input-lens $len --concurrency $conc \
+      --num-prompts ${SERVE_PROMPTS:-$conc} \
       --runs 3 --acceptance-length 3.0 --spec-extend '{"top_k": 32, "recent_tokens": 256}' \
       --startup-timeout 300 --run-timeout 240 --out-dir "$OUT/serve12_$tag" \
       -- --load-format dummy --max-model-len $((len + 1024 + 256)) \

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 MODES = ("plain", "draft_model", "spec_extend", "self_draft")
 PLUGIN_MODES = ("spec_extend", "self_draft")
 METHODS = ("draft_model", "eagle", "eagle3")
+# Every name a result row's mode can have (``label``), in table order.
+LABELS = ("plain", *METHODS, *PLUGIN_MODES)
 
 
 @dataclass

@@ -5,13 +5,16 @@ from vLLM bench's per-request data."""
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from benchmarks import bench_serve
 from benchmarks.harness.gpu_busy import GpuBusy
 
-WORKLOADS = ["long", "shared-doc", "short"]
+REPO_ROOT = Path(__file__).resolve().parents[2]
+WORKLOADS = ["long", "shared-doc", "short", "mixed"]
 
 
 def test_datasets(tiny_target, long_prompts, tmp_path):
@@ -19,7 +22,8 @@ def test_datasets(tiny_target, long_prompts, tmp_path):
     share one document and differ in the question; no plan touches a server."""
     args = bench_serve.parse_args(
         ["--target", tiny_target, "--modes", "plain", "--input-lens", "256",
-         "--concurrency", "1", "2", "--runs", "2", "--out-dir", str(tmp_path)])
+         "--mixed-short-len", "64", "--concurrency", "1", "2", "--runs", "2",
+         "--out-dir", str(tmp_path)])
     assert args.num_prompts == [2, 4]
     warmups, cells = bench_serve.plan(args)
     assert list(warmups) == [256]
@@ -43,6 +47,124 @@ def test_datasets(tiny_target, long_prompts, tmp_path):
     documents = [t for ts in texts.values() for t in ts]
     assert len(set(documents)) == len(documents), "no document serves two runs"
     assert not set(documents) & set(warmups.values())
+
+
+def test_mixed_alternates_short_and_long(tiny_target, tiny_tokenizer, long_prompts,
+                                         tmp_path):
+    """Requests alternate a short and a long input of their token counts, all
+    with the long output length; no prompt starts another (a cache hit)."""
+    args = bench_serve.parse_args(
+        ["--target", tiny_target, "--modes", "plain", "--workloads", "mixed",
+         "--input-lens", "256", "--mixed-short-len", "64", "--concurrency", "2",
+         "--num-prompts", "4", "--runs", "2", "--long-output-len", "32",
+         "--out-dir", str(tmp_path)])
+    _, [cell] = bench_serve.plan(args)
+    assert (cell.workload, cell.input_len, cell.short_len, cell.output_len) == (
+        "mixed", 256, 64, 32)
+    starts = []
+    for path, prime in zip(cell.datasets, cell.primes, strict=True):
+        assert prime is None
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        assert [r["output_tokens"] for r in rows] == [32] * 4
+        lengths = [len(tiny_tokenizer(r["prompt"], add_special_tokens=False)
+                       ["input_ids"]) for r in rows]
+        # The server tokenizes the text again: a character the cut split
+        # decodes to U+FFFD, 3 byte tokens where there were 1 or 2.
+        assert lengths == pytest.approx([64, 256, 64, 256], abs=2)
+        starts += [r["prompt"][:100] for r in rows]
+    assert len(set(starts)) == len(starts) == 8
+    row = bench_serve.cell_row(args, "plain", cell, [])
+    assert (row["workload"], row["input_len"], row["short_input_len"]) == (
+        "mixed", 256, 64)
+    assert bench_serve.inputs(row) == "64- and 256-token inputs"
+
+
+def test_mixed_needs_a_shorter_short_len(tmp_path):
+    """The short inputs must be short at every input length; the other
+    workloads ignore the flag and their titles name one length."""
+    argv = ["--target", "T", "--modes", "plain", "--input-lens", "1024", "4096",
+            "--out-dir", str(tmp_path)]
+    with pytest.raises(SystemExit):
+        bench_serve.parse_args([*argv, "--workloads", "mixed"])
+    args = bench_serve.parse_args([*argv, "--workloads", "long"])
+    assert bench_serve.inputs({"input_len": 1024, "short_input_len": None}) == (
+        "1024-token inputs")
+    assert args.mixed_short_len == 1024
+
+
+def test_eagle3_method(tmp_path):
+    """``--method eagle3``: vLLM's speculation and the plugin's server run the
+    head; vLLM's own rows say eagle3, the plugin's keep their mode."""
+    args = bench_serve.parse_args(
+        ["--target", "T", "--draft", "H", "--method", "eagle3", "--out-dir", "x",
+         "--modes", *bench_serve.modes.MODES, "--workloads", "long"])
+    for mode in ("draft_model", "spec_extend"):
+        flags = bench_serve.serve_args(args, mode)
+        spec = json.loads(flags[flags.index("--speculative-config") + 1])
+        assert (spec["method"], spec["model"]) == ("eagle3", "H")
+    cell = bench_serve.Cell("long", 256, 1, 1, 8, [], [])
+    rows = [bench_serve.cell_row(args, m, cell, []) for m in bench_serve.modes.MODES]
+    assert [(r["mode"], r["method"], r["draft"]) for r in rows] == [
+        ("plain", None, None), ("eagle3", "eagle3", "H"),
+        ("spec_extend", "eagle3", "H"), ("self_draft", None, None)]
+    assert rows[0]["short_input_len"] is None
+
+
+def merged_mixed_result(tmp_path) -> dict:
+    """A mixed cell's rows from two calls, as merge_results joins them: the
+    1B draft's (plain first) and the EAGLE-3 head's."""
+    cell = bench_serve.Cell("mixed", 256, 4, 4, 32, [], [], short_len=64)
+    stats = {"min": 1.0, "median": 2.0, "max": 3.0, "n": 3}
+    result = {"meta": {"vllm": "v", "torch": "t", "date_utc": "d", "git_commit": None,
+                       "hardware": {"device": "GPU"},
+                       "config": {"target": "t", "draft": "d", "runs": 3,
+                                  "acceptance_length": 3.0, "num_spec_tokens": 4,
+                                  "datasets": ["pg19"]}},
+              "servers": [], "results": []}
+    for method, draft, mode_list in (
+            ("draft_model", "D", ["spec_extend", "plain", "draft_model"]),
+            ("eagle3", "H", ["spec_extend", "draft_model"])):
+        args = bench_serve.parse_args(
+            ["--target", "T", "--draft", draft, "--method", method,
+             "--out-dir", str(tmp_path), "--modes", *mode_list])
+        for mode in mode_list:
+            result["servers"].append({**bench_serve.names(args, mode), "startup_s": 1,
+                                      "async_scheduling": True})
+            row = bench_serve.cell_row(args, mode, cell, [])
+            result["results"].append({**row, **{k: stats for k in (
+                "output_tok_s", "tpot_p50_ms", "tpot_p99_ms")}})
+    return result
+
+
+SERIES = ["plain", "draft_model", "eagle3", "spec_extend", "spec_extend on eagle3"]
+
+
+def test_table_keeps_the_plugin_on_eagle3_apart(tmp_path):
+    """A merged table: a line per mode and method, in table order; a mixed
+    table's title names both input lengths."""
+    text = bench_serve.table(merged_mixed_result(tmp_path))
+    assert "### mixed: 64- and 256-token inputs, 32 output tokens" in text
+    lines = [ln.split(" | ")[0][2:] for ln in text.splitlines()
+             if ln.startswith("| ") and " | 4 | " in ln]
+    assert lines == SERIES
+    servers = text.split("| server |")[1]
+    assert "| spec_extend on eagle3 | 1 |" in servers and "| eagle3 | 1 |" in servers
+
+
+def test_plot_draws_every_series(tmp_path):
+    """eagle3 rows get their line, the plugin on eagle3 its own; a mixed plot's
+    title names both lengths."""
+    pytest.importorskip("matplotlib")
+    from benchmarks import plot_serve
+
+    fig = plot_serve.figure(merged_mixed_result(tmp_path), "mixed", 256)
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == SERIES
+    assert "64- and 256-token inputs" in fig._suptitle.get_text()
+
+
+def test_host_run_parses():
+    subprocess.run(["bash", "-n", str(REPO_ROOT / "benchmarks/gpu/host_run.sh")],
+                   check=True)
 
 
 def test_serve_args_per_mode():
