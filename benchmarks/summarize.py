@@ -10,8 +10,11 @@ batch or concurrency): ``{"bench": "decode"|"serve", "device", "mode",
 "draft", "context", "batch"|"concurrency", "tok_s": [one figure per run],
 "gpu_busy": [one figure per run], "file"}``, plus ``"workload"`` (serve),
 ``"synthetic_acceptance"`` (the synthetic acceptance length, None for real
-rejection sampling) and ``"date_utc"``. Decode ``tok_s`` is decode tok/s, serve
-``tok_s`` output tok/s; ``context`` is the prompt length. ``gpu_busy`` is each
+rejection sampling) and ``"date_utc"``. Decode ``tok_s`` is decode tok/s; serve
+``tok_s`` is decode-phase tok/s (tokens after each request's first, over the
+time some request was past its first token; ``[]`` for files from before the
+serving bench measured it) with ``"output_tok_s"`` (output tok/s) beside it;
+``context`` is the prompt length (a mixed workload's long one). ``gpu_busy`` is each
 run's GPU busy share (0..1: the share of the run's decode window during which a
 kernel ran, NVML, ``benchmarks.harness.gpu_busy``), None for a run without a
 sample there (a CPU host); ``[]`` for files older than the sampler (before
@@ -97,10 +100,12 @@ def serve_rows(result: dict, file: str) -> list[dict]:
             ok = [run for run in r.get("runs", []) if "error" not in run]
             if not ok:
                 continue
+            decode = [run.get("decode_tok_s") for run in ok]
             rows.append({"bench": "serve", "device": device(meta), "mode": r["mode"],
                          "draft": r["draft"], "workload": r["workload"],
                          "context": r["input_len"], "concurrency": r["concurrency"],
-                         "tok_s": [run["output_throughput"] for run in ok],
+                         "tok_s": decode if None not in decode else [],
+                         "output_tok_s": [run["output_throughput"] for run in ok],
                          "gpu_busy": _busy(ok), "file": file,
                          "synthetic_acceptance": _synthetic(cfg),
                          "date_utc": meta["date_utc"]})
@@ -114,7 +119,8 @@ def serve_rows(result: dict, file: str) -> list[dict]:
         rows.append({"bench": "serve", "device": device(meta), "mode": r["mode"],
                      "draft": draft, "workload": "short", "context": cfg["input_len"],
                      "concurrency": r["concurrency"],
-                     "tok_s": [r["output_throughput"]], "gpu_busy": _busy([r]),
+                     "tok_s": [], "output_tok_s": [r["output_throughput"]],
+                     "gpu_busy": _busy([r]),
                      "file": file,
                      "synthetic_acceptance": _synthetic(cfg),
                      "date_utc": meta["date_utc"]})
@@ -168,10 +174,10 @@ def _newest(rows: list[dict], key) -> dict:
     return out
 
 
-def _cell(row: dict | None, link_base: Path | None) -> str:
+def _cell(row: dict | None, link_base: Path | None, metric: str) -> str:
     if row is None:
         return "–"
-    values = row["tok_s"]
+    values = row[metric]
     text = f"{statistics.median(values):.0f}"
     text += (f" ({min(values):.0f}–{max(values):.0f})" if len(values) > 1
              else " (1 run)")
@@ -189,16 +195,16 @@ def _median_busy(row: dict) -> float | None:
     return statistics.median(busy) if busy else None
 
 
-def _ratio(a: dict | None, b: dict | None) -> str:
+def _ratio(a: dict | None, b: dict | None, metric: str) -> str:
     """a over b, only from one result file: a comparison is made in one run of
     the benchmark (one device session), never across sessions."""
     if a is None or b is None or a["file"] != b["file"]:
         return "–"
-    return f"{statistics.median(a['tok_s']) / statistics.median(b['tok_s']):.2f}"
+    return f"{statistics.median(a[metric]) / statistics.median(b[metric]):.2f}"
 
 
 def _table(rows: list[dict], key_cols: list[str], x: str, link_base: Path | None,
-           title: str) -> str:
+           title: str, metric: str) -> str:
     """Rows keyed by ``key_cols`` + draft + ``x``; a column per mode; plain rows
     (no draft) serve every draft of their key; the last column: SpecExtend over
     vLLM's own speculation."""
@@ -225,10 +231,10 @@ def _table(rows: list[dict], key_cols: list[str], x: str, link_base: Path | None
             newest.get((*keys, None, xv, "plain")))
         base = next((cells[m] for m in vllm_spec if cells.get(m)), None)
         line = [*map(_fmt, keys), draft or "– (target)", str(xv),
-                *(_cell(cells.get(m), link_base) for m in modes),
-                _ratio(cells.get("spec_extend"), base)]
+                *(_cell(cells.get(m), link_base, metric) for m in modes),
+                _ratio(cells.get("spec_extend"), base, metric)]
         if self_drafting:
-            line.append(_ratio(cells.get("self_draft"), cells.get("plain")))
+            line.append(_ratio(cells.get("self_draft"), cells.get("plain"), metric))
         lines.append("| " + " | ".join(line) + " |")
     return "\n".join([title, "", *lines])
 
@@ -252,11 +258,15 @@ def render(rows: list[dict], link_base: Path | None = None) -> str:
     """The headline tables (markdown), links relative to ``link_base``."""
     speed = [r for r in rows if r["synthetic_acceptance"] and not r.get("variant")]
     parts = []
-    for bench, x, key_cols, what in (
-        ("decode", "batch", ["context"], "decode tok/s after the first token"),
-        ("serve", "concurrency", ["workload", "context"], "output tok/s"),
+    for bench, x, key_cols, what, metric in (
+        ("decode", "batch", ["context"], "decode tok/s after the first token",
+         "tok_s"),
+        ("serve", "concurrency", ["workload", "context"], "decode-phase tok/s "
+         "(tokens after each request's first, over that time)", "tok_s"),
+        ("serve", "concurrency", ["workload", "context"], "output tok/s",
+         "output_tok_s"),
     ):
-        mine = [r for r in speed if r["bench"] == bench]
+        mine = [r for r in speed if r["bench"] == bench and r.get(metric)]
         if not mine:
             continue
         acceptance = sorted({r["synthetic_acceptance"] for r in mine})
@@ -268,7 +278,7 @@ def render(rows: list[dict], link_base: Path | None = None) -> str:
         # A table per device: the device as a column repeated the widest
         # cell on every line, and each table has only its device's modes.
         tables = [_table([r for r in mine if r["device"] == d], key_cols, x,
-                         link_base, f"*{d}*")
+                         link_base, f"*{d}*", metric)
                   for d in sorted({r["device"] for r in mine})]
         parts.append("\n\n".join([caption, *tables]))
     return "\n\n".join(parts) + "\n"

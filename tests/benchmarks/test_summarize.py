@@ -50,10 +50,17 @@ def _serve(rows):
             "servers": [], "results": rows}
 
 
-def _serve_row(mode, tok_s, busy=None):
+def _serve_row(mode, tok_s, busy=None, decode=True):
+    """Runs with decode-phase tok/s ``tok_s`` and output tok/s half of it
+    (``decode=False``: a file from before the bench measured the decode phase)."""
+    runs = _runs("decode_tok_s", tok_s, busy)
+    for run in runs:
+        run["output_throughput"] = run["decode_tok_s"] / 2
+        if not decode:
+            del run["decode_tok_s"]
     return {"workload": "long", "input_len": 16384, "mode": mode,
             "draft": None if mode == "plain" else "d", "concurrency": 4,
-            "runs": _runs("output_throughput", tok_s, busy) + [{"error": "x"}]}
+            "runs": runs + [{"error": "x"}]}
 
 
 @pytest.fixture
@@ -100,9 +107,27 @@ def test_rows_carry_every_run(results):
                       "file": "decode/20261202T0000Z_x.json",
                       "synthetic_acceptance": 3.0, "date_utc": "b"}
     serve = [r for r in rows if r["bench"] == "serve"]
-    assert [(r["mode"], r["workload"], r["context"], r["concurrency"], r["tok_s"])
-            for r in serve] == [("plain", "long", 16384, 4, [10.0, 12.0, 11.0]),
-                                ("spec_extend", "long", 16384, 4, [15.0, 16.0, 14.0])]
+    assert [(r["mode"], r["workload"], r["context"], r["concurrency"], r["tok_s"],
+             r["output_tok_s"]) for r in serve] == [
+        ("plain", "long", 16384, 4, [10.0, 12.0, 11.0], [5.0, 6.0, 5.5]),
+        ("spec_extend", "long", 16384, 4, [15.0, 16.0, 14.0], [7.5, 8.0, 7.0])]
+
+
+def test_serve_files_without_decode_figures_keep_output_tok_s(results):
+    """Files from before the serving bench measured the decode phase: no
+    decode-phase figure (``[]``: not measured), only an output tok/s table."""
+    old = results / "serve" / "20261130T0000Z" / "results.json"
+    old.parent.mkdir()
+    old.write_text(json.dumps(_serve([
+        {**_serve_row(mode, [tok_s], decode=False), "input_len": 8192}
+        for mode, tok_s in (("plain", 40.0), ("spec_extend", 60.0))])))
+    rows = [r for r in summarize.summarize(results) if "20261130" in r["file"]]
+    assert [(r["tok_s"], r["output_tok_s"]) for r in rows] == [([], [20.0]),
+                                                               ([], [30.0])]
+    text = summarize.render(summarize.summarize(results), results / "docs")
+    decode_phase, output = text.split("**serve**")[1:]
+    assert "| long | 8K |" not in decode_phase
+    assert "| long | 8K | d | 4 | [20 (1 run)](" in output
 
 
 def test_rows_carry_each_runs_gpu_busy(results):
@@ -127,10 +152,15 @@ def test_headline_takes_the_newest_file_and_links_it(results):
             f"| [150 (140–160) · 65%]({link}) | [200 (180–210)]({link}) "
             "| 1.33 |") in text
     assert "real.json" not in text, "real-acceptance runs are no speed runs"
-    serve = next(ln for ln in text.splitlines() if ln.startswith("| long |"))
-    assert serve.startswith("| long | 16K | d | 4 | [11 (10–12)](")
-    assert "[15 (14–16) · 85%](" in serve
-    assert serve.endswith("| – |"), "no draft_model column to compare with"
+    # Serve: a decode-phase table, then an output tok/s one.
+    decode_phase, output = [
+        next(ln for ln in part.splitlines() if ln.startswith("| long |"))
+        for part in text.split("**serve**")[1:]]
+    assert decode_phase.startswith("| long | 16K | d | 4 | [11 (10–12)](")
+    assert "[15 (14–16) · 85%](" in decode_phase
+    assert decode_phase.endswith("| – |"), "no draft_model column to compare with"
+    assert output.startswith("| long | 16K | d | 4 | [6 (5–6)](")
+    assert "[8 (7–8) · 85%](" in output
 
 
 def test_tuning_variants_stay_out_of_the_headline(results):
@@ -149,7 +179,8 @@ def test_tuning_variants_stay_out_of_the_headline(results):
 
 def test_caption_explains_busy_only_where_a_cell_shows_it(results):
     rows = summarize.summarize(results)
-    assert summarize.render(rows).count("median GPU busy share") == 2
+    # decode, serve's decode phase, serve's output tok/s
+    assert summarize.render(rows).count("median GPU busy share") == 3
     old = [r for r in rows if r["file"] == "decode/20261201T0000Z_x.json"]
     text = summarize.render(old)
     assert "GPU busy" not in text and "%" not in text
