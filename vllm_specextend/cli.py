@@ -8,6 +8,11 @@ in ``plugin`` validates it and selects the worker. Bad JSON or keys fail at
 parse time as a usage error; a config the resolved engine cannot serve fails
 when the engine config resolves, and :func:`report_config_errors_briefly`
 makes that a one-line error too.
+
+The parsers that have ``--middleware`` (``vllm serve``'s: vLLM adds its
+frontend flags before the engine's) also check the API key when the plugin's
+middleware is named (``auth``): it fails closed at parse time, where an error
+stops the server.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ from vllm_specextend.config import (
 )
 
 GROUP = "SpecExtend"
+# What `--middleware` names for auth.ApiKeyMiddleware (a string: importing auth
+# loads vLLM's API-server module; tests/unit/test_auth.py checks it resolves).
+MIDDLEWARE = "vllm_specextend.auth.ApiKeyMiddleware"
 # vLLM's plain --help lists each group's title and description on one line.
 GROUP_DESCRIPTION = (
     "Cross-model Retrieval for long-input speculative decoding (vllm-specextend "
@@ -67,6 +75,25 @@ def _merging(action_cls: type) -> type:
     return MergingAction
 
 
+def _checking_key(action_cls: type) -> type:
+    """``--middleware`` that refuses the plugin's middleware without a key."""
+
+    class KeyCheckingAction(action_cls):
+        def __call__(self, parser, namespace, values, option_string=None):
+            if values == MIDDLEWARE:
+                # Imported here: it loads vLLM's API-server module, which a
+                # parser without this middleware has no need for.
+                from vllm_specextend.auth import KEY_ENV, check_key
+
+                try:
+                    check_key(os.environ.get(KEY_ENV))
+                except ValueError as e:
+                    raise argparse.ArgumentError(self, str(e)) from e
+            super().__call__(parser, namespace, values, option_string)
+
+    return KeyCheckingAction
+
+
 def add_spec_extend_args(parser: argparse.ArgumentParser) -> None:
     if compat.has_option(parser, "--spec-extend"):
         return
@@ -93,7 +120,8 @@ def add_spec_extend_args(parser: argparse.ArgumentParser) -> None:
         metavar="K",
         help="Alias of --spec-tokens: draft tokens per step.",
     )
-    compat.merge_into_option(parser, "--additional-config", _merging)
+    compat.wrap_option_action(parser, "--additional-config", _merging)
+    compat.wrap_option_action(parser, "--middleware", _checking_key)
 
 
 def config_error(exc: BaseException | None) -> SpecExtendConfigError | None:

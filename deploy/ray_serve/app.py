@@ -26,13 +26,18 @@ The app serves the OpenAI API (``/v1/chat/completions``, ``/v1/completions``,
 ``/v1/models``); the model id is ``model_id`` (default: the target's name).
 
 API key: the builder reads the key from the environment variable named by
-``api_key_env`` (``VLLM_API_KEY``, as ``vllm serve`` does) where it runs, and
-refuses to build without one unless ``require_api_key=false``. The key guards
-the OpenAI routes with vLLM's own middleware (``/v1``, ``/v2``,
-``/inference``: what ``vllm serve --api-key`` guards); Ray Serve LLM has no
-key of its own, so the ingress is assembled as Ray's ``build_openai_app``
-assembles it, on a FastAPI app that carries the middleware. The key travels
-to the ingress replica inside the application, like every builder argument.
+``api_key_env`` (``VLLM_API_KEY``, as ``vllm serve`` does) where the
+application is built (``serve run MODULE:FUNCTION``: the driver; a config
+file: the build task Serve runs on the cluster), checks it
+(``vllm_specextend.auth.check_key``) and refuses to build without one unless
+``require_api_key=false``. Ray Serve LLM has no key of its own, so the ingress
+is assembled as Ray's ``build_openai_app`` assembles it, on a FastAPI app that
+carries ``vllm_specextend.auth.ApiKeyMiddleware`` with that key: every path
+but ``/health`` and ``/metrics`` needs it. The key is therefore part of the
+built application, which Serve pickles and keeps (in its controller's state)
+to start the ingress replicas, which do not read it from their environment.
+It is never a builder argument, so it is in no Serve config file or command
+line.
 """
 
 from __future__ import annotations
@@ -141,8 +146,8 @@ def llm_config_kwargs(
 def api_key_from_env(api_key_env: str = "VLLM_API_KEY",
                      require_api_key: bool | str = True) -> str | None:
     """The key the OpenAI routes require, from ``api_key_env``; None only when
-    ``require_api_key`` is false. Pure: no Ray needed."""
-    from deploy.auth import MIN_KEY_CHARS
+    ``require_api_key`` is false. No Ray needed (vLLM is: ``auth``)."""
+    from vllm_specextend.auth import check_key
 
     key = os.environ.get(api_key_env) or None
     if key is None and _flag("require_api_key", require_api_key):
@@ -151,12 +156,9 @@ def api_key_from_env(api_key_env: str = "VLLM_API_KEY",
             "key clients send as `Authorization: Bearer <key>`), or pass "
             "require_api_key=false to serve the OpenAI routes to anyone"
         )
-    if key is not None and len(key) < MIN_KEY_CHARS:
-        # Refused here, at build time: the middleware would refuse it only in
-        # the ingress replica, on its first request.
-        raise ValueError(f"{api_key_env} is too short: use a random key of at "
-                         f"least {MIN_KEY_CHARS} characters (openssl rand -hex 32)")
-    return key
+    # Checked here, at build time: the middleware would refuse it only in the
+    # ingress replica, on its first request.
+    return None if key is None else check_key(key, api_key_env)
 
 
 def _flag(name: str, value: bool | str) -> bool:
@@ -197,7 +199,7 @@ def _guarded_openai_app(llm_config, key: str):
     from ray.serve.llm.ingress import OpenAiIngress, make_fastapi_ingress
     # The key on every path but /health and /metrics (vLLM's own middleware
     # guards only /v1, /v2 and /inference).
-    from deploy.auth import ApiKeyMiddleware
+    from vllm_specextend.auth import ApiKeyMiddleware
 
     app = ingress_app()
     app.add_middleware(ApiKeyMiddleware, api_key=key)

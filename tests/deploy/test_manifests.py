@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy.auth import ApiKeyMiddleware
+from vllm_specextend.auth import ApiKeyMiddleware
+from vllm_specextend.cli import MIDDLEWARE
 from vllm_specextend.config import SpecExtendConfig
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
@@ -113,7 +114,9 @@ def test_api_key_comes_from_the_secret():
     assert not ref.get("optional"), "the pod must not start without a key"
     # vLLM's own check leaves /invocations open: the middleware guards it too.
     args = _container(_one("Deployment"))["args"]
-    assert args[args.index("--middleware") + 1] == "deploy.auth.ApiKeyMiddleware"
+    # The installed package's (vllm_specextend.auth): `vllm serve` checks the key
+    # when it parses this flag.
+    assert args[args.index("--middleware") + 1] == MIDDLEWARE
     # The example's placeholder would not start a server (fail closed).
     with pytest.raises(ValueError, match="too short"):
         ApiKeyMiddleware(None, api_key=next(iter(secret["stringData"].values())))
@@ -288,7 +291,7 @@ def test_compose():
     assert any(v.endswith(":/home/vllm/.cache/huggingface") for v in vllm["volumes"])
     # The key is required: compose stops when it is unset or empty.
     assert vllm["environment"]["VLLM_API_KEY"].startswith("${VLLM_API_KEY:?")
-    assert cmd[cmd.index("--middleware") + 1] == "deploy.auth.ApiKeyMiddleware"
+    assert cmd[cmd.index("--middleware") + 1] == MIDDLEWARE
     assert vllm["read_only"] is True and vllm["cap_drop"] == ["ALL"]
     assert "no-new-privileges:true" in vllm["security_opt"]
     assert "ipc" not in vllm, "shared memory via shm_size, not the host's IPC"

@@ -114,21 +114,25 @@ def test_ray_app_needs_an_api_key(monkeypatch):
     monkeypatch.setenv("MY_KEY", "s" * 32)
     assert module.api_key_from_env("MY_KEY") == "s" * 32
     monkeypatch.setenv("MY_KEY", "change-me")  # secret.example.yaml's placeholder
-    with pytest.raises(ValueError, match="too short"):
+    with pytest.raises(ValueError, match="MY_KEY is too short"):
         module.api_key_from_env("MY_KEY")
     with pytest.raises(ValueError, match="true or false"):
         module.api_key_from_env(require_api_key="maybe")
 
 
 def test_ray_app_with_a_key_guards_the_openai_routes(monkeypatch):
-    """Built (not run): the ingress's FastAPI app carries deploy/auth.py's
-    API-key middleware with the key, over Ray's own OpenAI routes."""
+    """Built (not run): the ingress's FastAPI app carries the plugin's API-key
+    middleware with the key, over Ray's own OpenAI routes. The key is inside
+    the built application (the replicas do not read their environment), as
+    the app's docstring says."""
     pytest.importorskip("ray.serve.llm")
+    from vllm_specextend.auth import ApiKeyMiddleware
+
     monkeypatch.setenv("VLLM_API_KEY", API_KEY)
     app = _ray_app().build_app(accelerator="cpu", replicas=1)
     fastapi_app = _asgi_app(app._bound_deployment.func_or_class)
-    names = [m.cls.__name__ for m in fastapi_app.user_middleware]
-    assert "ApiKeyMiddleware" in names
+    ours = [m for m in fastapi_app.user_middleware if m.cls is ApiKeyMiddleware]
+    assert [m.kwargs for m in ours] == [{"api_key": API_KEY}]
     routes = {r.path for r in fastapi_app.routes}
     assert {"/v1/models", "/v1/completions", "/v1/chat/completions"} <= routes
 

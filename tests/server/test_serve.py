@@ -1,6 +1,8 @@
 """End-to-end ``vllm serve --spec-extend`` on CPU: OpenAI API, /metrics, aborts,
 greedy equivalence with a plain server, startup errors for bad configs, and the
-API key every deployment sets (``deploy/README.md``)."""
+API key every deployment sets (``deploy/README.md``): the shared server runs
+with ``VLLM_API_KEY`` and ``--middleware vllm_specextend.auth.ApiKeyMiddleware``
+as the deployments start it."""
 
 from __future__ import annotations
 
@@ -20,12 +22,15 @@ from waiting import wait_for
 
 from benchmarks.harness.server import free_port, scrape, vllm_command
 from benchmarks.harness.server import serve as start_server
+from vllm_specextend.auth import KEY_ENV
 from vllm_specextend.metrics import METRICS_DIR_ENV
 
 pytestmark = pytest.mark.server
 
-# The shared server requires it, as the deployments do (VLLM_API_KEY).
-API_KEY = "test-key"
+# The shared server requires it, as the deployments do (VLLM_API_KEY): long
+# enough for the middleware's floor (auth.MIN_KEY_CHARS).
+API_KEY = "test-key-" + "k" * 32
+MIDDLEWARE = ["--middleware", "vllm_specextend.auth.ApiKeyMiddleware"]
 
 
 def _spec_args(draft: str, spec_extend: str = SPEC_EXTEND) -> list[str]:
@@ -63,9 +68,8 @@ def server(tiny_long_target, tiny_long_draft, tmp_path_factory):
     positions = json.loads((Path(tiny_long_target) / "config.json").read_text())[
         "max_position_embeddings"]
     with serve(tiny_long_target,
-               [*_spec_args(tiny_long_draft), "--enable-log-requests",
-                "--api-key", API_KEY],
-               log, max_model_len=positions) as spec_server:
+               [*_spec_args(tiny_long_draft), "--enable-log-requests", *MIDDLEWARE],
+               log, env={KEY_ENV: API_KEY}, max_model_len=positions) as spec_server:
         yield spec_server
 
 
@@ -117,9 +121,10 @@ def test_completion_and_metrics(server, client, prompt):
     assert set(labels["vllm:spec_extend_tracked_requests"]) == {"model_name", "engine"}
 
 
-def _status(url: str, key: str | None = None, body: dict | None = None) -> int:
-    """The HTTP status of a GET (or, with ``body``, a JSON POST) to ``url``,
-    with ``key`` as bearer token."""
+def _request(url: str, key: str | None = None,
+             body: dict | None = None) -> tuple[int, bytes]:
+    """The status and body of a GET (or, with ``body``, a JSON POST) to
+    ``url``, with ``key`` as bearer token."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     data = None
     if body is not None:
@@ -127,24 +132,44 @@ def _status(url: str, key: str | None = None, body: dict | None = None) -> int:
         headers["Content-Type"] = "application/json"
     request = urllib.request.Request(url, data=data, headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=60) as r:
-            return r.status
+        with urllib.request.urlopen(request, timeout=120) as r:
+            return r.status, r.read()
     except urllib.error.HTTPError as e:
-        return e.code
+        return e.code, e.read()
 
 
-def test_api_key_guards_the_openai_routes(server):
-    """With a key (``--api-key``, or ``VLLM_API_KEY`` as the deployments set
-    it) the OpenAI routes answer 401 without it or with a wrong one, and 200
-    with it; ``/health`` and ``/metrics`` stay open for probes and Prometheus."""
-    base = server.base
-    completion = {"model": "m", "prompt": "hello", "max_tokens": 1}
-    assert _status(f"{base}/v1/models") == 401
-    assert _status(f"{base}/v1/models", "wrong") == 401
-    assert _status(f"{base}/v1/completions", None, completion) == 401
-    assert _status(f"{base}/v1/models", API_KEY) == 200
-    assert _status(f"{base}/health") == 200
-    assert _status(f"{base}/metrics") == 200
+COMPLETION = {"prompt": "hello world", "max_tokens": 2, "temperature": 0}
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/models", None),
+    ("/v1/completions", COMPLETION),
+    # SageMaker's route runs the model; vLLM's own key check does not cover it.
+    ("/invocations", COMPLETION),
+    ("/tokenize", {"prompt": "hello world"}),
+    ("/openapi.json", None),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_api_key_guards_every_path(server, path, body):
+    """401 without the key, with a wrong one or one that only starts with it;
+    200 with it. vLLM's own check (the same ``VLLM_API_KEY``) would leave
+    ``/invocations``, ``/tokenize`` and ``/openapi.json`` open."""
+    url = server.base + path
+    for key in (None, "wrong-" + API_KEY, API_KEY + "x"):
+        status, text = _request(url, key, body)
+        assert status == 401, (path, key, status, text[:200])
+    status, text = _request(url, API_KEY, body)
+    assert status == 200, (path, status, text[:500])
+    if body is COMPLETION:
+        assert json.loads(text)["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("path", ["/health", "/metrics"])
+def test_probe_paths_stay_open(server, path):
+    """For probes and Prometheus, which send no key."""
+    status, text = _request(server.base + path)
+    assert status == 200, (path, status, text[:200])
+    if path == "/metrics":
+        assert b"vllm:" in text
 
 
 def _labels(base: str) -> dict[str, dict[str, str]]:
@@ -293,9 +318,27 @@ def test_bad_config_fails_at_startup(tiny_target, tiny_draft, tmp_path,
     assert len(lines) == 1, output[-3000:]
 
 
-def _vllm(argv: list[str], tmp_path: Path, timeout_s: float = 180):
-    """``vllm ARGV`` to its end, output captured."""
-    env = {**ENV, METRICS_DIR_ENV: str(tmp_path)}
+def test_short_api_key_fails_at_startup(tiny_target, tmp_path):
+    """The plugin's middleware with a key under 32 characters: ``vllm serve``
+    stops while parsing its arguments (exit 2, one line naming the fix, no
+    traceback). Without that check the server would start and answer 500
+    everywhere (Starlette builds middleware on the lifespan event, whose
+    errors uvicorn's lifespan "auto" swallows): the call would time out."""
+    proc = _vllm(["serve", tiny_target, *MIDDLEWARE, *COMMON, "--host",
+                  "127.0.0.1", "--port", str(free_port())], tmp_path,
+                 env={KEY_ENV: "k" * 31})
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    lines = [line for line in output.splitlines() if "openssl rand -hex 32" in line]
+    assert len(lines) == 1, output[-3000:]
+    assert f"argument --middleware: {KEY_ENV} is too short" in lines[0]
+
+
+def _vllm(argv: list[str], tmp_path: Path, timeout_s: float = 180,
+          env: dict | None = None):
+    """``vllm ARGV`` to its end, output captured; ``env`` added to ENV."""
+    env = {**ENV, METRICS_DIR_ENV: str(tmp_path), **(env or {})}
     return subprocess.run([*vllm_command(), *argv], capture_output=True, text=True,
                           timeout=timeout_s, env=env, stdin=subprocess.DEVNULL,
                           start_new_session=True)

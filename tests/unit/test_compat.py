@@ -438,6 +438,7 @@ def test_declared_patches():
         "sys.excepthook",
         "env.VLLM_USE_V2_MODEL_RUNNER",
         "additional_config_action.__class__",
+        "middleware_action.__class__",
         "ParallelConfig.worker_cls",
         "Attention.impl.forward",
         "GPUModelRunner.effective_drafter_max_model_len",

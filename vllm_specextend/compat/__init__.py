@@ -8,6 +8,8 @@ vLLM symbol                                         how         why
 ``EngineArgs.create_engine_config``                 patch       validate, select our worker class
 ``sys.excepthook``                                  patch       engine-time config errors in one line
 ``additional_config_action.__class__``              patch       merge ``--additional-config``
+``middleware_action.__class__``                     patch       ``--middleware``: API key at parse time
+``AuthenticationMiddleware.verify_token``           subclass    the API key's token check (``auth``)
 argparse ``_option_string_actions``                 read        an option's action, by flag
 ``VllmConfig.additional_config``                    read        carries ``spec_extend``
 ``ParallelConfig.worker_cls``                       patch       platform worker -> ours
@@ -110,11 +112,11 @@ from vllm_specextend.compat.patches import (
     allow_long_drafts,
     apply_process_patches,
     extend_rope,
-    merge_into_option,
     report_errors_briefly,
     require_v1_model_runner,
     select_worker_cls,
     undo_process_patches,
+    wrap_option_action,
     wrap_query_capture,
 )
 from vllm_specextend.compat.runner import (
@@ -138,12 +140,13 @@ __all__ = [
     "is_cpu_platform", "kv_block_bytes", "kv_cache_layer_names",
     "last_target_attention",
     "layer_kv_cache", "live_req_ids", "load", "log_stats_interval", "logger",
-    "max_num_batched_tokens", "max_num_seqs", "merge_into_option",
+    "max_num_batched_tokens", "max_num_seqs",
     "model_input_buffers",
     "one_request_kv_bytes", "option_action", "report_errors_briefly",
     "require_v1_model_runner", "rope_inv_freq", "rotary_embeddings",
     "select_worker_cls", "served_model_name", "tp_all_reduce", "tp_broadcast",
-    "tp_rank_and_size", "undo_process_patches", "wrap_query_capture",
+    "tp_rank_and_size", "undo_process_patches", "wrap_option_action",
+    "wrap_query_capture",
 ]
 
 SUPPORTED_VLLM = "0.26.0"

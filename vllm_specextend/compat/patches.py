@@ -116,6 +116,18 @@ MERGING_ADDITIONAL_CONFIG = Patch(
     per_instance=True,
 )
 
+CHECKED_MIDDLEWARE = Patch(
+    name="middleware_action.__class__",
+    target="the --middleware argparse action of `vllm serve`'s parser",
+    why="vLLM builds --middleware classes on the server's first ASGI event, where "
+    "uvicorn's lifespan 'auto' swallows their errors: a missing API key would "
+    "start a server answering 500 everywhere. Naming the plugin's middleware "
+    "checks the key when the arguments are parsed instead, a usage error.",
+    attrs=("__class__",),
+    replace=lambda action, make_cls: {"__class__": make_cls(type(action))},
+    per_instance=True,
+)
+
 WORKER_CLS = Patch(
     name="ParallelConfig.worker_cls",
     target="vllm.config.ParallelConfig.worker_cls (each engine config)",
@@ -216,6 +228,7 @@ PATCHES = (
     BRIEF_CONFIG_ERRORS,
     V1_MODEL_RUNNER,
     MERGING_ADDITIONAL_CONFIG,
+    CHECKED_MIDDLEWARE,
     WORKER_CLS,
     QUERY_CAPTURE,
     LONG_DRAFTS,
@@ -255,12 +268,22 @@ def report_errors_briefly(make_hook: Callable[[Callable], Callable]) -> None:
         REGISTRY.apply(BRIEF_CONFIG_ERRORS, sys, make_hook)
 
 
-def merge_into_option(parser, flag: str, make_cls: Callable[[type], type]) -> None:
-    """Swap the class of ``flag``'s action for ``make_cls(its class)``, once."""
+# The options whose action classes the plugin wraps, each by its declared patch.
+_OPTION_PATCHES = {
+    "--additional-config": MERGING_ADDITIONAL_CONFIG,
+    "--middleware": CHECKED_MIDDLEWARE,
+}
+
+
+def wrap_option_action(parser, flag: str, make_cls: Callable[[type], type]) -> None:
+    """Swap the class of ``flag``'s action for ``make_cls(its class)``, once;
+    nothing when the parser has no ``flag``. Only the flags of
+    ``_OPTION_PATCHES`` (KeyError for others: each change is declared)."""
+    patch = _OPTION_PATCHES[flag]
     action = option_action(parser, flag)
-    if action is None or REGISTRY.is_applied(MERGING_ADDITIONAL_CONFIG, action):
+    if action is None or REGISTRY.is_applied(patch, action):
         return
-    REGISTRY.apply(MERGING_ADDITIONAL_CONFIG, action, make_cls)
+    REGISTRY.apply(patch, action, make_cls)
 
 
 PLATFORM_WORKERS = {

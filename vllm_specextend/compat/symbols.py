@@ -24,6 +24,9 @@ LAZY = {
     "CommonAttentionMetadata": ("vllm.v1.attention.backend", "CommonAttentionMetadata"),
     "CUDAGraphMode": ("vllm.config", "CUDAGraphMode"),
     "EngineArgs": ("vllm.engine.arg_utils", "EngineArgs"),
+    # The API server's own token check; ``auth.ApiKeyMiddleware`` subclasses it.
+    "AuthenticationMiddleware": ("vllm.entrypoints.serve.utils.server_utils",
+                                 "AuthenticationMiddleware"),
 }
 
 

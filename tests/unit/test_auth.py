@@ -1,8 +1,12 @@
-"""deploy/auth.py on a small Starlette app (no server, no model), and the
-vLLM fact it exists for: vLLM 0.26's own key check guards only some prefixes.
-``tests/server/test_api_key.py`` runs it in a real ``vllm serve``."""
+"""vllm_specextend/auth.py on a small Starlette app (no server, no model), its
+parse-time check on ``--middleware``, and the vLLM fact it exists for: vLLM
+0.26's own key check guards only some prefixes. ``tests/server/test_serve.py``
+runs it in a real ``vllm serve``."""
 
 from __future__ import annotations
+
+import argparse
+import importlib
 
 import pytest
 from starlette.applications import Starlette
@@ -11,7 +15,15 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
-from deploy.auth import KEY_ENV, MIN_KEY_CHARS, OPEN_PATHS_ENV, ApiKeyMiddleware
+from vllm_specextend import compat
+from vllm_specextend.auth import (
+    KEY_ENV,
+    MIN_KEY_CHARS,
+    OPEN_PATHS_ENV,
+    ApiKeyMiddleware,
+    check_key,
+)
+from vllm_specextend.cli import MIDDLEWARE, add_spec_extend_args
 
 KEY = "0123456789abcdef" * 4
 
@@ -96,6 +108,24 @@ def test_fails_closed_without_a_real_key(monkeypatch, key):
         ApiKeyMiddleware(app=None)
 
 
+def test_check_key_names_the_source_and_the_fix():
+    assert check_key("k" * MIN_KEY_CHARS, "MY_KEY") == "k" * MIN_KEY_CHARS
+    for key, why in ((None, "unset"), ("", "unset"), ("k" * 31, "too short")):
+        with pytest.raises(ValueError) as e:
+            check_key(key, "MY_KEY")
+        assert str(e.value).startswith(f"MY_KEY is {why}:"), e.value
+        assert "MY_KEY=$(openssl rand -hex 32)" in str(e.value)
+
+
+def test_is_vllms_token_check_with_our_paths():
+    """The token check is vLLM's own (sha256 digests, compare_digest), not a
+    copy; its constructor still takes the tokens by that name."""
+    assert issubclass(ApiKeyMiddleware, compat.AuthenticationMiddleware)
+    assert "verify_token" not in vars(ApiKeyMiddleware)
+    middleware = ApiKeyMiddleware(app=None, api_key=KEY)
+    assert len(middleware.api_tokens) == 1
+
+
 def test_rejects_bad_open_paths():
     for paths in (["/"], ["health"]):
         with pytest.raises(ValueError, match="open paths"):
@@ -105,7 +135,69 @@ def test_rejects_bad_open_paths():
 def test_vllm_key_guards_only_these_prefixes():
     """Why the middleware exists: vLLM 0.26's AuthenticationMiddleware checks
     only these prefixes, so /invocations, /tokenize and /openapi.json stay open
-    (tests/server/test_api_key.py shows the middleware closing them). When
+    (tests/server/test_serve.py shows the middleware closing them). When
     this fails, re-check deploy/README.md's "what the key protects"."""
     server_utils = pytest.importorskip("vllm.entrypoints.serve.utils.server_utils")
     assert server_utils.GUARDED_PREFIX == ("/v1", "/v2", "/inference")
+
+
+# --- the parse-time check of `vllm serve --middleware` ---------------------------
+
+
+def test_cli_names_this_middleware():
+    module, name = MIDDLEWARE.rsplit(".", 1)
+    assert getattr(importlib.import_module(module), name) is ApiKeyMiddleware
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The two flags of vLLM's serve parser the check touches, in vLLM's order:
+    ``--middleware`` (a frontend flag, ``append``) before the engine's."""
+    parser = argparse.ArgumentParser(prog="vllm serve", exit_on_error=False)
+    parser.add_argument("--middleware", action="append", type=str, default=[])
+    parser.add_argument("--additional-config", default=None)
+    add_spec_extend_args(parser)
+    return parser
+
+
+@pytest.mark.parametrize("key", [None, "k" * (MIN_KEY_CHARS - 1)])
+def test_middleware_flag_needs_the_key_at_parse_time(monkeypatch, key):
+    if key is None:
+        monkeypatch.delenv(KEY_ENV, raising=False)
+    else:
+        monkeypatch.setenv(KEY_ENV, key)
+    with pytest.raises(argparse.ArgumentError) as e:
+        _parser().parse_args(["--middleware", MIDDLEWARE])
+    assert "openssl rand -hex 32" in str(e.value) and KEY_ENV in str(e.value)
+    # Other middlewares are none of its business.
+    args = _parser().parse_args(["--middleware", "my.Middleware"])
+    assert args.middleware == ["my.Middleware"]
+
+
+def test_middleware_flag_with_the_key(monkeypatch):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    parser = _parser()
+    add_spec_extend_args(parser)  # wraps once
+    args = parser.parse_args(["--middleware", "my.Middleware",
+                              f"--middleware={MIDDLEWARE}"])
+    assert args.middleware == ["my.Middleware", MIDDLEWARE]
+    checking = [c for c in type(parser._option_string_actions["--middleware"]).__mro__
+                if c.__name__ == "KeyCheckingAction"]
+    assert len(checking) == 1
+
+
+def test_vllm_serve_parser_checks_the_key(monkeypatch):
+    """vLLM's own serve parser: --middleware exists before EngineArgs adds its
+    flags (make_arg_parser), so the plugin's hook finds and wraps it."""
+    from vllm_specextend import plugin
+
+    plugin.register()
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(exit_on_error=False))
+    monkeypatch.setenv(KEY_ENV, "short")
+    with pytest.raises(argparse.ArgumentError, match="too short"):
+        parser.parse_args(["m", "--middleware", MIDDLEWARE])
+    monkeypatch.setenv(KEY_ENV, KEY)
+    assert parser.parse_args(["m", "--middleware", MIDDLEWARE]).middleware == [
+        MIDDLEWARE]

@@ -8,30 +8,34 @@ who can reach the port, key or not, and ``/tokenize``, ``/detokenize``,
 key at all. This middleware turns that around: everything needs
 ``Authorization: Bearer $VLLM_API_KEY``, except the paths in ``OPEN_PATHS``
 (probes and Prometheus) and CORS preflight requests (``OPTIONS``, which
-vLLM's check lets through too).
+vLLM's check lets through too). The token check itself is vLLM's
+(``AuthenticationMiddleware.verify_token``); only the path rule is ours.
 
-- ``vllm serve ... --middleware deploy.auth.ApiKeyMiddleware`` (the Docker
-  image, compose and the Kubernetes Deployment): vLLM adds the class with no
-  arguments, so the key comes from ``VLLM_API_KEY``, the variable vLLM's own
-  check reads; both checks then want the same key.
-- ``deploy/ray_serve/app.py`` adds it to the Ray Serve ingress app; the
-  ingress replica reads ``VLLM_API_KEY`` from its environment, so the key never
-  enters the Serve config.
+- ``vllm serve ... --middleware vllm_specextend.auth.ApiKeyMiddleware`` (the
+  Docker image, compose and the Kubernetes Deployment): vLLM adds the class
+  with no arguments, so the key comes from ``VLLM_API_KEY``, the variable
+  vLLM's own check reads; both checks then want the same key.
+- ``deploy/ray_serve/app.py`` adds it to the Ray Serve ingress app with the
+  key its builder read (see there where the key travels).
 
-It fails closed: with no key, or one shorter than ``MIN_KEY_CHARS``, it
-raises when the server builds it, so the server does not start open. Pure
-ASGI (Starlette only for the 401 body): it runs in front of every route and
-adds no routes.
+It fails closed. Starlette builds middleware only on the server's first ASGI
+event, and uvicorn's lifespan "auto" swallows an error raised then (the server
+would start and answer 500 everywhere), so under ``vllm serve`` the key is
+checked when the arguments are parsed (``cli``: a usage error naming the
+fix); the constructor checks it again for any other host. Pure ASGI
+(Starlette only for the 401 body): it runs in front of every route and adds
+no routes.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
 from collections.abc import Iterable
 
+from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
+
+from vllm_specextend import compat
 
 KEY_ENV = "VLLM_API_KEY"
 OPEN_PATHS_ENV = "SPECEXTEND_OPEN_PATHS"
@@ -43,8 +47,15 @@ OPEN_PATHS = ("/health", "/metrics")
 MIN_KEY_CHARS = 32
 
 
-def _digest(text: str) -> bytes:
-    return hashlib.sha256(text.encode()).digest()
+def check_key(key: str | None, source: str = KEY_ENV) -> str:
+    """``key`` if it is long enough to guard a server; else ValueError naming
+    ``source`` (where the key comes from) and the fix."""
+    if not key or len(key) < MIN_KEY_CHARS:
+        raise ValueError(
+            f"{source} is {'unset' if not key else 'too short'}: the server would "
+            f"be open to anyone who reaches it. Set it to a random key of at "
+            f"least {MIN_KEY_CHARS} characters: {source}=$(openssl rand -hex 32)")
+    return key
 
 
 def open_paths_from_env() -> tuple[str, ...]:
@@ -56,21 +67,14 @@ def open_paths_from_env() -> tuple[str, ...]:
     return tuple(p.strip() for p in value.split(",") if p.strip())
 
 
-class ApiKeyMiddleware:
+class ApiKeyMiddleware(compat.AuthenticationMiddleware):
     """Answer 401 to any request without ``Authorization: Bearer KEY``,
     except ``OPTIONS`` and the open paths (each path and what lies under it)."""
 
     def __init__(self, app, api_key: str | None = None,
                  open_paths: Iterable[str] | None = None) -> None:
-        key = os.environ.get(KEY_ENV, "") if api_key is None else api_key
-        if len(key) < MIN_KEY_CHARS:
-            raise ValueError(
-                f"{KEY_ENV} is {'unset' if not key else 'too short'}: the server "
-                f"would be open to anyone who reaches it. Set it to a random key "
-                f"of at least {MIN_KEY_CHARS} characters (openssl rand -hex 32).")
-        self.app = app
-        # Digests of equal length: compare_digest's time says nothing about the key.
-        self._key = _digest(key)
+        key = os.environ.get(KEY_ENV) if api_key is None else api_key
+        super().__init__(app, tokens=[check_key(key)])
         paths = open_paths_from_env() if open_paths is None else tuple(open_paths)
         bad = [p for p in paths if not p.startswith("/") or p.rstrip("/") == ""]
         if bad:
@@ -80,20 +84,12 @@ class ApiKeyMiddleware:
     def _open(self, path: str) -> bool:
         return any(path == p or path.startswith(p + "/") for p in self.open_paths)
 
-    def _authorized(self, scope) -> bool:
-        for name, value in scope.get("headers", ()):
-            if name == b"authorization":
-                scheme, _, token = value.decode("latin-1").partition(" ")
-                return scheme.lower() == "bearer" and hmac.compare_digest(
-                    _digest(token.strip()), self._key)
-        return False
-
     async def __call__(self, scope, receive, send) -> None:
         if (scope["type"] not in ("http", "websocket")
                 or scope.get("method") == "OPTIONS"):
             return await self.app(scope, receive, send)
         path = scope["path"].removeprefix(scope.get("root_path", "")) or "/"
-        if self._open(path) or self._authorized(scope):
+        if self._open(path) or self.verify_token(Headers(scope=scope)):
             return await self.app(scope, receive, send)
         if scope["type"] == "websocket":
             # Closing before accepting makes the server answer the handshake 403.
