@@ -63,7 +63,7 @@ from pathlib import Path
 
 from benchmarks import prompts
 from benchmarks.bench_serve import async_scheduling, counter_deltas, serve_args
-from benchmarks.harness import traffic
+from benchmarks.harness import modes, traffic
 from benchmarks.harness.meta import run_metadata
 from benchmarks.harness.server import log_errors, scrape, serve, serve_args_parser
 
@@ -365,6 +365,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--probe-lens", type=int, nargs=PROBES,
                    default=[1024, 2048, 4096, 6144, 8192, 12288, 16384, 24576])
     p.add_argument("--probe-output-len", type=int, default=32)
+    p.add_argument("--method", choices=modes.METHODS, default="draft_model",
+                   help="vLLM's speculative method the plugin extends (eagle3: "
+                   "--draft an EAGLE-3 head)")
     p.add_argument("--num-spec-tokens", type=int, default=4)
     p.add_argument("--acceptance-length", type=float, default=0.0,
                    help="synthetic mean acceptance length; 0: real rejection "

@@ -132,3 +132,24 @@ def test_a_reference_for_other_probes_is_refused(tmp_path):
     ("CPU (Intel Xeon)", "cpu")])
 def test_device_slug(name, slug):
     assert soak.device_slug({"hardware": {"device": name}}) == slug
+
+
+def test_server_arguments_come_from_the_soak_flags(tmp_path):
+    """The soak's flags make the servers' arguments (bench_serve.serve_args):
+    a plain server and one with the plugin over the named method."""
+    from benchmarks.bench_serve import serve_args
+
+    args = soak.parse_args(["--target", "T", "--draft", "D", "--out-dir", str(tmp_path),
+                            "--spec-extend", '{"top_k": 2}', "--num-spec-tokens", "3",
+                            "--", "--block-size", "32"])
+    spec = serve_args(args, "spec_extend")
+    assert spec[:3] == ["T", "--tokenizer", "T"] and spec[-2:] == ["--block-size", "32"]
+    speculative = json.loads(spec[spec.index("--speculative-config") + 1])
+    assert speculative == {"num_speculative_tokens": 3, "method": "draft_model",
+                           "model": "D"}
+    assert json.loads(spec[spec.index("--spec-extend") + 1]) == {"top_k": 2}
+    assert "--speculative-config" not in serve_args(args, "plain")
+    eagle = soak.parse_args(["--target", "T", "--draft", "H", "--method", "eagle3",
+                             "--out-dir", str(tmp_path)])
+    flags = serve_args(eagle, "spec_extend")
+    assert json.loads(flags[flags.index("--speculative-config") + 1])["method"] == "eagle3"
