@@ -366,28 +366,34 @@ class StatsReporter:
         return time.monotonic() - self._last_time >= self.interval_s
 
     def maybe_report(self, force: bool = False) -> None:
-        if not force and not self.due():
+        """A report every ``interval_s``, and one whenever ``force``d (the
+        batch emptied). A forced report leaves the interval's clock alone:
+        when batches empty more often than the interval, resetting it would
+        leave only the idle moments published, and /metrics would show no
+        tracked request while requests run."""
+        due = self.due()
+        if not force and not due:
             return
         # It runs inside an engine step, which must go on whatever the report
         # does: a failure is logged once and the counters keep counting.
         try:
-            self._report()
+            self._report(periodic=due)
         except Exception as e:
             self._last_time = time.monotonic()
             _warn_once(self.warn, f"report: {type(e).__name__}",
                        f"SpecExtend metrics: a report failed ({type(e).__name__}: "
                        f"{e}); the engine goes on, this report is skipped.")
 
-    def _report(self) -> None:
-        now_t = time.monotonic()
+    def _report(self, periodic: bool = True) -> None:
+        if periodic:
+            self._last_time = time.monotonic()
         if not self.publish:
-            self._last_time = now_t
             return
         now = self.stats.snapshot(wait=False)
         delta = {k: now[k] - self._last[k] for k in COUNTERS}
         if delta["decode_rows"] or delta["retrievals"]:
             self.log(format_line(delta, now))
-        self._last, self._last_time = now, now_t
+        self._last = now
         if self.path is not None:
             self._publish(now)
 

@@ -406,6 +406,32 @@ def test_reporter_writes_snapshot_and_logs(metrics_env):
     rep.close()  # idempotent
 
 
+def test_forced_reports_leave_the_interval_alone(metrics_env, monkeypatch):
+    """Batches that empty more often than the interval (each forces a report
+    with nothing tracked) must not hold back the periodic report that shows
+    the requests running: /metrics would never see one."""
+    now = [100.0]
+    monkeypatch.setattr(metrics.time, "monotonic", lambda: now[0])
+    stats = SpecExtendStats()
+    rep = StatsReporter(stats, interval_s=10.0, log=lambda s: None)
+
+    def published() -> int:
+        return json.loads(rep.path.read_text())["tracked_requests"]
+
+    for t in (104.0, 108.0):  # a request runs, then the batch empties
+        now[0] = t
+        stats.tracked_requests = 0
+        rep.maybe_report(force=True)
+        assert published() == 0
+    now[0], stats.tracked_requests = 110.0, 2
+    rep.maybe_report()  # 10 s after the last periodic report: due
+    assert published() == 2
+    now[0], stats.tracked_requests = 115.0, 3
+    rep.maybe_report()  # 5 s after it: not yet
+    assert published() == 2
+    rep.close()
+
+
 def test_reporter_interval_zero_reports_every_call(metrics_env):
     stats = SpecExtendStats()
     rep = StatsReporter(stats, interval_s=0.0, log=lambda s: None)
