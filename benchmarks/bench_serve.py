@@ -471,9 +471,12 @@ def table(result: dict) -> str:
         if "error" in s:
             out.append(f"| {series(s)} | error: {s['error'].splitlines()[0]} | | |")
             continue
-        clean = not s.get("forced_stop") and not s.get("log_errors")
+        # No forced_stop: the file was written before the server stopped (a
+        # call cut short); say so rather than call it clean.
+        clean = ("not recorded" if "forced_stop" not in s else
+                 "yes" if not s["forced_stop"] and not s.get("log_errors") else "no")
         out.append(f"| {series(s)} | {s['startup_s']:.0f} | {s['async_scheduling']} "
-                   f"| {'yes' if clean else 'no'} |")
+                   f"| {clean} |")
     meta, cfg = result["meta"], result["meta"]["config"]
     synthetic = (f"synthetic acceptance length {cfg['acceptance_length']}"
                  if cfg["acceptance_length"] > 0 else "real acceptance")
@@ -483,6 +486,8 @@ def table(result: dict) -> str:
         f"{', '.join(cfg['datasets'])} documents, K={cfg['num_spec_tokens']}, "
         f"{synthetic}; median (min–max) of {cfg['runs']} runs per cell. GPU busy: "
         "the share of the decode phase during which a kernel ran (NVML).")
+    if meta.get("note"):
+        out.append(f"\n{meta['note']}")
     return "\n".join(out)
 
 

@@ -1,4 +1,5 @@
-"""Output tok/s and TPOT against concurrency, one line per mode (and method
+"""Decode-phase tok/s (output tok/s in files older than that figure) and TPOT
+against concurrency, one line per mode (and method
 under the plugin: ``benchmarks.bench_serve.series``), error bars from the runs
 (min to max around the median): one PNG per workload and input length of a
 ``benchmarks.bench_serve`` result. Needs matplotlib (the ``bench``
@@ -37,14 +38,18 @@ def figure(result: dict, workload: str, input_len: int):
     fig, (tput, tpot) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
     cells = [r for r in result["results"] if (r["workload"], r["input_len"])
              == (workload, input_len) and r["output_tok_s"]["n"]]
+    # Decoding is what the modes change; prefill is the same work in each.
+    key, label = (("decode_tok_s", "decode-phase tokens/s")
+                  if all((r.get("decode_tok_s") or {}).get("n") for r in cells)
+                  else ("output_tok_s", "output tokens/s"))
     for _, name in sorted({series_key(r) for r in cells}):
         rows = sorted((r for r in cells if series(r) == name),
                       key=lambda r: r["concurrency"])
-        color = _errorbar(tput, rows, "output_tok_s", "o-", name)
+        color = _errorbar(tput, rows, key, "o-", name)
         _errorbar(tpot, rows, "tpot_p50_ms", "o-", f"{name} p50", color)
         _errorbar(tpot, rows, "tpot_p99_ms", "x--", f"{name} p99", color)
     concurrency = sorted({r["concurrency"] for r in cells})
-    for ax, ylabel in ((tput, "output tokens/s"), (tpot, "TPOT (ms)")):
+    for ax, ylabel in ((tput, label), (tpot, "TPOT (ms)")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(concurrency, labels=map(str, concurrency))
         ax.set_xlabel("concurrency")

@@ -169,13 +169,23 @@ PY
     # head with 64K positions; draft_model rows then say eagle3). The calls of
     # one table go to one warm machine; merge them here:
     # python -m benchmarks.merge_results OUT/results.json serve12_*/results.json
+    # A call cut short by an outer timeout kills this script but not the bench
+    # under it, whose server then holds the GPU and the next server fails on
+    # memory (seen 2026-11-25): stop what an earlier call left, and keep any
+    # outer timeout above SERVE_TIMEOUT. Concurrency 16 at 16K with a server
+    # start of 2-4 min does not fit a call beside 1 and 4: give it its own.
+    if pgrep -f "[v]llm.entrypoints.cli.main serve" > /dev/null; then
+      echo "serve12: stopping a server an earlier call left running"
+      pkill -f "[v]llm.entrypoints.cli.main serve"; sleep 15
+      pkill -9 -f "[v]llm.entrypoints.cli.main serve|[E]ngineCore"; sleep 2
+    fi
     mode=${SERVE_MODE:-plain}; wl=${SERVE_WORKLOAD:-long}; len=${SERVE_INPUT_LEN:-16384}
     draft=${SERVE_DRAFT:-llama32_1b}; method=${SERVE_METHOD:-draft_model}
     conc=${SERVE_CONCURRENCY:-1 4}
     # The method names the call's files unless it is draft_model (tags as
     # before), so an eagle3 call's results do not overwrite the 1B draft's.
     tag=$(echo "$mode ${method#draft_model} $wl $len $conc" | tr -s ' ' -)
-    timeout 570 python3 -m benchmarks.bench_serve --target $M/llama31_8b \
+    timeout ${SERVE_TIMEOUT:-540} python3 -m benchmarks.bench_serve --target $M/llama31_8b \
       --draft $M/$draft --method $method --tokenizer .gpu/tokenizer --modes $mode \
       --workloads $wl --input-lens $len --concurrency $conc \
       --num-prompts ${SERVE_PROMPTS:-$conc} \

@@ -132,7 +132,7 @@ def merged_mixed_result(tmp_path) -> dict:
                                       "async_scheduling": True})
             row = bench_serve.cell_row(args, mode, cell, [])
             result["results"].append({**row, **{k: stats for k in (
-                "output_tok_s", "tpot_p50_ms", "tpot_p99_ms")}})
+                "output_tok_s", "decode_tok_s", "tpot_p50_ms", "tpot_p99_ms")}})
     return result
 
 
@@ -160,6 +160,12 @@ def test_plot_draws_every_series(tmp_path):
     fig = plot_serve.figure(merged_mixed_result(tmp_path), "mixed", 256)
     assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == SERIES
     assert "64- and 256-token inputs" in fig._suptitle.get_text()
+    assert fig.axes[0].get_ylabel() == "decode-phase tokens/s"
+    # A file from before the decode-phase figure plots output tok/s, so named.
+    old = merged_mixed_result(tmp_path)
+    for row in old["results"]:
+        row["decode_tok_s"] = {"min": None, "median": None, "max": None, "n": 0}
+    assert plot_serve.figure(old, "mixed", 256).axes[0].get_ylabel() == "output tokens/s"
 
 
 def test_host_run_parses():
