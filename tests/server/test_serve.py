@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import urllib.error
@@ -337,11 +339,22 @@ def test_short_api_key_fails_at_startup(tiny_target, tmp_path):
 
 def _vllm(argv: list[str], tmp_path: Path, timeout_s: float = 180,
           env: dict | None = None):
-    """``vllm ARGV`` to its end, output captured; ``env`` added to ENV."""
+    """``vllm ARGV`` to its end, output captured; ``env`` added to ENV. On a
+    timeout its whole process group is killed (an engine a wrongly started
+    server spawned too), not the ``vllm`` process alone."""
     env = {**ENV, METRICS_DIR_ENV: str(tmp_path), **(env or {})}
-    return subprocess.run([*vllm_command(), *argv], capture_output=True, text=True,
-                          timeout=timeout_s, env=env, stdin=subprocess.DEVNULL,
-                          start_new_session=True)
+    cmd = [*vllm_command(), *argv]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=env, stdin=subprocess.DEVNULL,
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def test_help_shows_the_spec_extend_group(tmp_path):
