@@ -206,8 +206,8 @@ def _ratio(a: dict | None, b: dict | None, metric: str) -> str:
 def _table(rows: list[dict], key_cols: list[str], x: str, link_base: Path | None,
            title: str, metric: str) -> str:
     """Rows keyed by ``key_cols`` + draft + ``x``; a column per mode; plain rows
-    (no draft) serve every draft of their key; the last column: SpecExtend over
-    vLLM's own speculation."""
+    (no draft) serve every draft of their key; the last columns: SpecExtend over
+    vLLM's own speculation and over plain decoding (and self_draft over plain)."""
     newest = _newest(rows, lambda r: (*[r.get(c) for c in key_cols], r["draft"],
                                       r[x], r["mode"]))
     modes = [m for m in MODE_ORDER if any(r["mode"] == m for r in newest.values())]
@@ -215,7 +215,8 @@ def _table(rows: list[dict], key_cols: list[str], x: str, link_base: Path | None
     lines_keys = sorted({(*k[:-1],) for k, r in newest.items() if r["mode"] != "plain"},
                         key=lambda k: tuple((v is None, v) for v in k))
     head = [*key_cols, "draft", x, *modes,
-            "spec_extend / " + (" or ".join(vllm_spec) or "draft_model")]
+            "spec_extend / " + (" or ".join(vllm_spec) or "draft_model"),
+            "spec_extend / plain"]
     self_drafting = "self_draft" in modes
     if self_drafting:
         head.append("self_draft / plain")
@@ -232,7 +233,8 @@ def _table(rows: list[dict], key_cols: list[str], x: str, link_base: Path | None
         base = next((cells[m] for m in vllm_spec if cells.get(m)), None)
         line = [*map(_fmt, keys), draft or "– (target)", str(xv),
                 *(_cell(cells.get(m), link_base, metric) for m in modes),
-                _ratio(cells.get("spec_extend"), base, metric)]
+                _ratio(cells.get("spec_extend"), base, metric),
+                _ratio(cells.get("spec_extend"), cells.get("plain"), metric)]
         if self_drafting:
             line.append(_ratio(cells.get("self_draft"), cells.get("plain"), metric))
         lines.append("| " + " | ".join(line) + " |")
