@@ -430,6 +430,14 @@ def inputs(row: dict) -> str:
     return f"{row['input_len']}-token inputs"
 
 
+def stopped_cleanly(server: dict) -> str:
+    """yes / no, or "not recorded" where the file was written before the server
+    stopped (a call cut short): never call that clean."""
+    if server.get("forced_stop") is None:
+        return "not recorded"
+    return "no" if server["forced_stop"] or server.get("log_errors") else "yes"
+
+
 def table(result: dict) -> str:
     """Markdown: a table per workload and input length, a line per mode and
     concurrency; then the servers and the setup."""
@@ -471,12 +479,8 @@ def table(result: dict) -> str:
         if "error" in s:
             out.append(f"| {series(s)} | error: {s['error'].splitlines()[0]} | | |")
             continue
-        # No forced_stop: the file was written before the server stopped (a
-        # call cut short); say so rather than call it clean.
-        clean = ("not recorded" if "forced_stop" not in s else
-                 "yes" if not s["forced_stop"] and not s.get("log_errors") else "no")
         out.append(f"| {series(s)} | {s['startup_s']:.0f} | {s['async_scheduling']} "
-                   f"| {clean} |")
+                   f"| {stopped_cleanly(s)} |")
     meta, cfg = result["meta"], result["meta"]["config"]
     synthetic = (f"synthetic acceptance length {cfg['acceptance_length']}"
                  if cfg["acceptance_length"] > 0 else "real acceptance")
@@ -486,6 +490,9 @@ def table(result: dict) -> str:
         f"{', '.join(cfg['datasets'])} documents, K={cfg['num_spec_tokens']}, "
         f"{synthetic}; median (min–max) of {cfg['runs']} runs per cell. GPU busy: "
         "the share of the decode phase during which a kernel ran (NVML).")
+    # ``meta.note``: what a reader must know that the figures do not say (a
+    # call cut short, a rerun), written into the file by hand after a merge
+    # (``merge_results`` keeps the first file's meta only).
     if meta.get("note"):
         out.append(f"\n{meta['note']}")
     return "\n".join(out)

@@ -224,11 +224,15 @@ def _table(rows: list[dict], key_cols: list[str], x: str, link_base: Path | None
     for k in lines_keys:
         *keys, draft, xv = k
         cells = {m: newest.get((*keys, draft, xv, m)) for m in modes}
-        # Plain from the file of the row's speculative cells where it has one.
-        files = {c["file"] for c in cells.values() if c}
+        # Plain from the file of the row's speculative cells where it has one,
+        # spec_extend's first: the ratios divide only within one file.
+        spec = cells.get("spec_extend")
+        files = [spec["file"]] if spec else []
+        files += sorted({c["file"] for c in cells.values() if c} - set(files))
+        plain = [r for r in rows if r["mode"] == "plain"
+                 and (*[r.get(c) for c in key_cols], r[x]) == (*keys, xv)]
         cells["plain"] = next(
-            (r for r in rows if r["mode"] == "plain" and r["file"] in files
-             and (*[r.get(c) for c in key_cols], r[x]) == (*keys, xv)),
+            (r for f in files for r in plain if r["file"] == f),
             newest.get((*keys, None, xv, "plain")))
         base = next((cells[m] for m in vllm_spec if cells.get(m)), None)
         line = [*map(_fmt, keys), draft or "– (target)", str(xv),

@@ -14,6 +14,34 @@ M=.gpu/models
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
   --target /root/vsite .gpu/wheel/*.whl 2>&1 | grep -v WARNING
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
+
+# A call cut short by its own timeout leaves what ran under `timeout`, which
+# puts its command in a process group of its own: the bench and its server go
+# on, and the next server fails on memory (seen 2026-11-25). Stop the bench
+# first (its SIGTERM handler stops its server's group), then any vLLM process
+# left, and wait until no process holds the GPU. The patterns are anchored at
+# the start of a command line, so the shell that runs this never matches; a
+# running soak (detached on purpose) is left alone.
+stop_leftovers() {
+  local bench='^python3 -m benchmarks\.(bench_serve|soak) '
+  local vllm='^[^ ]*python[0-9.]* -m vllm\.entrypoints\.cli\.main serve |^[^ ]*/vllm serve |^VLLM::'
+  if [ -f /root/soak21/started ] && [ ! -f /root/soak21/rc ]; then
+    echo "a soak is running (/root/soak21): its servers are left alone" >&2; return 1
+  fi
+  if pkill -TERM -f "$bench"; then
+    echo "stopping a bench an earlier call left running"
+    for _ in $(seq 90); do pgrep -f "$bench" > /dev/null || break; sleep 1; done
+    pkill -KILL -f "$bench"
+  fi
+  pkill -KILL -f "$vllm" && echo "killed vLLM processes an earlier call left running"
+  for _ in $(seq 60); do
+    [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader)" ] && return 0
+    sleep 1
+  done
+  echo "the GPU is still in use after stopping the leftovers:" >&2
+  nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader >&2
+  return 1
+}
 case "$1" in
   kernels)
     timeout 200 python3 -m pytest tests/kernels -q -p no:cacheprovider \
@@ -169,23 +197,18 @@ PY
     # head with 64K positions; draft_model rows then say eagle3). The calls of
     # one table go to one warm machine; merge them here:
     # python -m benchmarks.merge_results OUT/results.json serve12_*/results.json
-    # A call cut short by an outer timeout kills this script but not the bench
-    # under it, whose server then holds the GPU and the next server fails on
-    # memory (seen 2026-11-25): stop what an earlier call left, and keep any
-    # outer timeout above SERVE_TIMEOUT. Concurrency 16 at 16K with a server
-    # start of 2-4 min does not fit a call beside 1 and 4: give it its own.
-    if pgrep -f "[v]llm.entrypoints.cli.main serve" > /dev/null; then
-      echo "serve12: stopping a server an earlier call left running"
-      pkill -f "[v]llm.entrypoints.cli.main serve"; sleep 15
-      pkill -9 -f "[v]llm.entrypoints.cli.main serve|[E]ngineCore"; sleep 2
-    fi
+    # The bench runs under SERVE_TIMEOUT (480 s); stopping its server takes up
+    # to 70 s more: give the call's own timeout at least SERVE_TIMEOUT + 100.
+    # Concurrency 16 at 16K with a server start of 2-4 min does not fit a call
+    # beside 1 and 4: give it its own.
+    stop_leftovers || exit 3
     mode=${SERVE_MODE:-plain}; wl=${SERVE_WORKLOAD:-long}; len=${SERVE_INPUT_LEN:-16384}
     draft=${SERVE_DRAFT:-llama32_1b}; method=${SERVE_METHOD:-draft_model}
     conc=${SERVE_CONCURRENCY:-1 4}
     # The method names the call's files unless it is draft_model (tags as
     # before), so an eagle3 call's results do not overwrite the 1B draft's.
     tag=$(echo "$mode ${method#draft_model} $wl $len $conc" | tr -s ' ' -)
-    timeout ${SERVE_TIMEOUT:-540} python3 -m benchmarks.bench_serve --target $M/llama31_8b \
+    timeout ${SERVE_TIMEOUT:-480} python3 -m benchmarks.bench_serve --target $M/llama31_8b \
       --draft $M/$draft --method $method --tokenizer .gpu/tokenizer --modes $mode \
       --workloads $wl --input-lens $len --concurrency $conc \
       --num-prompts ${SERVE_PROMPTS:-$conc} \
@@ -222,6 +245,7 @@ PY
     [ "${SOAK_FRESH:-0}" = 1 ] && rm -rf $dir
     mkdir -p $dir
     if [ ! -f $dir/started ]; then
+      stop_leftovers || exit 3
       touch $dir/started
       setsid bash -c "python3 -m benchmarks.soak --target $M/llama31_8b \
         --draft $M/llama32_1b --tokenizer .gpu/tokenizer \

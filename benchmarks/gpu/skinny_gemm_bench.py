@@ -3,20 +3,23 @@ kernel written for few rows, timed as CUDA-graph replays (needs only torch and
 Triton; no vLLM).
 
 Why it exists: the 64K batch-1 profile (``benchmarks/results/decode/
-20261124T1959Z_h100_profile_spec-extend_64k_b1.txt``) put about 4.1 ms of a
-15.5 ms step in the 1B draft's GEMMs, against 2.3 ms of weight bytes at the
-datasheet bandwidth. This measures whether a kernel of our own could take that
-back. Answer on an H100 (``benchmarks/results/decode/
-20261125T1929Z_h100_draft-gemm-microbench.json``): no. cuBLAS runs the 16-layer
-stack within 6% of the card's measured copy bandwidth (0.86 ms a forward, 3.4 ms
-for the step's four, against the profile's 4.1) and the Triton kernel is 4%
-slower.
+20261124T1959Z_h100_profile_spec-extend_64k_b1.txt``, kernels attributed by
+call count per step) puts about 4.1 ms of a 16.5 ms step in the 1B draft's
+GEMMs, against 2.3 ms for their weight bytes at the datasheet bandwidth. This
+measures whether a kernel of our own could take that back. Answer on an H100
+(``benchmarks/results/decode/20261125T1929Z_h100_draft-gemm-microbench.json``):
+not by itself. Alone, cuBLAS runs the 16-layer stack in 858 us at 1 row and
+863 us at 5 (about 2.27 TB/s, 6-7% over the weight bytes at the measured copy
+rate, a rate cuBLAS beats on gate_up), and the Triton kernel below is 3-4%
+slower. The 0.7 ms between the stack alone (3.4 ms for a step's four
+forwards) and the profile's 4.1 ms is not explained by this bench.
 
 Shapes are the 1B draft's (Llama-3.2-1B: hidden 2048, 32/8 heads of 64,
 intermediate 8192): qkv, o, gate_up, down. Each timing replays a graph of 16
 products over 16 distinct weights (a layer stack, so no weight stays in L2),
 median of the replays, divided by 16. The floor is the weight bytes over the
-copy bandwidth measured here. A last table times the whole 16-layer stack
+read bandwidth measured here (a sum over 1 GiB; the first run, in the file
+above, had only the copy rate). A last table times the whole 16-layer stack
 (4 products per layer) both ways.
 
     python3 -m benchmarks.gpu.skinny_gemm_bench --out out.json
@@ -31,6 +34,8 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from benchmarks.harness.meta import run_metadata
 
 MAX_ROWS = 16
 """Rows a launch serves (one tensor-core tile). Past it cuBLAS is the right tool."""
@@ -102,11 +107,79 @@ def graph_time_us(fn, replays: int = 30) -> float:
     return statistics.median(times)
 
 
-def copy_bandwidth() -> float:
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
+def bandwidths() -> dict[str, float]:
+    """Bytes per second: a 1 GiB copy (read + write counted) and a 1 GiB
+    read (a sum), the two ceilings the products are compared with."""
+    src = torch.empty(1 << 29, dtype=torch.bfloat16, device="cuda").normal_()
     dst = torch.empty_like(src)
-    us = graph_time_us(lambda: dst.copy_(src), replays=10)
-    return 2 * src.numel() / (us * 1e-6)  # bytes read + written per second
+    out = torch.empty((), dtype=torch.float32, device="cuda")
+    nbytes = src.numel() * src.element_size()
+    copy_us = graph_time_us(lambda: dst.copy_(src), replays=10)
+    read_us = graph_time_us(lambda: torch.sum(src, dtype=torch.float32, out=out), replays=10)
+    return {"copy": 2 * nbytes / (copy_us * 1e-6), "read": nbytes / (read_us * 1e-6)}
+
+
+def floor_us(nbytes: int, bw: float) -> float:
+    return nbytes / bw * 1e6
+
+
+def best_config(x: torch.Tensor, ws: list[torch.Tensor]) -> tuple[float, dict, float]:
+    """The fastest Triton config for x @ w.T over the layer stack ``ws``:
+    (microseconds per product, config, relative error). A config that is
+    wrong or that Triton cannot build (shared memory) is left out."""
+    ref = F.linear(x.double(), ws[0].double())
+    found = []
+    for cfg in CONFIGS:
+        try:
+            y = skinny_gemm(x, ws[0], **cfg)
+        except Exception:  # noqa: BLE001 - Triton's build errors have no common type
+            continue
+        err = ((y.double() - ref).norm() / ref.norm()).item()
+        if err < 1e-2:
+            us = graph_time_us(lambda cfg=cfg: [skinny_gemm(x, w, **cfg) for w in ws])
+            found.append((us / LAYERS, cfg, err))
+    if not found:
+        raise RuntimeError(f"no Triton config computes {tuple(x.shape)} @ "
+                           f"{tuple(ws[0].shape)}.T correctly")
+    return min(found, key=lambda f: f[0])
+
+
+def time_shapes(weights: dict, rows: list[int], bw: float) -> tuple[dict, dict]:
+    """Each shape alone: cuBLAS and the best Triton config per row count."""
+    table, best = {}, {}
+    print(f"{'shape':8} {'rows':>4} {'floor':>7} {'cublas':>7} {'triton':>7}  config")
+    for name, (n, k) in SHAPES.items():
+        ws = weights[name]
+        for m in rows:
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            cub = graph_time_us(lambda: [F.linear(x, w) for w in ws]) / LAYERS
+            us, cfg, err = best_config(x, ws)
+            best[(name, m)] = cfg
+            floor = floor_us(n * k * 2, bw)
+            table[f"{name}/{m}"] = {"floor_us": floor, "cublas_us": cub,
+                                    "triton_us": us, "config": cfg, "rel_err": err}
+            print(f"{name:8} {m:>4} {floor:7.1f} {cub:7.1f} {us:7.1f}  {cfg}")
+    return table, best
+
+
+def time_stack(weights: dict, m: int, best: dict, bw: float) -> dict:
+    """A 16-layer stack of the four products, cuBLAS against Triton."""
+    x = torch.randn(m, 2048, dtype=torch.bfloat16, device="cuda")
+    h = torch.randn(m, 8192, dtype=torch.bfloat16, device="cuda")
+
+    def stack(gemm):
+        def run():
+            for i in range(LAYERS):
+                for name in SHAPES:
+                    gemm(name, h if name == "down" else x, weights[name][i])
+        return run
+
+    cub = graph_time_us(stack(lambda name, a, w: F.linear(a, w)))
+    tri = graph_time_us(stack(lambda name, a, w: skinny_gemm(a, w, **best[(name, m)])))
+    floor = floor_us(sum(n * k for n, k in SHAPES.values()) * 2 * LAYERS, bw)
+    print(f"stack of {LAYERS} layers, {m} rows: floor {floor:.0f} us, "
+          f"cublas {cub:.0f} us, triton {tri:.0f} us")
+    return {"floor_us": floor, "cublas_us": cub, "triton_us": tri}
 
 
 def main() -> None:
@@ -115,59 +188,16 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 5])
     args = ap.parse_args()
     torch.manual_seed(0)
-    bw = copy_bandwidth()
+    bws = bandwidths()
+    # The floor: weight bytes at the read rate (a GEMM reads its weight once).
+    bw = bws["read"]
+    print(f"bandwidth: copy {bws['copy'] / 1e9:.0f} GB/s, read {bw / 1e9:.0f} GB/s")
     weights = {name: [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
                       for _ in range(LAYERS)] for name, (n, k) in SHAPES.items()}
-    result = {"device": torch.cuda.get_device_name(), "copy_bw_GBps": bw / 1e9,
-              "torch": torch.__version__, "shapes": {}, "stack": {}}
-    best = {}
-    print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
-    print(f"{'shape':8} {'rows':>4} {'floor':>7} {'cublas':>7} {'triton':>7}  config")
-    for name, (n, k) in SHAPES.items():
-        ws = weights[name]
-        floor = n * k * 2 / bw * 1e6
-        for m in args.rows:
-            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-            ref = F.linear(x.double(), ws[0].double())
-            cub = graph_time_us(lambda: [F.linear(x, w) for w in ws]) / LAYERS
-            rows = []
-            for cfg in CONFIGS:
-                try:
-                    y = skinny_gemm(x, ws[0], **cfg)
-                    err = ((y.double() - ref).norm() / ref.norm()).item()
-                    if not err < 1e-2:
-                        rows.append((float("inf"), cfg, err))
-                        continue
-                    us = graph_time_us(lambda: [skinny_gemm(x, w, **cfg) for w in ws]) / LAYERS
-                    rows.append((us, cfg, err))
-                except Exception as e:  # a config Triton cannot build (shared memory)
-                    rows.append((float("inf"), cfg, repr(e)[:80]))
-            rows.sort(key=lambda r: r[0])
-            us, cfg, err = rows[0]
-            best[(name, m)] = cfg
-            result["shapes"][f"{name}/{m}"] = {
-                "floor_us": floor, "cublas_us": cub, "triton_us": us, "config": cfg,
-                "rel_err": err, "top5": [(r[0], r[1]) for r in rows[:5]]}
-            print(f"{name:8} {m:>4} {floor:7.1f} {cub:7.1f} {us:7.1f}  {cfg}")
-    for m in args.rows:
-        x = torch.randn(m, 2048, dtype=torch.bfloat16, device="cuda")
-        h = torch.randn(m, 8192, dtype=torch.bfloat16, device="cuda")
-
-        def stack(gemm):
-            def run():
-                for i in range(LAYERS):
-                    gemm("qkv", x, weights["qkv"][i])
-                    gemm("o", x, weights["o"][i])
-                    gemm("gate_up", x, weights["gate_up"][i])
-                    gemm("down", h, weights["down"][i])
-            return run
-
-        cub = graph_time_us(stack(lambda name, a, w: F.linear(a, w)))
-        tri = graph_time_us(stack(lambda name, a, w: skinny_gemm(a, w, **best[(name, m)])))
-        floor = sum(n * k for n, k in SHAPES.values()) * 2 * LAYERS / bw * 1e6
-        result["stack"][str(m)] = {"floor_us": floor, "cublas_us": cub, "triton_us": tri}
-        print(f"stack of {LAYERS} layers, {m} rows: floor {floor:.0f} us, "
-              f"cublas {cub:.0f} us, triton {tri:.0f} us")
+    shapes, best = time_shapes(weights, args.rows, bw)
+    stack = {str(m): time_stack(weights, m, best, bw) for m in args.rows}
+    result = {"meta": run_metadata(args), "copy_bw_GBps": bws["copy"] / 1e9,
+              "read_bw_GBps": bw / 1e9, "shapes": shapes, "stack": stack}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
 

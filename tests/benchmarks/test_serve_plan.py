@@ -129,14 +129,30 @@ def merged_mixed_result(tmp_path) -> dict:
              "--out-dir", str(tmp_path), "--modes", *mode_list])
         for mode in mode_list:
             result["servers"].append({**bench_serve.names(args, mode), "startup_s": 1,
-                                      "async_scheduling": True})
+                                      "async_scheduling": True, "forced_stop": [],
+                                      "log_errors": []})
             row = bench_serve.cell_row(args, mode, cell, [])
-            result["results"].append({**row, **{k: stats for k in (
-                "output_tok_s", "decode_tok_s", "tpot_p50_ms", "tpot_p99_ms")}})
+            result["results"].append({
+                **row, **{k: stats for k in ("output_tok_s", "tpot_p50_ms", "tpot_p99_ms")},
+                "decode_tok_s": {"min": 4.0, "median": 5.0, "max": 6.0, "n": 3}})
     return result
 
 
 SERIES = ["plain", "draft_model", "eagle3", "spec_extend", "spec_extend on eagle3"]
+
+
+def test_server_table_says_what_it_knows_of_each_stop(tmp_path):
+    """Clean, forced, and written before the stop (a call cut short): the last
+    is "not recorded", never "yes"; a note in the meta is printed."""
+    result = merged_mixed_result(tmp_path)
+    result["servers"][1]["forced_stop"] = ["processes of group 7 left: SIGKILL"]
+    del result["servers"][2]["forced_stop"]
+    result["meta"]["note"] = "The plain call was cut short."
+    text = bench_serve.table(result)
+    stops = [line.rsplit("|", 2)[1].strip()
+             for line in text.split("| server |")[1].splitlines()[2:] if line.startswith("|")]
+    assert stops[:3] == ["yes", "no", "not recorded"], stops
+    assert text.rstrip().endswith("The plain call was cut short.")
 
 
 def test_table_keeps_the_plugin_on_eagle3_apart(tmp_path):
@@ -161,11 +177,8 @@ def test_plot_draws_every_series(tmp_path):
     assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == SERIES
     assert "64- and 256-token inputs" in fig._suptitle.get_text()
     assert fig.axes[0].get_ylabel() == "decode-phase tokens/s"
-    # A file from before the decode-phase figure plots output tok/s, so named.
-    old = merged_mixed_result(tmp_path)
-    for row in old["results"]:
-        row["decode_tok_s"] = {"min": None, "median": None, "max": None, "n": 0}
-    assert plot_serve.figure(old, "mixed", 256).axes[0].get_ylabel() == "output tokens/s"
+    # The left panel plots the decode-phase figure (median 5), not output tok/s (2).
+    assert {tuple(c.lines[0].get_ydata()) for c in fig.axes[0].containers} == {(5.0,)}
 
 
 def test_host_run_parses():

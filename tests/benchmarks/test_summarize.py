@@ -215,7 +215,19 @@ def test_ratio_only_within_one_file(results):
     row = next(ln for ln in text.splitlines() if ln.startswith("| 32K | d | 1 |"))
     assert "[310 (300–320)](../decode/20261204T0000Z_x.json)" in row
     assert "[150 (140–160) · 65%](../decode/20261202T0000Z_x.json)" in row
-    assert row.endswith("| – |")
+    assert row.endswith("| – | – |"), row
+
+
+def test_plain_comes_from_spec_extends_file(results):
+    """spec_extend and draft_model from two files that both have plain: the
+    plain cell and spec_extend / plain come from spec_extend's file."""
+    newer = _decode("e", [_decode_row("plain", [155.0]),
+                          _decode_row("spec_extend", [300.0, 310.0, 320.0])])
+    (results / "decode" / "20261204T0000Z_x.json").write_text(json.dumps(newer))
+    text = summarize.render(summarize.summarize(results), results / "docs")
+    row = next(ln for ln in text.splitlines() if ln.startswith("| 32K | d | 1 |"))
+    assert row.startswith("| 32K | d | 1 | [155 (1 run)](../decode/20261204T0000Z_x.json)")
+    assert row.endswith("| – | 2.00 |"), row
 
 
 def test_a_table_per_device_with_its_own_modes(results):
@@ -231,5 +243,5 @@ def test_a_table_per_device_with_its_own_modes(results):
     one, two = decode.split("*GPU*\n\n")[1].split("*GPU ×2 (TP=2)*\n\n")
     assert one.startswith("| context | draft | batch | plain | draft_model | ")
     assert two.startswith("| context | draft | batch | plain | spec_extend | ")
-    assert "| 32K | d | 1 | 80 (1 run) | 90 (1 run) | – |" in two
+    assert "| 32K | d | 1 | 80 (1 run) | 90 (1 run) | – | 1.12 |" in two
     assert "*GPU*\n\n| workload | context |" in text

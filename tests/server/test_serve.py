@@ -349,10 +349,10 @@ def _vllm(argv: list[str], tmp_path: Path, timeout_s: float = 180,
                           start_new_session=True) as proc:
         try:
             out, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as e:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+            e.stdout, e.stderr = proc.communicate(timeout=30)
             raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
