@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import shutil
-import signal
 import stat
 import subprocess
 import urllib.error
@@ -24,6 +22,7 @@ from waiting import wait_for
 
 from benchmarks.harness.server import free_port, scrape, vllm_command
 from benchmarks.harness.server import serve as start_server
+from benchmarks.harness.server import stop as stop_server
 from vllm_specextend.auth import KEY_ENV
 from vllm_specextend.metrics import METRICS_DIR_ENV
 
@@ -340,8 +339,8 @@ def test_short_api_key_fails_at_startup(tiny_target, tmp_path):
 def _vllm(argv: list[str], tmp_path: Path, timeout_s: float = 180,
           env: dict | None = None):
     """``vllm ARGV`` to its end, output captured; ``env`` added to ENV. On a
-    timeout its whole process group is killed (an engine a wrongly started
-    server spawned too), not the ``vllm`` process alone."""
+    timeout it is stopped as the bench stops a server, with its whole process
+    group (an engine a wrongly started server spawned too), not alone."""
     env = {**ENV, METRICS_DIR_ENV: str(tmp_path), **(env or {})}
     cmd = [*vllm_command(), *argv]
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -350,8 +349,7 @@ def _vllm(argv: list[str], tmp_path: Path, timeout_s: float = 180,
         try:
             out, err = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired as e:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            stop_server(proc, grace_s=0)
             e.stdout, e.stderr = proc.communicate(timeout=30)
             raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
