@@ -222,6 +222,11 @@ class SpecExtendMixin:
         # The funnel of every draft forward: read through the view, then super().
         if self._view is not None:
             common_attn_metadata = self._apply_view(common_attn_metadata)
+        if self._in_graph and self._tuning.aot_schedule:
+            # A split count of its own would not match the schedule: the
+            # two switches exclude each other (``DraftTuning``).
+            return compat.draft_attn_metadata_scheduled(
+                self, common_attn_metadata, draft_index)
         per_group, per_layer = super().build_per_group_and_layer_attn_metadata(
             common_attn_metadata, draft_index
         )
@@ -499,10 +504,15 @@ class DraftTuning:
     A/B on a GPU (``docs/design.md``): ``SPECEXTEND_DRAFT_ARGMAX=triton`` (the
     greedy token by ``argmax_triton``), ``SPECEXTEND_DRAFT_ATTN_SPLITS=N`` (the
     draft's FlashAttention split count; vLLM uses up to 32 under CUDA graphs,
-    which a view of ~2K tokens pays for in combine kernels)."""
+    which a view of ~2K tokens pays for in combine kernels),
+    ``SPECEXTEND_DRAFT_AOT=1`` (FA3's ahead-of-time split scheduling for the
+    captured routine's forwards: one scheduling kernel per forward instead of
+    one per layer pass). AOT scheduling plans vLLM's split bound, so a split
+    count of its own turns it off."""
 
     argmax: Callable[[torch.Tensor], torch.Tensor] | None = None
     attn_splits: int | None = None
+    aot_schedule: bool = False
 
     @classmethod
     def from_env(cls, device: torch.device) -> DraftTuning:
@@ -512,7 +522,9 @@ class DraftTuning:
         if os.environ.get("SPECEXTEND_DRAFT_ARGMAX") == "triton":
             from vllm_specextend.argmax_triton import argmax_triton as argmax
         splits = os.environ.get("SPECEXTEND_DRAFT_ATTN_SPLITS")
-        return cls(argmax=argmax, attn_splits=int(splits) if splits else None)
+        aot = os.environ.get("SPECEXTEND_DRAFT_AOT") == "1" and not splits
+        return cls(argmax=argmax, attn_splits=int(splits) if splits else None,
+                   aot_schedule=aot)
 
 
 @dataclass

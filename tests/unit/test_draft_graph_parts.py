@@ -123,3 +123,44 @@ def test_draft_tuning_is_off_unless_asked_and_never_on_cpu(monkeypatch):
     monkeypatch.setenv("SPECEXTEND_DRAFT_ATTN_SPLITS", "2")
     assert DraftTuning.from_env(cuda).attn_splits == 2
     assert DraftTuning.from_env(CPU) == DraftTuning()
+
+
+def test_aot_scheduling_is_asked_for_and_excludes_a_split_count(monkeypatch):
+    from vllm_specextend.proposer import DraftTuning
+
+    cuda = torch.device("cuda")
+    monkeypatch.setenv("SPECEXTEND_DRAFT_AOT", "1")
+    monkeypatch.delenv("SPECEXTEND_DRAFT_ATTN_SPLITS", raising=False)
+    assert DraftTuning.from_env(cuda).aot_schedule
+    assert not DraftTuning.from_env(CPU).aot_schedule
+    monkeypatch.setenv("SPECEXTEND_DRAFT_ATTN_SPLITS", "4")
+    tuning = DraftTuning.from_env(cuda)
+    assert tuning.attn_splits == 4 and not tuning.aot_schedule
+
+
+def test_scheduled_draft_metadata_keeps_aot_only_where_the_builder_has_it():
+    from types import SimpleNamespace
+
+    from vllm_specextend import compat
+
+    class Builder:
+        def __init__(self, aot):
+            self.aot_schedule, self.calls = aot, []
+
+        def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+            self.calls.append(("build", common_prefix_len, fast_build))
+            return ("built", id(self))
+
+        def build_for_drafting(self, common_attn_metadata, draft_index):
+            self.calls.append(("drafting", draft_index))
+            return ("drafting", id(self))
+
+    fa3, other = Builder(True), Builder(False)
+    groups = [SimpleNamespace(get_metadata_builder=lambda b=b: b, layer_names=names)
+              for b, names in ((fa3, ["a.0", "a.1"]), (other, ["b.0"]))]
+    per_group, per_layer = compat.draft_attn_metadata_scheduled(
+        SimpleNamespace(draft_attn_groups=groups), cad=object(), draft_index=2)
+    # FA3 builds its full (scheduled) metadata; the other drafts as vLLM does.
+    assert fa3.calls == [("build", 0, False)] and other.calls == [("drafting", 2)]
+    assert per_group == [("built", id(fa3)), ("drafting", id(other))]
+    assert per_layer == {"a.0": per_group[0], "a.1": per_group[0], "b.0": per_group[1]}

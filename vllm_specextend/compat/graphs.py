@@ -61,6 +61,34 @@ def eagle_input_width(proposer) -> int:
     return proposer.vllm_config.model_config.get_hidden_size()
 
 
+def draft_attn_metadata_scheduled(proposer, cad, draft_index: int = 0):
+    """vLLM's ``build_per_group_and_layer_attn_metadata`` for a forward inside
+    the captured draft routine, with FA3's ahead-of-time scheduling kept on.
+
+    vLLM builds drafting metadata with ``fast_build=True`` ("not worth the
+    overhead" for a few eager forwards), so every FlashAttention call then
+    schedules its own splits: one ``prepare_varlen_num_blocks`` kernel per
+    layer pass, 64 a step for a 16-layer draft at K=4. Captured, the
+    scheduling is one launch per forward, recorded like the rest and replayed
+    over the new ``seq_lens``; the split bound is vLLM's (the builder's
+    ``max_num_splits`` for graphs), as on the piecewise path, so the splits
+    match. Builders without AOT scheduling draft as vLLM does.
+    """
+    per_group, per_layer = [], {}
+    for group in proposer.draft_attn_groups:
+        builder = group.get_metadata_builder()
+        if getattr(builder, "aot_schedule", False):
+            metadata = builder.build(common_prefix_len=0, common_attn_metadata=cad,
+                                     fast_build=False)
+        else:
+            metadata = builder.build_for_drafting(common_attn_metadata=cad,
+                                                  draft_index=draft_index)
+        per_group.append(metadata)
+        for name in group.layer_names:
+            per_layer[name] = metadata
+    return per_group, per_layer
+
+
 def set_attn_splits(attn_metadata, num_splits: int) -> None:
     """Cap a FlashAttention call's KV splits (``FlashAttentionMetadata.
     max_num_splits``, passed as ``num_splits``); other backends have none."""
