@@ -222,14 +222,14 @@ class SpecExtendMixin:
         # The funnel of every draft forward: read through the view, then super().
         if self._view is not None:
             common_attn_metadata = self._apply_view(common_attn_metadata)
-        if self._in_graph and self._tuning.aot_schedule:
-            # A split count of its own would not match the schedule: the
-            # two switches exclude each other (``DraftTuning``).
-            return compat.draft_attn_metadata_scheduled(
-                self, common_attn_metadata, draft_index)
         per_group, per_layer = super().build_per_group_and_layer_attn_metadata(
             common_attn_metadata, draft_index
         )
+        if self._in_graph and self._tuning.aot_schedule:
+            # Recorded once per forward; a split count of its own would not
+            # match the schedule, so the two switches exclude each other.
+            compat.schedule_draft_attention(self, per_group,
+                                            common_attn_metadata.num_reqs)
         if self._tuning.attn_splits is not None:
             for metadata in per_group:
                 compat.set_attn_splits(metadata, self._tuning.attn_splits)

@@ -138,29 +138,40 @@ def test_aot_scheduling_is_asked_for_and_excludes_a_split_count(monkeypatch):
     assert tuning.attn_splits == 4 and not tuning.aot_schedule
 
 
-def test_scheduled_draft_metadata_keeps_aot_only_where_the_builder_has_it():
+def test_captured_draft_attention_is_scheduled_for_the_drafts_own_heads(monkeypatch):
     from types import SimpleNamespace
+
+    from vllm.v1.attention.backends import fa_utils
 
     from vllm_specextend import compat
 
-    class Builder:
-        def __init__(self, aot):
-            self.aot_schedule, self.calls = aot, []
-
-        def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
-            self.calls.append(("build", common_prefix_len, fast_build))
-            return ("built", id(self))
-
-        def build_for_drafting(self, common_attn_metadata, draft_index):
-            self.calls.append(("drafting", draft_index))
-            return ("drafting", id(self))
-
-    fa3, other = Builder(True), Builder(False)
-    groups = [SimpleNamespace(get_metadata_builder=lambda b=b: b, layer_names=names)
-              for b, names in ((fa3, ["a.0", "a.1"]), (other, ["b.0"]))]
-    per_group, per_layer = compat.draft_attn_metadata_scheduled(
-        SimpleNamespace(draft_attn_groups=groups), cad=object(), draft_index=2)
-    # FA3 builds its full (scheduled) metadata; the other drafts as vLLM does.
-    assert fa3.calls == [("build", 0, False)] and other.calls == [("drafting", 2)]
-    assert per_group == [("built", id(fa3)), ("drafting", id(other))]
-    assert per_layer == {"a.0": per_group[0], "a.1": per_group[0], "b.0": per_group[1]}
+    calls = []
+    monkeypatch.setattr(fa_utils, "get_scheduler_metadata",
+                        lambda **kw: calls.append(kw) or "schedule", raising=False)
+    # The draft's heads (not the target's, which vLLM's builder would use).
+    impl = SimpleNamespace(num_heads=32, num_kv_heads=8, head_size=64,
+                           sliding_window=(-1, -1), logits_soft_cap=0,
+                           sinks=None, alibi_slopes=None)
+    windowed = SimpleNamespace(**{**vars(impl), "sliding_window": (127, 0)})
+    layers = {"d.0": SimpleNamespace(impl=impl), "w.0": SimpleNamespace(impl=windowed)}
+    spec = SimpleNamespace(dtype=torch.bfloat16, block_size=16)
+    groups = [SimpleNamespace(layer_names=[n], kv_cache_spec=spec)
+              for n in ("d.0", "w.0", "d.0")]
+    proposer = SimpleNamespace(
+        draft_attn_groups=groups,
+        vllm_config=SimpleNamespace(compilation_config=SimpleNamespace(
+            static_forward_context=layers)))
+    lens = torch.tensor([100, 7], dtype=torch.int32)
+    fa = [SimpleNamespace(scheduler_metadata=None, max_query_len=6, max_seq_len=2096,
+                          seq_lens=lens, query_start_loc=lens, max_num_splits=32)
+          for _ in range(2)]
+    other = SimpleNamespace()  # another backend's metadata: left alone
+    compat.schedule_draft_attention(proposer, [fa[0], fa[1], other], num_reqs=2)
+    assert fa[0].scheduler_metadata == "schedule"
+    assert fa[1].scheduler_metadata is None  # a sliding window: vLLM's own
+    assert not hasattr(other, "scheduler_metadata")
+    (kw,) = calls
+    assert (kw["num_heads_q"], kw["num_heads_kv"], kw["headdim"]) == (32, 8, 64)
+    assert (kw["batch_size"], kw["max_seqlen_q"], kw["max_seqlen_k"]) == (2, 6, 2096)
+    assert kw["num_splits"] == 32 and kw["page_size"] == 16 and kw["causal"]
+    assert kw["cache_seqlens"] is lens and kw["qkv_dtype"] == torch.bfloat16

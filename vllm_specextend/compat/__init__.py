@@ -41,7 +41,7 @@ argparse ``_option_string_actions``                 read        an option's acti
 EAGLE-3 ``model.fc.input_size``                     read        width of the head's static input
 ``  ._greedy_sample``                               override    the greedy draft token (Triton argmax)
 ``FlashAttentionMetadata.max_num_splits``           write       the draft's split count (tuning)
-``  .draft_attn_groups`` / ``builder.build``         call        AOT-scheduled draft metadata in graphs
+``fa_utils.get_scheduler_metadata``                call        AOT split schedule of captured drafts
 ``Attention.kv_cache``                              patch       draft layers' KV with scratch blocks
 ``GPUModelRunner.kv_caches``                        patch       ... and the runner's list of them
 ``GPUModelRunner.effective_drafter_max_model_len``  patch       drafts past the draft's length
@@ -87,9 +87,9 @@ from vllm_specextend.compat.engine import (
 from vllm_specextend.compat.graphs import (
     block_table_width,
     decode_attn_metadata,
-    draft_attn_metadata_scheduled,
     draft_graph_blocker,
     eagle_input_width,
+    schedule_draft_attention,
     set_attn_splits,
 )
 from vllm_specextend.compat.kv import (
@@ -135,8 +135,8 @@ __all__ = [
     "SUPPORTED_VLLM", "add_kv_blocks", "additional_config", "allow_long_drafts",
     "apply_process_patches", "attention_layer", "batch_num_prompt_tokens",
     "batch_req_ids", "batch_seq_lens_cpu", "block_table_width",
-    "check_touch_points", "decode_attn_metadata", "draft_attn_metadata_scheduled",
-    "draft_graph_blocker",
+    "check_touch_points", "decode_attn_metadata", "draft_graph_blocker",
+    "schedule_draft_attention",
     "eagle_input_width", "set_attn_splits",
     "check_vllm_version", "cpu_key_order", "engine_facts",
     "engine_index", "engine_indexes", "extend_rope", "has_option",
@@ -212,15 +212,6 @@ _TOUCH_POINTS = {
     "DraftModelProposer._determine_batch_execution_and_padding": (
         "num_tokens",
         "use_cudagraphs",
-    ),
-    "AttentionMetadataBuilder.build": (
-        "common_prefix_len",
-        "common_attn_metadata",
-        "fast_build",
-    ),
-    "AttentionMetadataBuilder.build_for_drafting": (
-        "common_attn_metadata",
-        "draft_index",
     ),
     "EngineArgs.add_cli_args": ("parser",),
     "EngineArgs.create_engine_config": ("usage_context",),

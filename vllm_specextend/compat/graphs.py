@@ -10,6 +10,7 @@ so a graph captured over persistent buffers replays over new contents
 
 from __future__ import annotations
 
+from vllm_specextend.compat.layers import attention_layer
 from vllm_specextend.compat.symbols import load
 
 _CAPTURABLE_BUILDERS = ("FlashAttentionMetadataBuilder",)
@@ -61,32 +62,46 @@ def eagle_input_width(proposer) -> int:
     return proposer.vllm_config.model_config.get_hidden_size()
 
 
-def draft_attn_metadata_scheduled(proposer, cad, draft_index: int = 0):
-    """vLLM's ``build_per_group_and_layer_attn_metadata`` for a forward inside
-    the captured draft routine, with FA3's ahead-of-time scheduling kept on.
+def schedule_draft_attention(proposer, per_group, num_reqs: int) -> None:
+    """Give the captured draft routine's FlashAttention metadata FA3's
+    ahead-of-time split schedule, planned for the draft's own heads.
 
     vLLM builds drafting metadata with ``fast_build=True`` ("not worth the
     overhead" for a few eager forwards), so every FlashAttention call then
     schedules its own splits: one ``prepare_varlen_num_blocks`` kernel per
-    layer pass, 64 a step for a 16-layer draft at K=4. Captured, the
-    scheduling is one launch per forward, recorded like the rest and replayed
-    over the new ``seq_lens``; the split bound is vLLM's (the builder's
-    ``max_num_splits`` for graphs), as on the piecewise path, so the splits
-    match. Builders without AOT scheduling draft as vLLM does.
+    layer pass, 64 a step for a 16-layer draft at K=4. Captured, one schedule
+    per forward is recorded like the rest and replays over the new
+    ``seq_lens``. The builder's own AOT path cannot serve: it plans with the
+    target's head counts and head size (``model_config``), and FA3 refuses a
+    schedule of another shape. The split bound stays vLLM's
+    (``max_num_splits``), as on the piecewise path. Layers with a sliding
+    window, soft cap, sinks or ALiBi keep vLLM's in-kernel scheduling.
     """
-    per_group, per_layer = [], {}
-    for group in proposer.draft_attn_groups:
-        builder = group.get_metadata_builder()
-        if getattr(builder, "aot_schedule", False):
-            metadata = builder.build(common_prefix_len=0, common_attn_metadata=cad,
-                                     fast_build=False)
-        else:
-            metadata = builder.build_for_drafting(common_attn_metadata=cad,
-                                                  draft_index=draft_index)
-        per_group.append(metadata)
-        for name in group.layer_names:
-            per_layer[name] = metadata
-    return per_group, per_layer
+    from vllm.v1.attention.backends import fa_utils
+
+    for metadata, group in zip(per_group, proposer.draft_attn_groups):
+        if getattr(metadata, "scheduler_metadata", "absent") is not None:
+            continue  # not FlashAttention, or already scheduled
+        impl = attention_layer(proposer.vllm_config, group.layer_names[0]).impl
+        if (tuple(getattr(impl, "sliding_window", None) or (-1, -1)) != (-1, -1)
+                or getattr(impl, "logits_soft_cap", 0) or getattr(impl, "sinks", None) is not None
+                or getattr(impl, "alibi_slopes", None) is not None):
+            continue
+        spec = group.kv_cache_spec
+        metadata.scheduler_metadata = fa_utils.get_scheduler_metadata(
+            batch_size=num_reqs,
+            max_seqlen_q=metadata.max_query_len,
+            max_seqlen_k=metadata.max_seq_len,
+            num_heads_q=impl.num_heads,
+            num_heads_kv=impl.num_kv_heads,
+            headdim=impl.head_size,
+            cache_seqlens=metadata.seq_lens,
+            qkv_dtype=spec.dtype,
+            cu_seqlens_q=metadata.query_start_loc,
+            page_size=spec.block_size,
+            causal=True,
+            num_splits=metadata.max_num_splits,
+        )
 
 
 def set_attn_splits(attn_metadata, num_splits: int) -> None:

@@ -22,7 +22,6 @@ LAZY = {
     "GPUWorkerBase": ("vllm.v1.worker.gpu_worker", "Worker"),
     "CPUWorkerBase": ("vllm.v1.worker.cpu_worker", "CPUWorker"),
     "CommonAttentionMetadata": ("vllm.v1.attention.backend", "CommonAttentionMetadata"),
-    "AttentionMetadataBuilder": ("vllm.v1.attention.backend", "AttentionMetadataBuilder"),
     "CUDAGraphMode": ("vllm.config", "CUDAGraphMode"),
     "EngineArgs": ("vllm.engine.arg_utils", "EngineArgs"),
     # The API server's own token check; ``auth.ApiKeyMiddleware`` subclasses it.
