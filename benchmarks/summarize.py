@@ -65,8 +65,9 @@ def _busy(runs: list[dict]) -> list[float | None]:
 
 def _variant(result: dict, mode: str) -> str | None:
     """The draft tuning switches (``SPECEXTEND_DRAFT_*``, proposer.DraftTuning)
-    a mode's engine ran with, e.g. ``SPECEXTEND_DRAFT_ARGMAX=triton``; None for
-    the shipped defaults. Variant rows stay out of the headline tables."""
+    a mode's engine ran with, e.g. ``SPECEXTEND_DRAFT_AOT=0``; None where none
+    was set (the defaults of the file's commit). Variant rows stay out of the
+    headline tables."""
     env = {}
     for e in result.get("engines", []):
         if e.get("mode") == mode:

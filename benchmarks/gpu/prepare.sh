@@ -48,5 +48,10 @@ if [ "${GGUF:-0}" = 1 ]; then
   rm -rf .gpu/gguf && mkdir -p .gpu/gguf
   split -b 48M "$pkg"/*.gguf .gpu/gguf/part-
   cp "$pkg/__init__.py" .gpu/gguf/ && ls .gpu/gguf/part-* | wc -l > .gpu/gguf/count
+  # transformers reads a GGUF through the `gguf` package, which the host's
+  # python and the vLLM bundle lack (seen 2026-11-25): it travels too (pure
+  # Python, 1.3 MB; its needs numpy, pyyaml, requests and tqdm are there).
+  site=$("$VENV/bin/python" -c 'import gguf, pathlib; print(pathlib.Path(gguf.__file__).parent.parent)')
+  tar -C "$site" -czf .gpu/gguf/gguf_pkg.tgz gguf
 fi
 du -sh .gpu/* | sort -k2

@@ -113,29 +113,36 @@ def test_fixed_width_view_is_the_full_views_prefix():
 
 
 
-def test_draft_tuning_is_off_unless_asked_and_never_on_cpu(monkeypatch):
+def test_draft_tuning_defaults_switches_and_cpu(monkeypatch):
+    from vllm_specextend.argmax_triton import argmax_triton
     from vllm_specextend.proposer import DraftTuning
 
     cuda = torch.device("cuda")
-    monkeypatch.delenv("SPECEXTEND_DRAFT_ARGMAX", raising=False)
-    monkeypatch.delenv("SPECEXTEND_DRAFT_ATTN_SPLITS", raising=False)
+    for name in ("ARGMAX", "ATTN_SPLITS", "AOT"):
+        monkeypatch.delenv(f"SPECEXTEND_DRAFT_{name}", raising=False)
+    # The measured defaults: Triton argmax and AOT scheduling, vLLM's splits.
+    assert DraftTuning.from_env(cuda) == DraftTuning(
+        argmax=argmax_triton, attn_splits=None, aot_schedule=True)
+    monkeypatch.setenv("SPECEXTEND_DRAFT_ARGMAX", "torch")
+    monkeypatch.setenv("SPECEXTEND_DRAFT_AOT", "0")
     assert DraftTuning.from_env(cuda) == DraftTuning()
-    monkeypatch.setenv("SPECEXTEND_DRAFT_ATTN_SPLITS", "2")
-    assert DraftTuning.from_env(cuda).attn_splits == 2
-    assert DraftTuning.from_env(CPU) == DraftTuning()
-
-
-def test_aot_scheduling_is_asked_for_and_excludes_a_split_count(monkeypatch):
-    from vllm_specextend.proposer import DraftTuning
-
-    cuda = torch.device("cuda")
+    # A split count of its own turns the AOT schedule off.
     monkeypatch.setenv("SPECEXTEND_DRAFT_AOT", "1")
-    monkeypatch.delenv("SPECEXTEND_DRAFT_ATTN_SPLITS", raising=False)
-    assert DraftTuning.from_env(cuda).aot_schedule
-    assert not DraftTuning.from_env(CPU).aot_schedule
     monkeypatch.setenv("SPECEXTEND_DRAFT_ATTN_SPLITS", "4")
     tuning = DraftTuning.from_env(cuda)
     assert tuning.attn_splits == 4 and not tuning.aot_schedule
+    # Nothing on CPU, whatever the environment says.
+    assert DraftTuning.from_env(CPU) == DraftTuning()
+
+
+@pytest.mark.parametrize("name, value", [("ARGMAX", "fast"), ("AOT", "yes"),
+                                         ("ATTN_SPLITS", "0"), ("ATTN_SPLITS", "x")])
+def test_draft_tuning_refuses_unknown_values_by_name(monkeypatch, name, value):
+    from vllm_specextend.proposer import DraftTuning
+
+    monkeypatch.setenv(f"SPECEXTEND_DRAFT_{name}", value)
+    with pytest.raises(ValueError, match=f"SPECEXTEND_DRAFT_{name}={value!r}"):
+        DraftTuning.from_env(torch.device("cuda"))
 
 
 def test_captured_draft_attention_is_scheduled_for_the_drafts_own_heads(monkeypatch):
