@@ -86,11 +86,14 @@ case "$1" in
     grep -m5 -E "Error|error:|SpecExtend: (draft routine|capturing)" "$OUT/decode26_$tag.log" ;;
   profile26)
     # Where a step's GPU time goes (in-process engine under torch.profiler):
-    # PROFILE_MODE (spec_extend|draft_model|plain), PROFILE_CONTEXT.
+    # PROFILE_MODE (spec_extend|draft_model|plain), PROFILE_CONTEXT,
+    # PROFILE_ARGS (more flags: a 16K prompt's first token as `vllm serve`
+    # chunks it, issue #22: PROFILE_CONTEXT=16384 PROFILE_ARGS="--prefill
+    # --max-num-batched-tokens 8192"; several modes: one call each).
     timeout ${PROFILE_TIMEOUT:-400} python3 -m benchmarks.gpu.profile_step \
       --mode ${PROFILE_MODE:-spec_extend} --context ${PROFILE_CONTEXT:-65536} \
       --target-config $M/llama31_8b --draft-config $M/${DECODE_DRAFT:-llama32_1b} \
-      --out-dir "$OUT" > "$OUT/profile26.log" 2>&1
+      --out-dir "$OUT" ${PROFILE_ARGS:-} > "$OUT/profile26.log" 2>&1
     echo "profile26 rc=$?"; tail -60 "$OUT/profile26.log" | cut -c1-170
     rm -rf "$OUT/models" ;;
   self-draft)

@@ -8,6 +8,14 @@ warmed up at the cell's shape, then ``--tokens`` new tokens under
 and writes the table and a Chrome trace under ``--out-dir``. For profiling
 only: a hand-held in-process engine, no speed claim.
 
+``--prefill`` profiles a request's prompt instead (issue #22's time to first
+token): a fresh prompt of ``--context`` tokens (another seed, so no prefix is
+cached) with one new token, every chunk of it, with vLLM's own scopes on
+(``VLLM_CUSTOM_SCOPES_FOR_PROFILING``), so the device time of
+``gpu_model_runner: draft`` (the drafter's pass over each chunk) stands beside
+the model forward, sampling and the rest. Its summary has the request's wall
+time and the host and device ms per scope.
+
     python -m benchmarks.gpu.profile_step --mode spec_extend --context 65536 \\
         --target-config .gpu/models/llama31_8b --draft-config .gpu/models/llama32_1b
 """
@@ -22,6 +30,7 @@ from collections import defaultdict
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+SCOPE = "gpu_model_runner: "
 
 CATEGORIES = (
     ("attention", ("flash", "fmha", "attn")),
@@ -48,9 +57,14 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--tokens", type=int, default=96)
     p.add_argument("--spec-extend", default=None)
+    p.add_argument("--prefill", action="store_true",
+                   help="profile a fresh prompt and its first token, not decoding")
     p.add_argument("--out-dir", type=Path, required=True)
     # Other flags (--block-size, --dtype, ...) are bench_decode's engine settings.
     args, engine_flags = p.parse_known_args(argv)
+    if args.prefill:
+        # Read when vLLM's runner first opens a scope: before the engine.
+        os.environ["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"
 
     import torch
     from vllm import LLM
@@ -78,12 +92,17 @@ def main(argv=None) -> int:
     counts = spec_counters(llm)
     activities = [torch.profiler.ProfilerActivity.CPU,
                   torch.profiler.ProfilerActivity.CUDA]
+    if args.prefill:
+        prompts = bench_decode.prompts_for(vocab, 1, args.context, args.batch, 0)
     with torch.profiler.profile(activities=activities) as prof:
         start = time.perf_counter()
-        run = bench_decode.generate(llm, prompts, args.tokens)
+        run = bench_decode.generate(llm, prompts, 1 if args.prefill else args.tokens)
         wall = time.perf_counter() - start
     spec = counter_delta(counts, spec_counters(llm))
-    steps = spec["drafts"] // args.batch if spec["drafts"] else args.tokens
+    if args.prefill:
+        steps = 1  # the whole prompt: figures per request, not per step
+    else:
+        steps = spec["drafts"] // args.batch if spec["drafts"] else args.tokens
 
     events = [e for e in prof.key_averages() if e.device_time_total > 0]
     by_cat: dict[str, float] = defaultdict(float)
@@ -92,21 +111,35 @@ def main(argv=None) -> int:
             by_cat[category(e.key)] += e.self_device_time_total / 1000.0
     total_ms = sum(by_cat.values())
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    name = f"{args.mode}_{args.context}_b{args.batch}{'_prefill' if args.prefill else ''}"
     table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=45)
-    (args.out_dir / f"profile_{args.mode}_{args.context}_b{args.batch}.txt").write_text(table)
-    prof.export_chrome_trace(str(args.out_dir / f"trace_{args.mode}.json"))
+    (args.out_dir / f"profile_{name}.txt").write_text(table)
+    prof.export_chrome_trace(str(args.out_dir / f"trace_{name}.json"))
     summary = {
         "mode": args.mode, "context": args.context, "batch": args.batch,
-        "steps": steps, "decode_tok_s": run["decode_tok_s"],
+        "prefill": args.prefill, "steps": steps,
         "gpu_ms_per_step": total_ms / steps, "wall_ms_per_step": 1000 * wall / steps,
         "gpu_ms_per_step_by_category": {k: v / steps for k, v in sorted(by_cat.items())},
     }
-    (args.out_dir / f"profile_{args.mode}_{args.context}_b{args.batch}.json").write_text(
-        json.dumps(summary, indent=1))
+    if args.prefill:
+        summary["ttft_s_median"] = run.get("ttft_s_median")
+        summary["runner_scopes"] = runner_scopes(prof.key_averages())
+    else:
+        summary["decode_tok_s"] = run["decode_tok_s"]
+    (args.out_dir / f"profile_{name}.json").write_text(json.dumps(summary, indent=1))
     print(table)  # noqa: T201
     print(json.dumps(summary, indent=1))  # noqa: T201
     llm.llm_engine.engine_core.shutdown()
     return 0
+
+
+def runner_scopes(events) -> dict[str, dict[str, float]]:
+    """Each of vLLM's runner scopes (``gpu_model_runner: draft``, ``...
+    sample``, ...): its host ms and the device ms of the kernels it launched,
+    summed over its calls."""
+    return {e.key[len(SCOPE):]: {"calls": e.count, "cpu_ms": e.cpu_time_total / 1000.0,
+                                 "device_ms": e.device_time_total / 1000.0}
+            for e in events if e.key.startswith(SCOPE)}
 
 
 if __name__ == "__main__":
