@@ -64,6 +64,7 @@ import argparse
 import hashlib
 import importlib.util
 import itertools
+import os
 import json
 import re
 import shlex
@@ -378,7 +379,11 @@ def run_mode(args, mode: str, warmups: dict[int, str], cells: list[Cell],
     """Start the mode's server, run every cell, record as it goes."""
     logs = args.out_dir / "logs"
     log = logs / f"serve_{label(args, mode)}.log"
-    record = names(args, mode)
+    # The plugin's switches the server inherits (proposer.DraftTuning):
+    # a run with one set is a variant, kept out of the headline.
+    record = {**names(args, mode),
+              "plugin_env": {k: v for k, v in os.environ.items()
+                             if k.startswith("SPECEXTEND_")}}
     result["servers"].append(record)
     try:
         with serve(serve_args(args, mode), log, args.startup_timeout) as server:

@@ -63,16 +63,19 @@ def _busy(runs: list[dict]) -> list[float | None]:
     return [run.get("gpu_busy") for run in runs]
 
 
+TUNING_PREFIXES = ("SPECEXTEND_DRAFT_", "SPECEXTEND_EARLY_")
+"""The plugin's tuning switches (``proposer.DraftTuning``) in a run's environment."""
+
+
 def _variant(result: dict, mode: str) -> str | None:
-    """The draft tuning switches (``SPECEXTEND_DRAFT_*``, proposer.DraftTuning)
-    a mode's engine ran with, e.g. ``SPECEXTEND_DRAFT_AOT=0``; None where none
-    was set (the defaults of the file's commit). Variant rows stay out of the
-    headline tables."""
+    """The tuning switches a mode's engine or server ran with, e.g.
+    ``SPECEXTEND_DRAFT_AOT=0``; None where none was set (the defaults of the
+    file's commit). Variant rows stay out of the headline tables."""
     env = {}
-    for e in result.get("engines", []):
+    for e in result.get("engines", []) + result.get("servers", []):
         if e.get("mode") == mode:
             env.update({k: v for k, v in (e.get("plugin_env") or {}).items()
-                        if k.startswith("SPECEXTEND_DRAFT_")})
+                        if k.startswith(TUNING_PREFIXES)})
     return " ".join(f"{k}={v}" for k, v in sorted(env.items())) or None
 
 
@@ -103,6 +106,7 @@ def serve_rows(result: dict, file: str) -> list[dict]:
                 continue
             decode = [run.get("decode_tok_s") for run in ok]
             rows.append({"bench": "serve", "device": device(meta), "mode": r["mode"],
+                         "variant": _variant(result, r["mode"]),
                          "draft": r["draft"], "workload": r["workload"],
                          "context": r["input_len"], "concurrency": r["concurrency"],
                          "tok_s": decode if None not in decode else [],

@@ -85,6 +85,9 @@ class SpecExtendMixin:
             compat.allow_long_drafts(runner)
         self._min_context = self.settings.min_view_context
         self._tuning = DraftTuning.from_env(device)
+        if runner is not None and self._tuning.early_output_copy \
+                and getattr(runner, "use_async_scheduling", False):
+            compat.copy_outputs_after_sampling(runner)
         self._view: View | None = None
         self.graphs: DraftGraphs | None = None
         self._in_graph = False  # the body runs: no nested piecewise graphs
@@ -514,11 +517,17 @@ class DraftTuning:
     - ``SPECEXTEND_DRAFT_ATTN_SPLITS=N``: the draft's FlashAttention split
       count (unset: vLLM's, up to 32 under CUDA graphs). The AOT schedule
       plans vLLM's bound, so a count of its own turns AOT off.
+    - ``SPECEXTEND_EARLY_OUTPUT_COPY``: ``1`` lets the runner's async output
+      copy wait for sampling only, not for the drafter queued after it
+      (``compat.patches.EARLY_OUTPUT_COPY``; issue #22's time to first
+      token); ``0`` (default) until a GPU A/B and the graph equality tests
+      have run with it.
     """
 
     argmax: Callable[[torch.Tensor], torch.Tensor] | None = None
     attn_splits: int | None = None
     aot_schedule: bool = False
+    early_output_copy: bool = False
 
     @classmethod
     def from_env(cls, device: torch.device) -> DraftTuning:
@@ -528,11 +537,15 @@ class DraftTuning:
         argmax_name = env.get("SPECEXTEND_DRAFT_ARGMAX", "triton")
         aot = env.get("SPECEXTEND_DRAFT_AOT", "1")
         splits = env.get("SPECEXTEND_DRAFT_ATTN_SPLITS") or None
+        early = env.get("SPECEXTEND_EARLY_OUTPUT_COPY", "0")
         if argmax_name not in ("triton", "torch"):
             raise ValueError(f"SPECEXTEND_DRAFT_ARGMAX={argmax_name!r}: use 'triton' "
                              "(the default) or 'torch'")
         if aot not in ("0", "1"):
             raise ValueError(f"SPECEXTEND_DRAFT_AOT={aot!r}: use '1' (the default) or '0'")
+        if early not in ("0", "1"):
+            raise ValueError(f"SPECEXTEND_EARLY_OUTPUT_COPY={early!r}: use '0' (the "
+                             "default) or '1'")
         if splits is not None and not (splits.isdigit() and int(splits) > 0):
             raise ValueError(f"SPECEXTEND_DRAFT_ATTN_SPLITS={splits!r}: use a positive "
                              "integer, or leave it unset for vLLM's split count")
@@ -540,7 +553,8 @@ class DraftTuning:
         if argmax_name == "triton":
             from vllm_specextend.argmax_triton import argmax_triton as argmax
         return cls(argmax=argmax, attn_splits=int(splits) if splits else None,
-                   aot_schedule=aot == "1" and splits is None)
+                   aot_schedule=aot == "1" and splits is None,
+                   early_output_copy=early == "1")
 
 
 @dataclass

@@ -178,6 +178,21 @@ def test_tuning_variants_stay_out_of_the_headline(results):
     assert "999" not in text and "[200 (180–210)]" in text
 
 
+def test_serving_variants_stay_out_of_the_headline(results):
+    """A server started with a tuning switch set (an A/B of
+    SPECEXTEND_EARLY_OUTPUT_COPY, say) gives variant rows."""
+    ab = _serve([_serve_row("spec_extend", [999.0, 998.0, 997.0])])
+    ab["meta"]["date_utc"] = "z"
+    ab["servers"] = [{"mode": "spec_extend", "plugin_env": {
+        "SPECEXTEND_EARLY_OUTPUT_COPY": "1", "SPECEXTEND_DATA_DIR": "/x"}}]
+    (results / "serve" / "20261209T0000Z").mkdir()
+    (results / "serve" / "20261209T0000Z" / "results.json").write_text(json.dumps(ab))
+    rows = summarize.summarize(results)
+    assert [r["variant"] for r in rows if "20261209" in r["file"]] == [
+        "SPECEXTEND_EARLY_OUTPUT_COPY=1"]
+    assert "999" not in summarize.render(rows, results / "docs")
+
+
 def test_caption_explains_busy_only_where_a_cell_shows_it(results):
     rows = summarize.summarize(results)
     # decode, serve's decode phase, serve's output tok/s

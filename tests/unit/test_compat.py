@@ -445,6 +445,7 @@ def test_declared_patches():
         "RotaryEmbedding.cos_sin_cache",
         "Attention.kv_cache",
         "GPUModelRunner.kv_caches",
+        "GPUModelRunner._sample",
     ]
     table = compat.__doc__
     for patch in compat.PATCHES:
@@ -497,6 +498,51 @@ def test_long_drafts_patch_needs_the_runner_attribute():
     # A renamed upstream attribute fails instead of adding one nobody reads.
     with pytest.raises(PatchError, match="effective_drafter_max_model_len"):
         compat.allow_long_drafts(types.SimpleNamespace(max_model_len=4096))
+
+
+class _FakeRunner:
+    """What EARLY_OUTPUT_COPY reads of vLLM's runner: sampling, the output copy
+    stream, and the two flags whose snapshots follow the drafter."""
+
+    routed_experts_initialized = False
+    check_ep_fault = False
+
+    def __init__(self):
+        self.stream = object()
+
+    def _sample(self, logits, spec_decode_metadata):
+        return ("sampled", logits)
+
+    def _get_or_create_async_output_copy_stream(self):
+        return self.stream
+
+
+def test_early_output_copy_waits_for_sampling_once_per_step(monkeypatch):
+    order = []
+
+    class Event:
+        def record(self):
+            order.append(("record", self))
+
+    monkeypatch.setattr(patches.torch.cuda, "Event", Event)
+    monkeypatch.setattr(patches, "_AfterSampling",
+                        lambda stream, event: ("after", stream, event))
+    runner = _FakeRunner()
+    compat.copy_outputs_after_sampling(runner)
+    compat.copy_outputs_after_sampling(runner)  # once per runner
+    assert runner._sample("L", None) == ("sampled", "L")
+    (_, event), = order
+    # The step's output copy waits for that event, on the runner's own stream.
+    assert runner._get_or_create_async_output_copy_stream() == ("after", runner.stream, event)
+    # Without a new sampling (a pooling output, say) the stream is vLLM's own.
+    assert runner._get_or_create_async_output_copy_stream() is runner.stream
+    # Routed experts are snapshotted after the drafter: the whole stream.
+    runner._sample("L", None)
+    runner.routed_experts_initialized = True
+    assert runner._get_or_create_async_output_copy_stream() is runner.stream
+    compat.REGISTRY.undo(patches.EARLY_OUTPUT_COPY, runner)
+    assert "_sample" not in vars(runner)
+    assert "_get_or_create_async_output_copy_stream" not in vars(runner)
 
 
 def test_on_engine_config_exports_metrics_only_when_enabled():

@@ -118,8 +118,8 @@ def test_draft_tuning_defaults_switches_and_cpu(monkeypatch):
     from vllm_specextend.proposer import DraftTuning
 
     cuda = torch.device("cuda")
-    for name in ("ARGMAX", "ATTN_SPLITS", "AOT"):
-        monkeypatch.delenv(f"SPECEXTEND_DRAFT_{name}", raising=False)
+    for name in ("DRAFT_ARGMAX", "DRAFT_ATTN_SPLITS", "DRAFT_AOT", "EARLY_OUTPUT_COPY"):
+        monkeypatch.delenv(f"SPECEXTEND_{name}", raising=False)
     # The measured defaults: Triton argmax and AOT scheduling, vLLM's splits.
     assert DraftTuning.from_env(cuda) == DraftTuning(
         argmax=argmax_triton, attn_splits=None, aot_schedule=True)
@@ -131,17 +131,22 @@ def test_draft_tuning_defaults_switches_and_cpu(monkeypatch):
     monkeypatch.setenv("SPECEXTEND_DRAFT_ATTN_SPLITS", "4")
     tuning = DraftTuning.from_env(cuda)
     assert tuning.attn_splits == 4 and not tuning.aot_schedule
+    # The early output copy: off unless asked.
+    assert not tuning.early_output_copy
+    monkeypatch.setenv("SPECEXTEND_EARLY_OUTPUT_COPY", "1")
+    assert DraftTuning.from_env(cuda).early_output_copy
     # Nothing on CPU, whatever the environment says.
     assert DraftTuning.from_env(CPU) == DraftTuning()
 
 
-@pytest.mark.parametrize("name, value", [("ARGMAX", "fast"), ("AOT", "yes"),
-                                         ("ATTN_SPLITS", "0"), ("ATTN_SPLITS", "x")])
+@pytest.mark.parametrize("name, value", [
+    ("DRAFT_ARGMAX", "fast"), ("DRAFT_AOT", "yes"), ("DRAFT_ATTN_SPLITS", "0"),
+    ("DRAFT_ATTN_SPLITS", "x"), ("EARLY_OUTPUT_COPY", "on")])
 def test_draft_tuning_refuses_unknown_values_by_name(monkeypatch, name, value):
     from vllm_specextend.proposer import DraftTuning
 
-    monkeypatch.setenv(f"SPECEXTEND_DRAFT_{name}", value)
-    with pytest.raises(ValueError, match=f"SPECEXTEND_DRAFT_{name}={value!r}"):
+    monkeypatch.setenv(f"SPECEXTEND_{name}", value)
+    with pytest.raises(ValueError, match=f"SPECEXTEND_{name}={value!r}"):
         DraftTuning.from_env(torch.device("cuda"))
 
 

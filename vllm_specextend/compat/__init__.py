@@ -45,6 +45,7 @@ EAGLE-3 ``model.fc.input_size``                     read        width of the hea
 ``Attention.kv_cache``                              patch       draft layers' KV with scratch blocks
 ``GPUModelRunner.kv_caches``                        patch       ... and the runner's list of them
 ``GPUModelRunner.effective_drafter_max_model_len``  patch       drafts past the draft's length
+``GPUModelRunner._sample`` / output copy stream     patch       tokens copied out before the draft pass
 ``RotaryEmbedding.cos_sin_cache``                   patch       draft RoPE table to the target's length
 ``RotaryEmbedding._compute_inv_freq``               call        frequencies for re-rotation
 ``distributed`` TP rank, all-reduce, broadcast      call        one chunk choice across TP ranks
@@ -113,6 +114,7 @@ from vllm_specextend.compat.patches import (
     REGISTRY,
     allow_long_drafts,
     apply_process_patches,
+    copy_outputs_after_sampling,
     extend_rope,
     report_errors_briefly,
     require_v1_model_runner,
@@ -135,7 +137,8 @@ __all__ = [
     "SUPPORTED_VLLM", "add_kv_blocks", "additional_config", "allow_long_drafts",
     "apply_process_patches", "attention_layer", "batch_num_prompt_tokens",
     "batch_req_ids", "batch_seq_lens_cpu", "block_table_width",
-    "check_touch_points", "decode_attn_metadata", "draft_graph_blocker",
+    "check_touch_points", "copy_outputs_after_sampling", "decode_attn_metadata",
+    "draft_graph_blocker",
     "schedule_draft_attention",
     "eagle_input_width", "set_attn_splits",
     "check_vllm_version", "cpu_key_order", "engine_facts",
@@ -213,6 +216,8 @@ _TOUCH_POINTS = {
         "num_tokens",
         "use_cudagraphs",
     ),
+    "GPUModelRunner._sample": ("logits", "spec_decode_metadata"),
+    "GPUModelRunner._get_or_create_async_output_copy_stream": (),
     "EngineArgs.add_cli_args": ("parser",),
     "EngineArgs.create_engine_config": ("usage_context",),
 }

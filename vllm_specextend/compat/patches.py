@@ -222,6 +222,61 @@ RUNNER_KV_CACHES = Patch(
     undoable=False,
 )
 
+class _AfterSampling(torch.cuda.ExternalStream):
+    """The runner's output copy stream itself (the same CUDA stream), whose
+    ``wait_stream`` waits only for an event recorded right after this step's
+    sampling, not for everything queued on the stream it is given."""
+
+    def __new__(cls, stream, sampled: torch.cuda.Event):
+        self = super().__new__(cls, stream.cuda_stream, device=stream.device)
+        self.sampled = sampled
+        return self
+
+    def wait_stream(self, stream) -> None:
+        self.wait_event(self.sampled)
+
+
+def _copy_after_sampling(runner) -> dict:
+    sample = runner._sample
+    copy_stream = runner._get_or_create_async_output_copy_stream
+    pending: list[torch.cuda.Event] = []
+
+    @functools.wraps(sample)
+    def sample_then_record(*args, **kwargs):
+        output = sample(*args, **kwargs)
+        event = torch.cuda.Event()
+        event.record()
+        pending[:] = [event]
+        return output
+
+    @functools.wraps(copy_stream)
+    def stream_after_sampling():
+        stream = copy_stream()
+        event = pending.pop() if pending else None
+        # Routed experts and EP fault flags are snapshotted after the drafter
+        # ran: their copies must wait for the whole stream, as vLLM's do.
+        if event is None or runner.routed_experts_initialized or runner.check_ep_fault:
+            return stream
+        return _AfterSampling(stream, event)
+
+    return {"_sample": sample_then_record,
+            "_get_or_create_async_output_copy_stream": stream_after_sampling}
+
+
+EARLY_OUTPUT_COPY = Patch(
+    name="GPUModelRunner._sample",
+    target="GPUModelRunner._sample and _get_or_create_async_output_copy_stream "
+    "(each runner, async scheduling on a GPU, SPECEXTEND_EARLY_OUTPUT_COPY=1)",
+    why="vLLM 0.26's AsyncGPUModelRunnerOutput starts the copy of the sampled "
+    "tokens after everything queued on the default stream, and the drafter is "
+    "queued before it: every token, the first one included, reaches the client "
+    "a draft pass late. The tokens are final once sampled (nothing writes them "
+    "afterwards), so the copy waits for an event recorded right after sampling.",
+    attrs=("_sample", "_get_or_create_async_output_copy_stream"),
+    replace=_copy_after_sampling,
+    per_instance=True,
+)
+
 PATCHES = (
     ENGINE_ARGS_CLI,
     ENGINE_ARGS_CONFIG,
@@ -235,6 +290,7 @@ PATCHES = (
     DRAFT_ROPE_TABLE,
     DRAFT_KV_CACHE,
     RUNNER_KV_CACHES,
+    EARLY_OUTPUT_COPY,
 )
 REGISTRY = PatchRegistry(PATCHES)
 
@@ -350,6 +406,12 @@ def allow_long_drafts(runner) -> None:
     """Let the runner draft for contexts past the draft's max_model_len."""
     if not REGISTRY.is_applied(LONG_DRAFTS, runner):
         REGISTRY.apply(LONG_DRAFTS, runner)
+
+
+def copy_outputs_after_sampling(runner) -> None:
+    """Let the runner's async output copy wait for sampling, not the drafter."""
+    if not REGISTRY.is_applied(EARLY_OUTPUT_COPY, runner):
+        REGISTRY.apply(EARLY_OUTPUT_COPY, runner)
 
 
 def extend_rope(rope, max_position: int) -> None:

@@ -20,6 +20,7 @@ LAZY = {
     "DraftModelProposer": ("vllm.v1.spec_decode.draft_model", "DraftModelProposer"),
     "EagleProposer": ("vllm.v1.spec_decode.eagle", "EagleProposer"),
     "GPUWorkerBase": ("vllm.v1.worker.gpu_worker", "Worker"),
+    "GPUModelRunner": ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),
     "CPUWorkerBase": ("vllm.v1.worker.cpu_worker", "CPUWorker"),
     "CommonAttentionMetadata": ("vllm.v1.attention.backend", "CommonAttentionMetadata"),
     "CUDAGraphMode": ("vllm.config", "CUDAGraphMode"),
