@@ -64,8 +64,8 @@ import argparse
 import hashlib
 import importlib.util
 import itertools
-import os
 import json
+import os
 import re
 import shlex
 import signal

@@ -534,10 +534,10 @@ class DraftTuning:
         if device.type != "cuda":
             return cls()
         env = os.environ
-        argmax_name = env.get("SPECEXTEND_DRAFT_ARGMAX", "triton")
-        aot = env.get("SPECEXTEND_DRAFT_AOT", "1")
+        argmax_name = env.get("SPECEXTEND_DRAFT_ARGMAX") or "triton"
+        aot = env.get("SPECEXTEND_DRAFT_AOT") or "1"
         splits = env.get("SPECEXTEND_DRAFT_ATTN_SPLITS") or None
-        early = env.get("SPECEXTEND_EARLY_OUTPUT_COPY", "0")
+        early = env.get("SPECEXTEND_EARLY_OUTPUT_COPY") or "0"
         if argmax_name not in ("triton", "torch"):
             raise ValueError(f"SPECEXTEND_DRAFT_ARGMAX={argmax_name!r}: use 'triton' "
                              "(the default) or 'torch'")

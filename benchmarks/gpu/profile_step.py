@@ -135,11 +135,21 @@ def main(argv=None) -> int:
 
 def runner_scopes(events) -> dict[str, dict[str, float]]:
     """Each of vLLM's runner scopes (``gpu_model_runner: draft``, ``...
-    sample``, ...): its host ms and the device ms of the kernels it launched,
-    summed over its calls."""
-    return {e.key[len(SCOPE):]: {"calls": e.count, "cpu_ms": e.cpu_time_total / 1000.0,
-                                 "device_ms": e.device_time_total / 1000.0}
-            for e in events if e.key.startswith(SCOPE)}
+    sample``, ...), summed over its calls: host ms and the device ms of the
+    kernels launched inside it (its CPU event), and the span it covers on the
+    GPU, idle gaps included (the GPU annotation torch adds under the same
+    name, where there is one)."""
+    scopes: dict[str, dict[str, float]] = {}
+    for e in events:
+        if not e.key.startswith(SCOPE):
+            continue
+        row = scopes.setdefault(e.key[len(SCOPE):], {})
+        if getattr(e.device_type, "name", "CPU") == "CPU":
+            row.update(calls=e.count, cpu_ms=e.cpu_time_total / 1000.0,
+                       device_ms=e.device_time_total / 1000.0)
+        else:
+            row["gpu_span_ms"] = e.device_time_total / 1000.0
+    return scopes
 
 
 if __name__ == "__main__":

@@ -8,16 +8,20 @@ from benchmarks.gpu.profile_step import category, runner_scopes
 
 
 def test_runner_scopes_keep_only_vllms_scopes_with_host_and_device_ms():
+    cpu, cuda = SimpleNamespace(name="CPU"), SimpleNamespace(name="CUDA")
     events = [
-        SimpleNamespace(key="gpu_model_runner: draft", count=2,
+        SimpleNamespace(key="gpu_model_runner: draft", count=2, device_type=cpu,
                         cpu_time_total=3000.0, device_time_total=61500.0),
-        SimpleNamespace(key="gpu_model_runner: forward", count=2,
+        # torch's GPU annotation of the same scope: its span on the GPU.
+        SimpleNamespace(key="gpu_model_runner: draft", count=2, device_type=cuda,
+                        cpu_time_total=0.0, device_time_total=70000.0),
+        SimpleNamespace(key="gpu_model_runner: forward", count=2, device_type=cpu,
                         cpu_time_total=1000.0, device_time_total=450000.0),
-        SimpleNamespace(key="aten::mm", count=9, cpu_time_total=1.0,
+        SimpleNamespace(key="aten::mm", count=9, device_type=cpu, cpu_time_total=1.0,
                         device_time_total=5.0),
     ]
     assert runner_scopes(events) == {
-        "draft": {"calls": 2, "cpu_ms": 3.0, "device_ms": 61.5},
+        "draft": {"calls": 2, "cpu_ms": 3.0, "device_ms": 61.5, "gpu_span_ms": 70.0},
         "forward": {"calls": 2, "cpu_ms": 1.0, "device_ms": 450.0},
     }
 

@@ -163,27 +163,41 @@ def test_captured_draft_attention_is_scheduled_for_the_drafts_own_heads(monkeypa
     # The draft's heads (not the target's, which vLLM's builder would use).
     impl = SimpleNamespace(num_heads=32, num_kv_heads=8, head_size=64,
                            sliding_window=(-1, -1), logits_soft_cap=0,
-                           sinks=None, alibi_slopes=None)
-    windowed = SimpleNamespace(**{**vars(impl), "sliding_window": (127, 0)})
-    layers = {"d.0": SimpleNamespace(impl=impl), "w.0": SimpleNamespace(impl=windowed)}
-    spec = SimpleNamespace(dtype=torch.bfloat16, block_size=16)
+                           sinks=None, alibi_slopes=None, vllm_flash_attn_version=3)
+    layers = {
+        "d.0": SimpleNamespace(impl=impl),
+        # vLLM's in-kernel scheduling stays: a window, FA2 (no AOT schedule).
+        "w.0": SimpleNamespace(impl=SimpleNamespace(**{**vars(impl),
+                                                       "sliding_window": (127, 0)})),
+        "fa2.0": SimpleNamespace(impl=SimpleNamespace(**{**vars(impl),
+                                                         "vllm_flash_attn_version": 2})),
+    }
+    bf16 = SimpleNamespace(dtype=torch.bfloat16, block_size=16)
+    fp8 = SimpleNamespace(dtype=torch.uint8, block_size=16)  # a quantized cache
     groups = [SimpleNamespace(layer_names=[n], kv_cache_spec=spec)
-              for n in ("d.0", "w.0", "d.0")]
+              for n, spec in (("d.0", bf16), ("w.0", bf16), ("fa2.0", bf16),
+                              ("d.0", fp8), ("d.0", bf16))]
     proposer = SimpleNamespace(
         draft_attn_groups=groups,
         vllm_config=SimpleNamespace(compilation_config=SimpleNamespace(
             static_forward_context=layers)))
     lens = torch.tensor([100, 7], dtype=torch.int32)
     fa = [SimpleNamespace(scheduler_metadata=None, max_query_len=6, max_seq_len=2096,
-                          seq_lens=lens, query_start_loc=lens, max_num_splits=32)
-          for _ in range(2)]
+                          seq_lens=lens, query_start_loc=lens, max_num_splits=32,
+                          causal=True)
+          for _ in range(4)]
     other = SimpleNamespace()  # another backend's metadata: left alone
-    compat.schedule_draft_attention(proposer, [fa[0], fa[1], other], num_reqs=2)
-    assert fa[0].scheduler_metadata == "schedule"
-    assert fa[1].scheduler_metadata is None  # a sliding window: vLLM's own
+    compat.schedule_draft_attention(proposer, [*fa, other], num_reqs=2)
+    assert [m.scheduler_metadata for m in fa] == ["schedule", None, None, None]
     assert not hasattr(other, "scheduler_metadata")
     (kw,) = calls
     assert (kw["num_heads_q"], kw["num_heads_kv"], kw["headdim"]) == (32, 8, 64)
     assert (kw["batch_size"], kw["max_seqlen_q"], kw["max_seqlen_k"]) == (2, 6, 2096)
-    assert kw["num_splits"] == 32 and kw["page_size"] == 16 and kw["causal"]
+    assert kw["num_splits"] == 32 and kw["page_size"] == 16 and kw["causal"] is True
     assert kw["cache_seqlens"] is lens and kw["qkv_dtype"] == torch.bfloat16
+    # Batch-invariant vLLM plans nothing ahead.
+    import vllm.envs as envs
+    monkeypatch.setattr(envs, "VLLM_BATCH_INVARIANT", True, raising=False)
+    fa[0].scheduler_metadata = None
+    compat.schedule_draft_attention(proposer, [*fa, other], num_reqs=2)
+    assert fa[0].scheduler_metadata is None and len(calls) == 1

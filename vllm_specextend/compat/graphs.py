@@ -10,6 +10,8 @@ so a graph captured over persistent buffers replays over new contents
 
 from __future__ import annotations
 
+import torch
+
 from vllm_specextend.compat.layers import attention_layer
 from vllm_specextend.compat.symbols import load
 
@@ -74,16 +76,25 @@ def schedule_draft_attention(proposer, per_group, num_reqs: int) -> None:
     ``seq_lens``. The builder's own AOT path cannot serve: it plans with the
     target's head counts and head size (``model_config``), and FA3 refuses a
     schedule of another shape. The split bound stays vLLM's
-    (``max_num_splits``), as on the piecewise path. Layers with a sliding
-    window, soft cap, sinks or ALiBi keep vLLM's in-kernel scheduling.
+    (``max_num_splits``), as on the piecewise path. Only FA3 plans ahead, as
+    in vLLM's builder (not FA2 or FA4, not under ``VLLM_BATCH_INVARIANT``);
+    layers with a sliding window, soft cap, sinks, ALiBi, a per-sequence
+    causal mask or a quantized KV cache keep vLLM's in-kernel scheduling.
     """
+    import vllm.envs as envs
     from vllm.v1.attention.backends import fa_utils
 
+    if envs.VLLM_BATCH_INVARIANT:
+        return
     for metadata, group in zip(per_group, proposer.draft_attn_groups):
         if getattr(metadata, "scheduler_metadata", "absent") is not None:
             continue  # not FlashAttention, or already scheduled
         impl = attention_layer(proposer.vllm_config, group.layer_names[0]).impl
-        if (tuple(getattr(impl, "sliding_window", None) or (-1, -1)) != (-1, -1)
+        causal = getattr(metadata, "causal", True)
+        if (getattr(impl, "vllm_flash_attn_version", None) != 3
+                or not isinstance(causal, bool)
+                or group.kv_cache_spec.dtype not in (torch.float16, torch.bfloat16)
+                or tuple(getattr(impl, "sliding_window", None) or (-1, -1)) != (-1, -1)
                 or getattr(impl, "logits_soft_cap", 0) or getattr(impl, "sinks", None) is not None
                 or getattr(impl, "alibi_slopes", None) is not None):
             continue
@@ -99,7 +110,7 @@ def schedule_draft_attention(proposer, per_group, num_reqs: int) -> None:
             qkv_dtype=spec.dtype,
             cu_seqlens_q=metadata.query_start_loc,
             page_size=spec.block_size,
-            causal=True,
+            causal=causal,
             num_splits=metadata.max_num_splits,
         )
 
