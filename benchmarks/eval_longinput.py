@@ -85,11 +85,12 @@ def spec_config(args, mode: str, working_set: int | None = None,
 
 
 def working_set_config(args, tokens: int) -> dict:
-    """A working set of ``tokens``: the sinks, a recent window of a quarter of
-    it, and as many retrieved chunks as fill the rest (``streaming`` spends the
-    chunks' share on its window, so both policies see ``tokens`` tokens)."""
+    """A working set of ``tokens``: the sinks, a recent window of
+    ``--window-share`` of it (a quarter by default), and as many retrieved
+    chunks as fill the rest (``streaming`` spends the chunks' share on its
+    window, so both policies see ``tokens`` tokens)."""
     chunk, sink = args.spec_extend["chunk_size"], args.spec_extend["sink_tokens"]
-    recent = tokens // 4 // chunk * chunk
+    recent = int(tokens * args.window_share) // chunk * chunk
     top_k = (tokens - sink - recent) // chunk
     if top_k < 1 or sink + recent + top_k * chunk != tokens:
         raise ValueError(
@@ -452,6 +453,9 @@ def parse_args(argv=None):
     r.add_argument("--working-sets", type=int, nargs="+", default=[],
                    help="run the streaming/cmr modes at each of these working-set "
                    "sizes in tokens (sinks + chunks + window)")
+    r.add_argument("--window-share", type=float, default=0.25,
+                   help="share of each --working-sets budget given to the recent "
+                   "window under cmr (the rest: sinks and retrieved chunks)")
     r.add_argument("--coverage", action="store_true",
                    help="eval rows: what each draft step's working set held of "
                         "the target's final-layer attention (harness."

@@ -115,6 +115,15 @@ def test_self_draft_modes_share_one_engine_and_run_each_working_set(plan):
     assert (cmr512["recent_tokens"], cmr512["sink_tokens"]) == (128, 32)
 
 
+def test_window_share_moves_the_split_between_window_and_chunks(plan):
+    _, runs = plan("--lengths", "512", "--datasets", "pg19", "--modes", "self_cmr",
+                   "--working-sets", "512", "--window-share", "0.5")
+    (run,) = runs
+    # 512 = 32 sinks + a 256-token window + 7 chunks of 32.
+    assert (run.config["recent_tokens"], run.config["top_k"]) == (256, 7)
+    assert eval_longinput.report.working_set(run.config) == 512
+
+
 def test_self_draft_modes_need_no_draft(tiny_target):
     args = eval_longinput.parse_args(["run", "--target", tiny_target, "--out", "x.json",
                                       "--modes", "none", "self_cmr"])
