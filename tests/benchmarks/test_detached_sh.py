@@ -19,7 +19,9 @@ def test_a_run_outlives_its_call_and_the_next_call_collects_it(tmp_path):
     run = tmp_path / "job"
     flag = tmp_path / "go"
     # The command waits for a flag, with an argument that needs quoting.
-    cmd = f"detached {run} 1 bash -c 'while [ ! -f {flag} ]; do sleep 0.2; done; echo \"a b\"; exit 7'"
+    # (bounded: a failing test leaves no process behind for long).
+    cmd = (f"detached {run} 1 timeout 60 bash -c "
+           f"'while [ ! -f {flag} ]; do sleep 0.2; done; echo \"a b\"; exit 7'")
     first = _bash(tmp_path, f"{cmd}; echo status=$?; detached_running")
     assert "job: started" in first.stdout and "still running" in first.stdout
     assert "status=1" in first.stdout and first.stdout.strip().endswith("job")
