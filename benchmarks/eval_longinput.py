@@ -420,6 +420,46 @@ def merge_reports(args) -> int:
     return 0
 
 
+def paired_report(args) -> int:
+    """Each eval row against the ``--baseline`` mode's row of the same
+    dataset and length on the same prompts (any of the files): per-prompt
+    pairs, so the interval is of the ratio, not of two separate means."""
+    rows = [r for p in args.files for r in json.loads(Path(p).read_text())["rows"]
+            if r["task"] == "eval" and r["batch_size"] == 1]
+    out = []
+    for base in [r for r in rows if r["mode"] == args.baseline]:
+        for r in rows:
+            if (r is base or r["mode"] == args.baseline
+                    or (r["dataset"], r["length"]) != (base["dataset"], base["length"])
+                    or r["prompt_hashes"] != base["prompt_hashes"]):
+                continue
+            pair = acceptance.paired_ratio(r["batch_counters"], base["batch_counters"])
+            out.append({"dataset": r["dataset"], "length": r["length"], "mode": r["mode"],
+                        "working_set": r.get("working_set"),
+                        "recent_tokens": (r["config"] or {}).get("recent_tokens"),
+                        "top_k": (r["config"] or {}).get("top_k"),
+                        "accepted_length": r["mean_accepted_length"],
+                        "baseline": args.baseline,
+                        "baseline_accepted_length": base["mean_accepted_length"],
+                        **(pair or {})})
+    lines = [f"Against `{args.baseline}` on the same prompts: ratio of accepted lengths, "
+             "95% bootstrap interval drawing prompts for both, prompts that drafted "
+             f"better. From: {', '.join(args.files)}.", "",
+             "| dataset | length | mode | working set | window | chunks | accepted length "
+             "| baseline | ratio | 95% interval | better |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for o in out:
+        low, high = o.get("interval") or (float("nan"),) * 2
+        lines.append(f"| {o['dataset']} | {o['length']} | {o['mode']} | {o['working_set']} "
+                     f"| {o['recent_tokens']} | {o['top_k']} | {o['accepted_length']:.2f} "
+                     f"| {o['baseline_accepted_length']:.2f} | {o.get('ratio', float('nan')):.3f} "
+                     f"| {low:.3f}–{high:.3f} | {o.get('better')} of {o.get('prompts')} |")
+    Path(args.out).write_text(json.dumps({"files": args.files, "baseline": args.baseline,
+                                          "rows": out}, indent=1) + "\n")
+    Path(args.out).with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
 def model_limit(*paths: str) -> int:
     configs = [json.loads((Path(p) / "config.json").read_text()) for p in paths]
     return min(c["max_position_embeddings"] for c in configs)
@@ -489,6 +529,11 @@ def parse_args(argv=None):
     m = sub.add_parser("report", help="merge results files into one (JSON + .md)")
     m.add_argument("files", nargs="+")
     m.add_argument("--out", required=True)
+    pr = sub.add_parser("paired", help="each mode against a baseline mode on the "
+                        "same prompts (JSON + .md)")
+    pr.add_argument("files", nargs="+")
+    pr.add_argument("--baseline", default="self_streaming")
+    pr.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     if args.command == "run":
         from vllm_specextend.config import SpecExtendConfig
@@ -509,6 +554,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     args = parse_args(argv)
+    if args.command == "paired":
+        return paired_report(args)
     return run(args) if args.command == "run" else merge_reports(args)
 
 

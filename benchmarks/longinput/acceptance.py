@@ -84,6 +84,35 @@ def accepted_length_interval(units: list[dict], level: float = 0.95,
     return [float(x) for x in np.percentile(lengths, [tail, 100 - tail])]
 
 
+def paired_ratio(units: list[dict], base: list[dict], level: float = 0.95,
+                 resamples: int = 2000, seed: int = 0) -> dict | None:
+    """Accepted length of ``units`` over that of ``base``, the same prompts
+    in the same order (batch size 1: one unit per prompt): the ratio of the
+    two runs' ``1 + accepted / drafts``, a bootstrap interval that draws
+    prompts (the same draw for both), and how many prompts drafted better.
+    None with fewer than two prompts."""
+    import numpy as np
+
+    if len(units) != len(base) or len(units) < 2:
+        return None
+    arrays = [np.array([[u["accepted_tokens"], u["drafts"]] for u in run],
+                       dtype=np.float64) for run in (units, base)]
+    (acc, drafts), (base_acc, base_drafts) = (a.T for a in arrays)
+
+    def length(a, d):
+        return 1.0 + a.sum(axis=-1) / d.sum(axis=-1)
+
+    picks = np.random.default_rng(seed).integers(0, len(units), (resamples, len(units)))
+    ratios = (length(acc[picks], drafts[picks])
+              / length(base_acc[picks], base_drafts[picks]))
+    tail = 100 * (1 - level) / 2
+    low, high = np.percentile(ratios, [tail, 100 - tail])
+    better = int(((1 + acc / drafts) > (1 + base_acc / base_drafts)).sum())
+    return {"ratio": float(length(acc, drafts) / length(base_acc, base_drafts)),
+            "interval": [float(low), float(high)], "better": better,
+            "prompts": len(units)}
+
+
 @dataclass(frozen=True)
 class Step:
     """One verification: ``proposal`` drafted output[start:], ``accepted`` kept."""

@@ -108,3 +108,53 @@ def test_interval_narrows_with_more_prompts():
     lo_few, hi_few = acceptance.accepted_length_interval(few)
     lo_many, hi_many = acceptance.accepted_length_interval(many)
     assert hi_many - lo_many < (hi_few - lo_few) / 3
+
+
+def _units(pairs):
+    return [{"accepted_tokens": a, "drafts": d} for a, d in pairs]
+
+
+def test_paired_ratio_draws_the_same_prompts_for_both_runs():
+    base = _units([(20, 10), (30, 10), (10, 10)])
+    # Every prompt accepted 2 more tokens in its 10 drafts: each draw's ratio
+    # lies between the prompts' own (1.05 to 1.10), and all drafted better.
+    better = _units([(a + 2, d) for a, d in [(20, 10), (30, 10), (10, 10)]])
+    pair = acceptance.paired_ratio(better, base)
+    assert pair["ratio"] == pytest.approx((1 + 66 / 30) / (1 + 60 / 30))
+    assert pair["better"] == 3 and pair["prompts"] == 3
+    low, high = pair["interval"]
+    assert 1.05 - 1e-9 <= low <= pair["ratio"] <= high <= 1.1 + 1e-9
+    # Identical runs: a ratio of 1 in every draw, and no prompt better.
+    same = acceptance.paired_ratio(base, base)
+    assert same["interval"] == [1.0, 1.0] and same["better"] == 0
+    # Unpaired lists, or a single prompt: no answer.
+    assert acceptance.paired_ratio(better[:2], base) is None
+    assert acceptance.paired_ratio(better[:1], base[:1]) is None
+
+
+def test_paired_report_matches_rows_on_the_same_prompts(tmp_path):
+    import json
+
+    from benchmarks import eval_longinput
+
+    def row(mode, counters, hashes, recent=128):
+        return {"task": "eval", "batch_size": 1, "dataset": "pg19", "length": 8192,
+                "mode": mode, "working_set": 512, "prompt_hashes": hashes,
+                "config": {"recent_tokens": recent, "top_k": 11},
+                "mean_accepted_length": 1 + sum(a for a, _ in counters)
+                / sum(d for _, d in counters),
+                "batch_counters": _units(counters)}
+
+    a = tmp_path / "a.json"
+    b = tmp_path / "b.json"
+    a.write_text(json.dumps({"rows": [row("self_streaming", [(30, 10), (20, 10)], ["x", "y"]),
+                                      row("self_cmr", [(20, 10), (20, 10)], ["x", "y"])]}))
+    # Another prompt set: never paired with the baseline above.
+    b.write_text(json.dumps({"rows": [row("self_cmr", [(40, 10), (40, 10)], ["x", "z"],
+                                          recent=256)]}))
+    out = tmp_path / "paired.json"
+    assert eval_longinput.main(["paired", str(a), str(b), "--out", str(out)]) == 0
+    (only,) = json.loads(out.read_text())["rows"]
+    assert (only["mode"], only["recent_tokens"], only["better"]) == ("self_cmr", 128, 0)
+    assert only["ratio"] == pytest.approx(3.0 / 3.5)
+    assert "| pg19 | 8192 | self_cmr | 512 | 128 | 11 |" in out.with_suffix(".md").read_text()
