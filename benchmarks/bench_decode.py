@@ -63,7 +63,7 @@ from benchmarks.harness import drafter as access
 from benchmarks.harness import modes
 from benchmarks.harness.gpu_busy import GpuBusy
 from benchmarks.harness.measure import decode_throughput, spread
-from benchmarks.harness.meta import run_metadata
+from benchmarks.harness.meta import plugin_env, run_metadata
 from benchmarks.longinput.acceptance import counter_delta, spec_counters
 
 DEFAULT_SPEC_EXTEND = '{"top_k": 32, "recent_tokens": 256}'
@@ -232,9 +232,7 @@ def run_engine(args, mode: str, index: int, out: Path) -> int:
               "engine_args": json.loads(shown), "env_set": env,
               "vllm_env": {k: v for k, v in os.environ.items()
                            if k.startswith("VLLM_")},
-              # The plugin's tuning switches (proposer.DraftTuning) and paths.
-              "plugin_env": {k: v for k, v in os.environ.items()
-                             if k.startswith("SPECEXTEND_")}}
+              "plugin_env": plugin_env()}
     start = time.perf_counter()
     try:
         llm = LLM(**kwargs)

@@ -65,7 +65,6 @@ import hashlib
 import importlib.util
 import itertools
 import json
-import os
 import re
 import shlex
 import signal
@@ -80,7 +79,7 @@ from benchmarks import prompts
 from benchmarks.harness import modes
 from benchmarks.harness.gpu_busy import GpuBusy
 from benchmarks.harness.measure import decode_throughput, spread
-from benchmarks.harness.meta import device, run_metadata
+from benchmarks.harness.meta import device, plugin_env, run_metadata
 from benchmarks.harness.server import (
     log_errors,
     scrape,
@@ -379,11 +378,7 @@ def run_mode(args, mode: str, warmups: dict[int, str], cells: list[Cell],
     """Start the mode's server, run every cell, record as it goes."""
     logs = args.out_dir / "logs"
     log = logs / f"serve_{label(args, mode)}.log"
-    # The plugin's switches the server inherits (proposer.DraftTuning):
-    # a run with one set is a variant, kept out of the headline.
-    record = {**names(args, mode),
-              "plugin_env": {k: v for k, v in os.environ.items()
-                             if k.startswith("SPECEXTEND_")}}
+    record = {**names(args, mode), "plugin_env": plugin_env()}
     result["servers"].append(record)
     try:
         with serve(serve_args(args, mode), log, args.startup_timeout) as server:

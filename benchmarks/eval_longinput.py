@@ -429,7 +429,7 @@ def paired_report(args) -> int:
     out = []
     for base in [r for r in rows if r["mode"] == args.baseline]:
         for r in rows:
-            if (r is base or r["mode"] == args.baseline
+            if (r["mode"] == args.baseline
                     or (r["dataset"], r["length"]) != (base["dataset"], base["length"])
                     or r["prompt_hashes"] != base["prompt_hashes"]):
                 continue

@@ -501,6 +501,15 @@ class SpecExtendMixin:
             self.reporter.maybe_report(force=True)
 
 
+def _env_choice(name: str, default: str, other: str) -> str:
+    """``name``'s value in the environment, ``default`` where unset or empty;
+    anything but the two values is refused by name."""
+    value = os.environ.get(name) or default
+    if value not in (default, other):
+        raise ValueError(f"{name}={value!r}: use {default!r} (the default) or {other!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class DraftTuning:
     """Switches for the draft's kernels on a GPU, read from the environment of
@@ -533,19 +542,10 @@ class DraftTuning:
     def from_env(cls, device: torch.device) -> DraftTuning:
         if device.type != "cuda":
             return cls()
-        env = os.environ
-        argmax_name = env.get("SPECEXTEND_DRAFT_ARGMAX") or "triton"
-        aot = env.get("SPECEXTEND_DRAFT_AOT") or "1"
-        splits = env.get("SPECEXTEND_DRAFT_ATTN_SPLITS") or None
-        early = env.get("SPECEXTEND_EARLY_OUTPUT_COPY") or "0"
-        if argmax_name not in ("triton", "torch"):
-            raise ValueError(f"SPECEXTEND_DRAFT_ARGMAX={argmax_name!r}: use 'triton' "
-                             "(the default) or 'torch'")
-        if aot not in ("0", "1"):
-            raise ValueError(f"SPECEXTEND_DRAFT_AOT={aot!r}: use '1' (the default) or '0'")
-        if early not in ("0", "1"):
-            raise ValueError(f"SPECEXTEND_EARLY_OUTPUT_COPY={early!r}: use '0' (the "
-                             "default) or '1'")
+        argmax_name = _env_choice("SPECEXTEND_DRAFT_ARGMAX", "triton", "torch")
+        aot = _env_choice("SPECEXTEND_DRAFT_AOT", "1", "0")
+        early = _env_choice("SPECEXTEND_EARLY_OUTPUT_COPY", "0", "1")
+        splits = os.environ.get("SPECEXTEND_DRAFT_ATTN_SPLITS") or None
         if splits is not None and not (splits.isdigit() and int(splits) > 0):
             raise ValueError(f"SPECEXTEND_DRAFT_ATTN_SPLITS={splits!r}: use a positive "
                              "integer, or leave it unset for vLLM's split count")

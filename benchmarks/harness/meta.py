@@ -64,6 +64,13 @@ def hardware() -> dict:
     }
 
 
+def plugin_env() -> dict[str, str]:
+    """The plugin's variables in this process's environment (``SPECEXTEND_*``:
+    its tuning switches and paths), which an engine or server started from
+    here inherits: a run with a tuning switch set is a variant (summarize)."""
+    return {k: v for k, v in os.environ.items() if k.startswith("SPECEXTEND_")}
+
+
 def run_metadata(args=None, **extra) -> dict:
     """The block: date, command, commit, versions, hardware, ``vars(args)``
     (paths as strings) and ``extra``."""

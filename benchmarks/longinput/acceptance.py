@@ -107,7 +107,7 @@ def paired_ratio(units: list[dict], base: list[dict], level: float = 0.95,
               / length(base_acc[picks], base_drafts[picks]))
     tail = 100 * (1 - level) / 2
     low, high = np.percentile(ratios, [tail, 100 - tail])
-    better = int(((1 + acc / drafts) > (1 + base_acc / base_drafts)).sum())
+    better = int((acc / drafts > base_acc / base_drafts).sum())
     return {"ratio": float(length(acc, drafts) / length(base_acc, base_drafts)),
             "interval": [float(low), float(high)], "better": better,
             "prompts": len(units)}

@@ -90,15 +90,15 @@ def schedule_draft_attention(proposer, per_group, num_reqs: int) -> None:
         if getattr(metadata, "scheduler_metadata", "absent") is not None:
             continue  # not FlashAttention, or already scheduled
         impl = attention_layer(proposer.vllm_config, group.layer_names[0]).impl
+        spec = group.kv_cache_spec
         causal = getattr(metadata, "causal", True)
         if (getattr(impl, "vllm_flash_attn_version", None) != 3
                 or not isinstance(causal, bool)
-                or group.kv_cache_spec.dtype not in (torch.float16, torch.bfloat16)
+                or spec.dtype not in (torch.float16, torch.bfloat16)
                 or tuple(getattr(impl, "sliding_window", None) or (-1, -1)) != (-1, -1)
                 or getattr(impl, "logits_soft_cap", 0) or getattr(impl, "sinks", None) is not None
                 or getattr(impl, "alibi_slopes", None) is not None):
             continue
-        spec = group.kv_cache_spec
         metadata.scheduler_metadata = fa_utils.get_scheduler_metadata(
             batch_size=num_reqs,
             max_seqlen_q=metadata.max_query_len,
