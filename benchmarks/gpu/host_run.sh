@@ -262,8 +262,13 @@ PY
     # phase again within the machine's 30 s warm window: it starts nothing new,
     # waits again, and once the runner has ended copies the result file, the
     # runner's log and the server logs to $OUT. Two calls, ~16 min of device
-    # time. SOAK_FRESH=1 starts over; SOAK_ARGS adds runner flags. Carry
-    # .gpu/wheel .gpu/models .gpu/data .gpu/tokenizer.
+    # time. SOAK_FRESH=1 starts over; SOAK_ARGS adds runner flags,
+    # SOAK_SERVER_ARGS server flags. A run that needs no timing (#23's grid)
+    # can share the GPU with the soak: give the soak's servers
+    # SOAK_SERVER_ARGS="--gpu-memory-utilization 0.6" (with a fixed KV cache
+    # it only sets vLLM's startup check that much memory is free) and start
+    # the co-tenant after the soak (SOAK_WAIT_S=30). Carry .gpu/wheel
+    # .gpu/models .gpu/data .gpu/tokenizer.
     dir=$DETACHED_ROOT/soak21
     [ "${SOAK_FRESH:-0}" = 1 ] && rm -rf $dir
     [ -f $dir/started ] || stop_leftovers || exit 3
@@ -272,7 +277,8 @@ PY
       --duration-s ${SOAK_DURATION_S:-600} --concurrency 32 --min-input-len 1024 \
       --max-input-len 32768 --max-output-len 512 --num-spec-tokens 4 \
       --acceptance-length ${SOAK_ACCEPTANCE:-0} --out-dir $dir/out ${SOAK_ARGS:-} \
-      -- --load-format dummy --max-model-len 33792 --kv-cache-memory-bytes 12G || exit 0
+      -- --load-format dummy --max-model-len 33792 --kv-cache-memory-bytes 12G \
+      ${SOAK_SERVER_ARGS:-} || exit 0
     cp $dir/out/*.json $dir/runner.log "$OUT"/
     tar -C $dir/out --exclude='*.json' -czf "$OUT/soak21_logs.tgz" . ;;
   pair)
