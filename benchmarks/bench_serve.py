@@ -79,7 +79,7 @@ from benchmarks import prompts
 from benchmarks.harness import modes
 from benchmarks.harness.gpu_busy import GpuBusy
 from benchmarks.harness.measure import decode_throughput, spread
-from benchmarks.harness.meta import device, plugin_env, run_metadata
+from benchmarks.harness.meta import device, plugin_env, run_metadata, tuning_switches
 from benchmarks.harness.server import (
     log_errors,
     scrape,
@@ -228,12 +228,15 @@ def names(args, mode: str) -> dict:
 
 
 def series(row: dict) -> str:
-    """A row's (or server's) line in tables and plots: its mode, and the
-    method under the plugin, so that a merged result keeps spec_extend on an
-    EAGLE-3 head apart from spec_extend on a draft model."""
-    if row.get("method") in (None, "draft_model", row["mode"]):
-        return row["mode"]
-    return f"{row['mode']} on {row['method']}"
+    """A row's (or server's) line in tables and plots: its mode, the method
+    under the plugin and any tuning switch its server ran with, so that a
+    merged result keeps spec_extend on an EAGLE-3 head apart from spec_extend
+    on a draft model, and an A/B's two servers apart."""
+    name = row["mode"]
+    if row.get("method") not in (None, "draft_model", row["mode"]):
+        name = f"{name} on {row['method']}"
+    switches = tuning_switches(row.get("plugin_env"))
+    return f"{name} ({switches})" if switches else name
 
 
 def series_key(row: dict) -> tuple[int, str]:
@@ -391,6 +394,7 @@ def run_mode(args, mode: str, warmups: dict[int, str], cells: list[Cell],
             for cell in cells:
                 row = cell_row(args, mode, cell, run_cell(args, server.base, mode,
                                                           cell, logs))
+                row["plugin_env"] = record["plugin_env"]
                 print(json.dumps({k: v for k, v in row.items() if k != "runs"}),  # noqa: T201
                       flush=True)
                 result["results"].append(row)

@@ -305,7 +305,8 @@ class Session:
         self.recorder.enabled = False
         counters = self.delta(before)["counters"]
         output = batch.outputs[0]
-        steps = acceptance.replay(self.recorder.take(batch.request_ids[0]), output)
+        steps = acceptance.replay(self.recorder.take(batch.request_ids[0]), output,
+                                  room=self.args.max_model_len - len(run.prompts[i]))
         status = needle.skip_first_step(acceptance.token_status(steps, len(output)),
                                         steps)
         span = needle.key_tokens(self.tokenizer.decode, output, run.keys[i])
@@ -423,35 +424,43 @@ def merge_reports(args) -> int:
 def paired_report(args) -> int:
     """Each eval row against the ``--baseline`` mode's row of the same
     dataset and length on the same prompts (any of the files): per-prompt
-    pairs, so the interval is of the ratio, not of two separate means."""
+    pairs, so the interval is of the ratio, not of two separate means. A row
+    with a working set is paired with the baseline of the same working set
+    (CMR at 512 tokens against streaming at 512), one without (full KV) with
+    each; plain decoding (no drafts) with none."""
     rows = [r for p in args.files for r in json.loads(Path(p).read_text())["rows"]
             if r["task"] == "eval" and r["batch_size"] == 1]
     out = []
     for base in [r for r in rows if r["mode"] == args.baseline]:
         for r in rows:
-            if (r["mode"] == args.baseline
+            if (r["mode"] in (args.baseline, "none")
                     or (r["dataset"], r["length"]) != (base["dataset"], base["length"])
-                    or r["prompt_hashes"] != base["prompt_hashes"]):
+                    or r["prompt_hashes"] != base["prompt_hashes"]
+                    or r.get("working_set") not in (None, base.get("working_set"))):
                 continue
             pair = acceptance.paired_ratio(r["batch_counters"], base["batch_counters"])
             out.append({"dataset": r["dataset"], "length": r["length"], "mode": r["mode"],
                         "working_set": r.get("working_set"),
-                        "recent_tokens": (r["config"] or {}).get("recent_tokens"),
-                        "top_k": (r["config"] or {}).get("top_k"),
+                        # A window and chunks only where there is a working set.
+                        **{k: (r["config"] or {}).get(k) if r.get("working_set") else None
+                           for k in ("recent_tokens", "top_k")},
                         "accepted_length": r["mean_accepted_length"],
                         "baseline": args.baseline,
+                        "baseline_working_set": base.get("working_set"),
                         "baseline_accepted_length": base["mean_accepted_length"],
                         **(pair or {})})
     lines = [f"Against `{args.baseline}` on the same prompts: ratio of accepted lengths, "
              "95% bootstrap interval drawing prompts for both, prompts that drafted "
              f"better. From: {', '.join(args.files)}.", "",
              "| dataset | length | mode | working set | window | chunks | accepted length "
-             "| baseline | ratio | 95% interval | better |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| baseline (working set) | ratio | 95% interval | better |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for o in out:
         low, high = o.get("interval") or (float("nan"),) * 2
-        lines.append(f"| {o['dataset']} | {o['length']} | {o['mode']} | {o['working_set']} "
-                     f"| {o['recent_tokens']} | {o['top_k']} | {o['accepted_length']:.2f} "
-                     f"| {o['baseline_accepted_length']:.2f} | {o.get('ratio', float('nan')):.3f} "
+        lines.append(f"| {o['dataset']} | {o['length']} | {o['mode']} | {o['working_set'] or '–'} "
+                     f"| {o['recent_tokens'] or '–'} | {o['top_k'] or '–'} "
+                     f"| {o['accepted_length']:.2f} | {o['baseline_accepted_length']:.2f} "
+                     f"({o['baseline_working_set']}) | {o.get('ratio', float('nan')):.3f} "
                      f"| {low:.3f}–{high:.3f} | {o.get('better')} of {o.get('prompts')} |")
     Path(args.out).write_text(json.dumps({"files": args.files, "baseline": args.baseline,
                                           "rows": out}, indent=1) + "\n")

@@ -39,7 +39,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from benchmarks.harness.meta import device
+from benchmarks.harness.meta import device, tuning_switches
 from benchmarks.harness.modes import LABELS as MODE_ORDER
 from benchmarks.harness.modes import PLUGIN_MODES
 
@@ -63,20 +63,19 @@ def _busy(runs: list[dict]) -> list[float | None]:
     return [run.get("gpu_busy") for run in runs]
 
 
-TUNING_PREFIXES = ("SPECEXTEND_DRAFT_", "SPECEXTEND_EARLY_")
-"""The plugin's tuning switches (``proposer.DraftTuning``) in a run's environment."""
-
-
-def _variant(result: dict, mode: str) -> str | None:
+def _variant(result: dict, mode: str, row: dict | None = None) -> str | None:
     """The tuning switches a mode's engine or server ran with, e.g.
     ``SPECEXTEND_DRAFT_AOT=0``; None where none was set (the defaults of the
-    file's commit). Variant rows stay out of the headline tables."""
+    file's commit). A serving row names its own server's (a merged file can
+    hold the same mode with and without a switch); older rows go by every
+    engine or server of the mode. Variant rows stay out of the headline tables."""
+    if row is not None and "plugin_env" in row:
+        return tuning_switches(row["plugin_env"])
     env = {}
     for e in result.get("engines", []) + result.get("servers", []):
         if e.get("mode") == mode:
-            env.update({k: v for k, v in (e.get("plugin_env") or {}).items()
-                        if k.startswith(TUNING_PREFIXES)})
-    return " ".join(f"{k}={v}" for k, v in sorted(env.items())) or None
+            env.update(e.get("plugin_env") or {})
+    return tuning_switches(env)
 
 
 def decode_rows(result: dict, file: str) -> list[dict]:
@@ -106,7 +105,7 @@ def serve_rows(result: dict, file: str) -> list[dict]:
                 continue
             decode = [run.get("decode_tok_s") for run in ok]
             rows.append({"bench": "serve", "device": device(meta), "mode": r["mode"],
-                         "variant": _variant(result, r["mode"]),
+                         "variant": _variant(result, r["mode"], r),
                          "draft": r["draft"], "workload": r["workload"],
                          "context": r["input_len"], "concurrency": r["concurrency"],
                          "tok_s": decode if None not in decode else [],

@@ -71,6 +71,17 @@ def plugin_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("SPECEXTEND_")}
 
 
+TUNING_PREFIXES = ("SPECEXTEND_DRAFT_", "SPECEXTEND_EARLY_")
+"""The plugin's tuning switches (``proposer.DraftTuning``) among its variables."""
+
+
+def tuning_switches(env: dict[str, str] | None) -> str | None:
+    """The tuning switches set in ``env`` (a ``plugin_env()``), e.g.
+    ``SPECEXTEND_DRAFT_AOT=0``; None where none is (the commit's defaults)."""
+    found = {k: v for k, v in (env or {}).items() if k.startswith(TUNING_PREFIXES)}
+    return " ".join(f"{k}={v}" for k, v in sorted(found.items())) or None
+
+
 def run_metadata(args=None, **extra) -> dict:
     """The block: date, command, commit, versions, hardware, ``vars(args)``
     (paths as strings) and ``extra``."""

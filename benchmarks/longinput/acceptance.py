@@ -90,19 +90,24 @@ def paired_ratio(units: list[dict], base: list[dict], level: float = 0.95,
     in the same order (batch size 1: one unit per prompt): the ratio of the
     two runs' ``1 + accepted / drafts``, a bootstrap interval that draws
     prompts (the same draw for both), and how many prompts drafted better.
-    None with fewer than two prompts."""
+    None with fewer than two prompts that both runs drafted for."""
     import numpy as np
 
-    if len(units) != len(base) or len(units) < 2:
+    if len(units) != len(base):
+        return None
+    # A prompt that one run never drafted for (it ended at once) has no
+    # accepted length in that run: the pair says nothing, drop it.
+    kept = [(u, b) for u, b in zip(units, base, strict=True) if u["drafts"] and b["drafts"]]
+    if len(kept) < 2:
         return None
     arrays = [np.array([[u["accepted_tokens"], u["drafts"]] for u in run],
-                       dtype=np.float64) for run in (units, base)]
+                       dtype=np.float64) for run in zip(*kept, strict=True)]
     (acc, drafts), (base_acc, base_drafts) = (a.T for a in arrays)
 
     def length(a, d):
         return 1.0 + a.sum(axis=-1) / d.sum(axis=-1)
 
-    picks = np.random.default_rng(seed).integers(0, len(units), (resamples, len(units)))
+    picks = np.random.default_rng(seed).integers(0, len(kept), (resamples, len(kept)))
     ratios = (length(acc[picks], drafts[picks])
               / length(base_acc[picks], base_drafts[picks]))
     tail = 100 * (1 - level) / 2
@@ -110,7 +115,7 @@ def paired_ratio(units: list[dict], base: list[dict], level: float = 0.95,
     better = int((acc / drafts > base_acc / base_drafts).sum())
     return {"ratio": float(length(acc, drafts) / length(base_acc, base_drafts)),
             "interval": [float(low), float(high)], "better": better,
-            "prompts": len(units)}
+            "prompts": len(kept)}
 
 
 @dataclass(frozen=True)
@@ -122,17 +127,24 @@ class Step:
     accepted: int
 
 
-def replay(proposals: list[list[int]], output: list[int]) -> list[Step]:
+def replay(proposals: list[list[int]], output: list[int],
+           room: int | None = None) -> list[Step]:
     """Greedy verification of ``proposals`` (in order) against ``output``.
 
     Output token 0 comes from the prefill; each step then keeps the longest
     prefix of its proposal that matches the output plus one target token.
     Proposals past the end of the output (the request finished) are dropped.
+    ``room``: the tokens the context had left after the prompt (max_model_len
+    - prompt length). Near that end vLLM's scheduler verifies only the drafts
+    that fit (a step at output position ``pos`` computes at most ``room -
+    pos`` tokens, the bonus one included); the drafter proposed them all.
     """
     steps, pos = [], 1
     for proposal in proposals:
         if pos >= len(output):
             break
+        if room is not None:
+            proposal = proposal[:max(room - pos - 1, 0)]
         accepted = 0
         for token, expected in zip(proposal, output[pos:], strict=False):
             if token != expected:

@@ -130,6 +130,26 @@ def test_paired_ratio_draws_the_same_prompts_for_both_runs():
     # Unpaired lists, or a single prompt: no answer.
     assert acceptance.paired_ratio(better[:2], base) is None
     assert acceptance.paired_ratio(better[:1], base[:1]) is None
+    # A prompt one run never drafted for drops out of both (no inf, no nan).
+    gap = _units([(0, 0), (30, 10), (10, 10)])
+    pair = acceptance.paired_ratio(gap, base)
+    assert pair["prompts"] == 2 and pair["ratio"] == pytest.approx(1.0)
+    assert acceptance.paired_ratio(gap[:2], base[:2]) is None
+
+
+def test_replay_verifies_only_the_drafts_that_fit_the_context():
+    """Near max_model_len vLLM's scheduler verifies fewer drafts than the
+    drafter proposed: a step at output position pos computes at most
+    room - pos tokens. Seen on the GPU: 8168-token prompts, 24 new tokens, a
+    context of 8192 positions (room 24): the step at 21 verified 2 drafts."""
+    output = list(range(100, 124))
+    proposals = [output[p:p + 4] for p in (1, 6, 11, 16, 21)]
+    steps = replay(proposals, output, room=24)
+    assert [len(s.proposal) for s in steps] == [4, 4, 4, 4, 2]
+    assert sum(s.accepted for s in steps) == 18
+    assert replay_agrees(steps, len(output), {"drafts": 5, "accepted_tokens": 18})
+    # Without the room the replay counts a draft vLLM never verified.
+    assert sum(s.accepted for s in replay(proposals, output)) == 19
 
 
 def test_paired_report_matches_rows_on_the_same_prompts(tmp_path):
@@ -152,9 +172,17 @@ def test_paired_report_matches_rows_on_the_same_prompts(tmp_path):
     # Another prompt set: never paired with the baseline above.
     b.write_text(json.dumps({"rows": [row("self_cmr", [(40, 10), (40, 10)], ["x", "z"],
                                           recent=256)]}))
+    # Another working set, and plain decoding: neither is paired with it.
+    wider = row("self_cmr", [(40, 10), (40, 10)], ["x", "y"])
+    wider["working_set"] = 1024
+    plain = row("none", [(0, 10), (0, 10)], ["x", "y"])
+    plain["working_set"] = None
+    c = tmp_path / "c.json"
+    c.write_text(json.dumps({"rows": [wider, plain]}))
     out = tmp_path / "paired.json"
-    assert eval_longinput.main(["paired", str(a), str(b), "--out", str(out)]) == 0
+    assert eval_longinput.main(["paired", str(a), str(b), str(c), "--out", str(out)]) == 0
     (only,) = json.loads(out.read_text())["rows"]
     assert (only["mode"], only["recent_tokens"], only["better"]) == ("self_cmr", 128, 0)
     assert only["ratio"] == pytest.approx(3.0 / 3.5)
-    assert "| pg19 | 8192 | self_cmr | 512 | 128 | 11 |" in out.with_suffix(".md").read_text()
+    assert "| pg19 | 8192 | self_cmr | 512 | 128 | 11 | 3.00 | 3.50 (512) |" in (
+        out.with_suffix(".md").read_text())

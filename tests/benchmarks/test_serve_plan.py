@@ -167,6 +167,19 @@ def test_table_keeps_the_plugin_on_eagle3_apart(tmp_path):
     assert "| spec_extend on eagle3 | 1 |" in servers and "| eagle3 | 1 |" in servers
 
 
+def test_a_switched_server_is_a_series_of_its_own():
+    """An A/B of a tuning switch merged into one file: the switched rows and
+    servers are named by the switch, the default's by the mode alone."""
+    row = {"mode": "spec_extend", "method": "draft_model"}
+    assert bench_serve.series({**row, "plugin_env": {"SPECEXTEND_DATA_DIR": "/x"}}) == (
+        "spec_extend")
+    assert bench_serve.series({**row, "plugin_env": {
+        "SPECEXTEND_EARLY_OUTPUT_COPY": "1"}}) == (
+        "spec_extend (SPECEXTEND_EARLY_OUTPUT_COPY=1)")
+    assert bench_serve.series({"mode": "spec_extend", "method": "eagle3", "plugin_env": {
+        "SPECEXTEND_DRAFT_AOT": "0"}}) == "spec_extend on eagle3 (SPECEXTEND_DRAFT_AOT=0)"
+
+
 def test_plot_draws_every_series(tmp_path):
     """eagle3 rows get their line, the plugin on eagle3 its own; a mixed plot's
     title names both lengths."""

@@ -193,6 +193,27 @@ def test_serving_variants_stay_out_of_the_headline(results):
     assert "999" not in summarize.render(rows, results / "docs")
 
 
+def test_a_merged_serving_ab_keeps_its_default_row(results):
+    """One file holding the same mode with and without a switch (two servers
+    merged): each row goes by its own server's switches, so the default row
+    stays a headline candidate and only the switched one is a variant."""
+    default = _serve_row("spec_extend", [777.0, 776.0, 775.0])
+    default["plugin_env"] = {"SPECEXTEND_DATA_DIR": "/x"}
+    switched = _serve_row("spec_extend", [999.0, 998.0, 997.0])
+    switched["plugin_env"] = {"SPECEXTEND_EARLY_OUTPUT_COPY": "1"}
+    ab = _serve([default, switched])
+    ab["meta"]["date_utc"] = "z"
+    ab["servers"] = [{"mode": "spec_extend", "plugin_env": r["plugin_env"]}
+                     for r in (default, switched)]
+    (results / "serve" / "20261209T0000Z").mkdir()
+    (results / "serve" / "20261209T0000Z" / "results.json").write_text(json.dumps(ab))
+    rows = summarize.summarize(results)
+    assert [r["variant"] for r in rows if "20261209" in r["file"]] == [
+        None, "SPECEXTEND_EARLY_OUTPUT_COPY=1"]
+    text = summarize.render(rows, results / "docs")
+    assert "[776 (775–777)" in text and "999" not in text
+
+
 def test_caption_explains_busy_only_where_a_cell_shows_it(results):
     rows = summarize.summarize(results)
     # decode, serve's decode phase, serve's output tok/s
