@@ -56,11 +56,16 @@ class SpecExtendConfig:
     FlashAttention, CUDA graphs on, TP=1, a draft model); ``off``: vLLM's
     piecewise draft graphs; ``static``: the captured routine's code run
     without capturing (tests and debugging)."""
+    defer_prefill_draft: bool = True
+    """A step that only computes prompt chunks which end no prompt keeps its
+    draft pass for the next step that drafts (``deferral.py``), so the first
+    token does not wait for the draft's passes over a long prompt. A draft
+    model only; EAGLE heads and ``self_draft`` draft in the target's step."""
 
     def __post_init__(self) -> None:
         _raise_if_unknown_policy(self)
         _raise_if_out_of_range(self)
-        _raise_if_self_draft_not_bool(self)
+        _raise_if_flags_not_bool(self)
         _raise_if_bad_compact_positions(self)
         _raise_if_bad_draft_graph(self)
         _raise_if_sinks_not_whole_chunks(self)
@@ -213,11 +218,13 @@ def _raise_if_out_of_range(cfg: SpecExtendConfig) -> None:
             )
 
 
-def _raise_if_self_draft_not_bool(cfg: SpecExtendConfig) -> None:
-    if not isinstance(cfg.self_draft, bool):
-        raise SpecExtendConfigError(
-            f"spec_extend.self_draft={cfg.self_draft!r} must be true or false."
-        )
+def _raise_if_flags_not_bool(cfg: SpecExtendConfig) -> None:
+    for name in ("self_draft", "defer_prefill_draft"):
+        value = getattr(cfg, name)
+        if not isinstance(value, bool):
+            raise SpecExtendConfigError(
+                f"spec_extend.{name}={value!r} must be true or false."
+            )
 
 
 def _raise_if_bad_compact_positions(cfg: SpecExtendConfig) -> None:

@@ -53,6 +53,8 @@ COUNTERS = {
     "compaction_seconds": "Time spent copying and re-rotating those blocks.",
     "graph_steps": "Draft steps that replayed the captured draft routine.",
     "graph_fallbacks": "Draft steps that drafted eagerly although graphs are captured.",
+    "deferred_prefill_passes": "Draft passes over prompt chunks run after their step "
+                               "(the step sampled nothing).",
 }
 GAUGES = {
     "tracked_requests": "Requests holding SpecExtend selection state.",
@@ -81,6 +83,7 @@ class SpecExtendStats:
     compaction_seconds: float = 0.0
     graph_steps: int = 0
     graph_fallbacks: int = 0
+    deferred_prefill_passes: int = 0
     tracked_requests: int = 0
     request_slots: int = 0
     _pending: list = field(default_factory=list, repr=False)

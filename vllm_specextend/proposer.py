@@ -13,7 +13,8 @@ This module only adapts vLLM's hooks; the work is done by:
 * ``retriever.Retriever``: final-layer query capture, scoring, top-k chunks;
 * ``view.ViewBuilder``: the block-table view of the batch's rows;
 * ``compactor.Compactor``: scratch copies for compacted positions;
-* ``state.SelectionState``: per-request selections in persistent buffers.
+* ``state.SelectionState``: per-request selections in persistent buffers;
+* ``deferral.PrefillDeferral``: draft passes over prompt chunks kept for later.
 
 Each step, before vLLM's own drafting runs (``super().propose``), the planner
 decides from host lengths, the retriever scores the rows it names, and the view
@@ -43,6 +44,7 @@ from typing_extensions import override
 from vllm_specextend import compat
 from vllm_specextend.compactor import Compactor
 from vllm_specextend.config import SpecExtendConfig
+from vllm_specextend.deferral import PrefillDeferral
 from vllm_specextend.draft_graph import (
     MAX_GRAPH_BATCH,
     DraftGraphs,
@@ -67,6 +69,10 @@ class SpecExtendMixin:
     """The draft routine can be captured (``capture_graphs``): a separate
     draft's (a draft model, an EAGLE head); a target drafting for itself
     replays the target's own graphs."""
+    _defers_prefill = False
+    """Passes over prompt chunks can wait for a later step (``deferral.py``):
+    a draft model's, whose first pass needs nothing of the target but the
+    tokens. An EAGLE head reads the target's hidden states of the chunk."""
 
     def __init__(self, vllm_config, device: torch.device, runner=None):
         super().__init__(vllm_config, device, runner=runner)
@@ -93,6 +99,8 @@ class SpecExtendMixin:
         self._in_graph = False  # the body runs: no nested piecewise graphs
         self._graph_blockers: set[str] = set()
         self.retriever = Retriever(self.cfg, None, self.staging, device)
+        self.deferral = PrefillDeferral()
+        self._engine_deferral_blocker = compat.prefill_deferral_blocker(vllm_config)
         self._use_config(self.cfg)
 
     def _use_config(self, cfg: SpecExtendConfig) -> None:
@@ -105,6 +113,7 @@ class SpecExtendMixin:
         margin = self.speculative_config.num_speculative_tokens
         self.planner = StepPlanner(cfg, self.state, self._min_context, margin)
         self.retriever.cfg, self.retriever.state = cfg, self.state
+        self._deferral_blocker = self._prefill_deferral_blocker(cfg)
         if self.compactor is not None:
             self.compactor.cfg = cfg
         self.view_builder: ViewBuilder | None = None
@@ -139,6 +148,17 @@ class SpecExtendMixin:
         )
         if tp_rank == 0:
             logger.info("SpecExtend enabled: %s", self.cfg)
+            if self.cfg.defer_prefill_draft and self._deferral_blocker:
+                logger.info("SpecExtend: draft passes over prompt chunks run in "
+                            "their own step (%s).", self._deferral_blocker)
+
+    def _prefill_deferral_blocker(self, cfg: SpecExtendConfig) -> str | None:
+        if not cfg.defer_prefill_draft:
+            return "defer_prefill_draft is false"
+        if not self._defers_prefill:
+            return "an EAGLE head or self_draft drafts from the target's step"
+        # A proposer built without __init__ (unit tests) has no engine to defer in.
+        return getattr(self, "_engine_deferral_blocker", "no engine")
 
     def scratch_bytes(self) -> int:
         """Draft KV bytes of the compaction scratch; 0 without compaction."""
@@ -158,10 +178,14 @@ class SpecExtendMixin:
         engine; selections made under the old config are dropped."""
         if self.compactor is not None:
             self.compactor.check_budget(cfg, self.block_size)
+        self._run_kept_passes()
         self._use_config(cfg)
 
     def on_requests_done(self, req_ids) -> None:
-        """Finished, aborted or preempted: their selection is stale."""
+        """Finished, aborted or preempted: their selection is stale, and
+        passes kept for them run now, before their blocks are handed out."""
+        if self.deferral.holds_any(req_ids):
+            self._run_kept_passes()
         self.state.release(req_ids)
         # Once the batch empties no draft step follows: publish now, or /metrics
         # would miss the last requests' counts until the next request.
@@ -186,12 +210,23 @@ class SpecExtendMixin:
         # replays the captured draft routine when the step fits it, else sets
         # the view for the funnel and drafts as vLLM does.
         # K = 0 (vLLM's per-batch-size schedule turned drafting off) samples no
-        # draft, so no view is needed.
+        # draft, so no view is needed. A step of prompt chunks that sample
+        # nothing keeps its pass for later (deferral.py); any other step runs
+        # the kept passes first.
         cad = common_attn_metadata
+        keep = self._keeps_pass(cad, mm_embed_inputs, num_rejected_tokens_gpu)
+        if not keep:
+            self._run_kept_passes()
         try:
+            step = None
             if self.cfg.policy != "full" and num_speculative_tokens > 0:
+                # Kept steps are planned too: the planner counts steps.
                 step = self._plan_view(cad, token_indices_to_sample,
                                        num_rejected_tokens_gpu)
+            if keep:
+                return self._keep_pass(cad, target_token_ids, target_positions,
+                                       next_token_ids, num_speculative_tokens)
+            if step is not None:
                 drafts = self._maybe_replay(
                     step, num_speculative_tokens, target_token_ids,
                     target_positions, target_hidden_states, next_token_ids,
@@ -217,6 +252,38 @@ class SpecExtendMixin:
         finally:
             self._view = None
             self._report()
+
+    # --- draft passes over prompt chunks, kept for later (deferral.py) ----------
+
+    def _keeps_pass(self, cad, mm_embed_inputs, num_rejected) -> bool:
+        return (self._deferral_blocker is None and self.runner is not None
+                and mm_embed_inputs is None and num_rejected is None
+                and compat.samples_no_row(self.runner, cad.num_reqs))
+
+    def _keep_pass(self, cad, token_ids, positions, next_token_ids,
+                   num_speculative_tokens) -> torch.Tensor:
+        # The runner discards every row's drafts this step: zeros, as vLLM's
+        # own when the drafter cannot run. [num_reqs, K]
+        self.deferral.keep(compat.batch_req_ids(self.runner, cad.num_reqs),
+                           token_ids, positions, next_token_ids, cad)
+        return torch.zeros((cad.num_reqs, num_speculative_tokens),
+                           dtype=torch.int64, device=self.device)
+
+    def _run_kept_passes(self) -> None:
+        """The kept passes, oldest first, each as vLLM's propose with K = 0:
+        its first pass only, the one that writes the chunk's draft KV."""
+        if not len(self.deferral):
+            return
+        k = getattr(self, "num_speculative_tokens", None)
+        for kept in self.deferral.take():
+            self._base_propose(
+                0, kept.token_ids, kept.positions, None, kept.next_token_ids,
+                None, kept.common_attn_metadata, _GREEDY,
+            )
+            self.stats.deferred_prefill_passes += 1
+        # vLLM's propose keeps the K it was last called with.
+        if k is not None:
+            self.num_speculative_tokens = k
 
     @override
     def build_per_group_and_layer_attn_metadata(
@@ -526,11 +593,10 @@ class DraftTuning:
     - ``SPECEXTEND_DRAFT_ATTN_SPLITS=N``: the draft's FlashAttention split
       count (unset: vLLM's, up to 32 under CUDA graphs). The AOT schedule
       plans vLLM's bound, so a count of its own turns AOT off.
-    - ``SPECEXTEND_EARLY_OUTPUT_COPY``: ``1`` lets the runner's async output
-      copy wait for sampling only, not for the drafter queued after it
-      (``compat.patches.EARLY_OUTPUT_COPY``; issue #22's time to first
-      token); ``0`` (default) until a GPU A/B and the graph equality tests
-      have run with it.
+    - ``SPECEXTEND_EARLY_OUTPUT_COPY``: ``1`` (default) lets the runner's
+      async output copy wait for sampling only, not for the drafter queued
+      after it (``compat.patches.EARLY_OUTPUT_COPY``; issue #22's time to
+      first token, with ``deferral.py``); ``0`` for vLLM's copy.
     """
 
     argmax: Callable[[torch.Tensor], torch.Tensor] | None = None
@@ -544,7 +610,7 @@ class DraftTuning:
             return cls()
         argmax_name = _env_choice("SPECEXTEND_DRAFT_ARGMAX", "triton", "torch")
         aot = _env_choice("SPECEXTEND_DRAFT_AOT", "1", "0")
-        early = _env_choice("SPECEXTEND_EARLY_OUTPUT_COPY", "0", "1")
+        early = _env_choice("SPECEXTEND_EARLY_OUTPUT_COPY", "1", "0")
         splits = os.environ.get("SPECEXTEND_DRAFT_ATTN_SPLITS") or None
         if splits is not None and not (splits.isdigit() and int(splits) > 0):
             raise ValueError(f"SPECEXTEND_DRAFT_ATTN_SPLITS={splits!r}: use a positive "
@@ -593,6 +659,7 @@ class SpecExtendProposer(SpecExtendMixin, SeparateDraft, compat.DraftModelPropos
     """``draft_model`` with Cross-model Retrieval."""
 
     _graphable = True
+    _defers_prefill = True
 
 
 class SpecExtendEagleProposer(SpecExtendMixin, SeparateDraft, compat.EagleProposer):

@@ -65,7 +65,7 @@ case "$1" in
     # no host-device sync.
     timeout ${GPU_TESTS_TIMEOUT:-400} python3 -m pytest -v -p no:cacheprovider \
       tests/kernels/test_draft_graph_gpu.py tests/unit/test_proposer_step.py \
-      tests/kernels/test_argmax_triton.py \
+      tests/kernels/test_argmax_triton.py tests/kernels/test_prefill_deferral_gpu.py \
       > "$OUT/graph_tests.txt" 2>&1
     echo "graph-tests rc=$?"; grep -E "PASSED|FAILED|ERROR|passed|failed|Error" \
       "$OUT/graph_tests.txt" | tail -30 ;;

@@ -33,7 +33,7 @@ K = 4
 CMR = {"top_k": 8, "recent_tokens": 64, "min_context": 256}
 
 
-def _generate(target, method, draft, prompts, spec_extend=None):
+def _generate(target, method, draft, prompts, spec_extend=None, **engine):
     from vllm import LLM, SamplingParams
 
     from benchmarks.harness.drafter import DraftRecorder, drafter, stats
@@ -43,7 +43,7 @@ def _generate(target, method, draft, prompts, spec_extend=None):
               speculative_config={"method": method, "model": draft,
                                   "num_speculative_tokens": K},
               additional_config=({} if spec_extend is None
-                                 else {"spec_extend": spec_extend}))
+                                 else {"spec_extend": spec_extend}), **engine)
     recorder = DraftRecorder(llm)
     recorder.enabled = True
     params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)

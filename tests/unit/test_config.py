@@ -324,3 +324,10 @@ def test_min_view_context_keeps_long_rows_on_a_view():
     assert cfg.min_view_context(None, 3) == 2048
     assert cfg.min_view_context(4096, 3) == 2048
     assert cfg.min_view_context(256, 3) == 256 - 7
+
+
+@pytest.mark.parametrize("key", ["self_draft", "defer_prefill_draft"])
+@pytest.mark.parametrize("value", ["yes", 1, 0, None])
+def test_switches_take_only_booleans(key, value):
+    with pytest.raises(SpecExtendConfigError, match=rf"spec_extend\.{key}=.* true or false"):
+        SpecExtendConfig.from_dict({key: value})

@@ -120,20 +120,23 @@ def test_draft_tuning_defaults_switches_and_cpu(monkeypatch):
     cuda = torch.device("cuda")
     for name in ("DRAFT_ARGMAX", "DRAFT_ATTN_SPLITS", "DRAFT_AOT", "EARLY_OUTPUT_COPY"):
         monkeypatch.delenv(f"SPECEXTEND_{name}", raising=False)
-    # The measured defaults: Triton argmax and AOT scheduling, vLLM's splits.
+    # The measured defaults: Triton argmax, AOT scheduling, vLLM's splits, the
+    # early output copy.
     assert DraftTuning.from_env(cuda) == DraftTuning(
-        argmax=argmax_triton, attn_splits=None, aot_schedule=True)
+        argmax=argmax_triton, attn_splits=None, aot_schedule=True,
+        early_output_copy=True)
     monkeypatch.setenv("SPECEXTEND_DRAFT_ARGMAX", "torch")
     monkeypatch.setenv("SPECEXTEND_DRAFT_AOT", "0")
+    monkeypatch.setenv("SPECEXTEND_EARLY_OUTPUT_COPY", "0")
     assert DraftTuning.from_env(cuda) == DraftTuning()
     # A split count of its own turns the AOT schedule off.
     monkeypatch.setenv("SPECEXTEND_DRAFT_AOT", "1")
     monkeypatch.setenv("SPECEXTEND_DRAFT_ATTN_SPLITS", "4")
     tuning = DraftTuning.from_env(cuda)
     assert tuning.attn_splits == 4 and not tuning.aot_schedule
-    # The early output copy: off unless asked.
+    # The early output copy: on unless turned off.
     assert not tuning.early_output_copy
-    monkeypatch.setenv("SPECEXTEND_EARLY_OUTPUT_COPY", "1")
+    monkeypatch.delenv("SPECEXTEND_EARLY_OUTPUT_COPY")
     assert DraftTuning.from_env(cuda).early_output_copy
     # Nothing on CPU, whatever the environment says.
     assert DraftTuning.from_env(CPU) == DraftTuning()

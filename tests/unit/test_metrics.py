@@ -584,10 +584,12 @@ def test_collector_empty_dir(tmp_path):
 def _proposer_with_batch(live, interval_s):
     import torch
 
+    from vllm_specextend.deferral import PrefillDeferral
     from vllm_specextend.proposer import SpecExtendProposer
     from vllm_specextend.state import SelectionState
 
     proposer = object.__new__(SpecExtendProposer)  # no engine: only the bookkeeping
+    proposer.deferral = PrefillDeferral()
     proposer.state = SelectionState(4, 2, torch.device("cpu"))
     proposer.stats = SpecExtendStats()
     proposer.runner = types.SimpleNamespace(requests=dict.fromkeys(live))

@@ -13,6 +13,7 @@ from vllm_specextend.config import SpecExtendConfig, SpecExtendConfigError
 
 
 def _proposer(compactor=None):
+    from vllm_specextend.deferral import PrefillDeferral
     from vllm_specextend.proposer import SpecExtendProposer
     from vllm_specextend.retriever import Retriever
     from vllm_specextend.staging import HostStaging
@@ -26,6 +27,7 @@ def _proposer(compactor=None):
     proposer.runner = types.SimpleNamespace(requests={})
     proposer.staging = HostStaging(proposer.device)
     proposer.compactor = compactor
+    proposer.deferral = PrefillDeferral()
     proposer.block_size = 32
     proposer._min_context = 0
     proposer.retriever = Retriever(SpecExtendConfig(), None, proposer.staging,

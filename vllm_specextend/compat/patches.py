@@ -266,7 +266,8 @@ def _copy_after_sampling(runner) -> dict:
 EARLY_OUTPUT_COPY = Patch(
     name="GPUModelRunner._sample",
     target="GPUModelRunner._sample and _get_or_create_async_output_copy_stream "
-    "(each runner, async scheduling on a GPU, SPECEXTEND_EARLY_OUTPUT_COPY=1)",
+    "(each runner, async scheduling on a GPU; SPECEXTEND_EARLY_OUTPUT_COPY=0 "
+    "leaves it)",
     why="vLLM 0.26's AsyncGPUModelRunnerOutput starts the copy of the sampled "
     "tokens after everything queued on the default stream, and the drafter is "
     "queued before it: every token, the first one included, reaches the client "

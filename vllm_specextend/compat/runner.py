@@ -43,3 +43,25 @@ def model_input_buffers(runner):
     ``positions[:n]``, so its CUDA graphs were captured reading these addresses.
     """
     return runner.input_ids.gpu, runner.positions
+
+
+def samples_no_row(runner, num_reqs: int) -> bool:
+    """Every row of this step computes a prompt chunk that does not end its
+    prompt: the runner discards whatever it samples or drafts for them.
+
+    vLLM 0.26: ``discard_request_mask.np`` is set in ``_prepare_inputs`` from
+    host lengths (``optimistic_seq_lens_cpu < num_tokens``), so reading it
+    does not wait for the device; ``_is_all_reqs_chunked_prefill`` reads it
+    the same way.
+    """
+    return num_reqs > 0 and bool(runner.discard_request_mask.np[:num_reqs].all())
+
+
+def prefill_deferral_blocker(vllm_config) -> str | None:
+    """Why draft passes over prompt chunks must run in their own step on
+    this engine (``deferral.py``), or None."""
+    if vllm_config.parallel_config.data_parallel_size != 1:
+        return "data parallel ranks pad every draft forward to one size together"
+    if vllm_config.kv_transfer_config is not None:
+        return "a KV connector saves a step's blocks when the step ends"
+    return None

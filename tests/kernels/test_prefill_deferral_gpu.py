@@ -1,0 +1,44 @@
+"""GPU: draft passes over prompt chunks kept for a later step (``deferral.py``)
+draft what they draft in their own step, under CUDA graphs and async
+scheduling (vLLM's defaults, as served).
+
+A token budget of 1,024 splits the prompts into chunks, so the first steps
+sample nothing and keep their passes. With deferral on and off, every
+proposal must be equal, token for token, and the greedy outputs must equal
+vLLM's own speculation with the same draft, K and budget (no plugin).
+``tests/engine/test_prefill_deferral.py`` covers prefix caching, an aborted
+request and a control on the CPU.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from test_draft_graph_gpu import CMR, _generate, models  # noqa: E402, F401
+
+CHUNKED = dict(max_num_batched_tokens=1024, max_num_seqs=8)
+
+
+def test_kept_passes_draft_as_in_their_step(models):  # noqa: F811
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3, 500) for _ in range(n)] for n in (3000, 2000, 1200)]
+    target = models["target"]
+    reference = _generate(target, "draft_model", target, prompts, **CHUNKED)
+    off = _generate(target, "draft_model", target, prompts,
+                    {**CMR, "defer_prefill_draft": False}, **CHUNKED)
+    on = _generate(target, "draft_model", target, prompts, dict(CMR), **CHUNKED)
+
+    assert on["captured"] and on["async"]
+    assert off["stats"]["deferred_prefill_passes"] == 0
+    assert on["stats"]["deferred_prefill_passes"] > 0, "steps kept their pass"
+    assert on["stats"]["graph_steps"] > 0
+    assert on["proposals"] == off["proposals"], "kept passes drafted otherwise"
+    assert on["outputs"] == off["outputs"] == reference["outputs"]
