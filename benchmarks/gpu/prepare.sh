@@ -51,7 +51,9 @@ if [ "${GGUF:-0}" = 1 ]; then
   # transformers reads a GGUF through the `gguf` package, which the host's
   # python and the vLLM bundle lack (seen 2026-11-25): it travels too (pure
   # Python, 1.3 MB; its needs numpy, pyyaml, requests and tqdm are there).
+  # Its dist-info too: transformers reads the installed version, and without
+  # it stops on "Invalid version 'N/A'" (seen 2026-11-26).
   site=$("$VENV/bin/python" -c 'import gguf, pathlib; print(pathlib.Path(gguf.__file__).parent.parent)')
-  tar -C "$site" -czf .gpu/gguf/gguf_pkg.tgz gguf
+  tar -C "$site" -czf .gpu/gguf/gguf_pkg.tgz gguf $(cd "$site" && ls -d gguf-*.dist-info)
 fi
 du -sh .gpu/* | sort -k2
