@@ -66,8 +66,18 @@ class Run:
 # --------------------------------------------------------------------------- #
 def prompt_len(args, length: int, new_tokens: int) -> int:
     """Input length used for ``length``: capped so prompt + output fit the
-    models' context (SmolLM2: 8192 positions, so "8K" is 8192 - 256 tokens)."""
-    return min(length, args.max_model_len - new_tokens)
+    models' context with K + 1 positions to spare (SmolLM2: 8192 positions, so
+    "8K" is 8192 - 256 - 5 tokens at K = 4).
+
+    Near the end of the context vLLM 0.26 drafts less than the recorder
+    replays: its scheduler trims a step's drafts to the positions left, from
+    a position that async scheduling overstates (it counts the last step's
+    drafts as accepted), and it skips the drafter once the longest row plus
+    K would pass the draft's length (``_input_fits_in_drafter``), verifying
+    zeros in their place. The 8K rows of 2026-11-26 disagreed with vLLM's
+    counters so (GPU only: the CPU schedules synchronously). With K + 1
+    positions to spare no step is trimmed or skipped."""
+    return min(length, args.max_model_len - new_tokens - args.num_spec_tokens - 1)
 
 
 def spec_config(args, mode: str, working_set: int | None = None,

@@ -27,8 +27,9 @@ def test_eval_runs_every_mode_on_the_same_exact_length_prompts(plan, tiny_tokeni
     by_key = {}
     for run in runs:
         by_key.setdefault((run.dataset, run.length), []).append(run)
-        # 4096 + 256 new tokens would not fit: the prompt gives way.
-        want = 512 if run.length == 512 else 4096 - 256
+        # 4096 + 256 new tokens would not fit: the prompt gives way, and
+        # leaves K + 1 positions so that the drafter runs to the last step.
+        want = 512 if run.length == 512 else 4096 - 256 - 5
         assert all(len(p) == want for p in run.prompts)
         assert run.config is None or run.config == {
             **eval_longinput.DEFAULT_SPEC_EXTEND, "top_k": 8, "policy": run.mode}
