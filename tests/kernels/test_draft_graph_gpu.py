@@ -38,6 +38,10 @@ def _generate(target, method, draft, prompts, spec_extend=None, **engine):
 
     from benchmarks.harness.drafter import DraftRecorder, drafter, stats
 
+    # vLLM's start-up asserts that free memory did not grow while it profiled:
+    # hand back what earlier tests of this process left cached first.
+    gc.collect()
+    torch.cuda.empty_cache()
     llm = LLM(model=target, dtype="float16", block_size=16, max_model_len=4096,
               gpu_memory_utilization=0.3, seed=0, disable_log_stats=False,
               speculative_config={"method": method, "model": draft,
