@@ -266,24 +266,42 @@ class SpecExtendMixin:
         # own when the drafter cannot run. [num_reqs, K]
         self.deferral.keep(compat.batch_req_ids(self.runner, cad.num_reqs),
                            token_ids, positions, next_token_ids, cad)
+        # The runner reads the drafter's draft probabilities after propose;
+        # vLLM's propose clears them first, so must a step that skips it.
+        self._last_draft_probs = None
         return torch.zeros((cad.num_reqs, num_speculative_tokens),
                            dtype=torch.int64, device=self.device)
 
+    @torch.inference_mode()
     def _run_kept_passes(self) -> None:
         """The kept passes, oldest first, each as vLLM's propose with K = 0:
-        its first pass only, the one that writes the chunk's draft KV."""
+        its first pass only, the one that writes the chunk's draft KV. In
+        inference mode as vLLM's own step: they may run from the worker,
+        before the runner's step (``on_requests_done``, block copies)."""
         if not len(self.deferral):
             return
         k = getattr(self, "num_speculative_tokens", None)
-        for kept in self.deferral.take():
-            self._base_propose(
-                0, kept.token_ids, kept.positions, None, kept.next_token_ids,
-                None, kept.common_attn_metadata, _GREEDY,
-            )
-            self.stats.deferred_prefill_passes += 1
-        # vLLM's propose keeps the K it was last called with.
-        if k is not None:
-            self.num_speculative_tokens = k
+        passes = self.deferral.take()
+        try:
+            while passes:
+                kept = passes[0]
+                self._base_propose(
+                    0, kept.token_ids, kept.positions, None, kept.next_token_ids,
+                    None, kept.common_attn_metadata, _GREEDY,
+                )
+                passes.pop(0)
+                self.stats.deferred_prefill_passes += 1
+        finally:
+            # A pass that raised stays kept, with those after it.
+            self.deferral.passes[:0] = passes
+            # vLLM's propose keeps the K it was last called with.
+            if k is not None:
+                self.num_speculative_tokens = k
+
+    def before_block_copies(self) -> None:
+        """vLLM is about to copy whole KV blocks (the draft's too) at the
+        start of a step: the kept passes write theirs first."""
+        self._run_kept_passes()
 
     @override
     def build_per_group_and_layer_attn_metadata(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 import torch
 
 from vllm_specextend.deferral import PrefillDeferral, copy_metadata
@@ -50,3 +51,64 @@ def test_passes_are_taken_oldest_first_and_named_by_request():
     assert first.token_ids.tolist() == [0, 1, 2, 3]
     assert second.req_ids == {"a", "b"} and second.token_ids.tolist() == [9] * 4
     assert len(deferral) == 0 and not deferral.holds_any({"a"})
+
+
+def test_copies_of_vllms_metadata_share_no_tensor():
+    from vllm_specextend import compat
+
+    cad = compat.decode_attn_metadata(
+        query_start_loc=torch.tensor([0, 1, 2], dtype=torch.int32),
+        query_start_loc_cpu=torch.tensor([0, 1, 2], dtype=torch.int32),
+        seq_lens=torch.tensor([40, 70], dtype=torch.int32), num_reqs=2,
+        num_actual_tokens=2, max_query_len=1, max_seq_len=70,
+        block_table_tensor=torch.arange(8, dtype=torch.int32).view(2, 4),
+        slot_mapping=torch.tensor([39, 69]),
+    )
+    copied = copy_metadata(cad)
+    for name, value in vars(cad).items():
+        if isinstance(value, torch.Tensor):
+            twin = getattr(copied, name)
+            assert twin.data_ptr() != value.data_ptr(), name
+            assert torch.equal(twin, value), name
+
+
+def _proposer_with_passes(n, fail_at=None):
+    from vllm_specextend.metrics import SpecExtendStats
+    from vllm_specextend.proposer import SpecExtendProposer
+
+    proposer = object.__new__(SpecExtendProposer)  # no engine: the pass loop only
+    proposer.deferral, proposer.stats = PrefillDeferral(), SpecExtendStats()
+    proposer.num_speculative_tokens = 4
+    calls = []
+
+    def base_propose(k, token_ids, *args):
+        calls.append((k, int(token_ids[0])))
+        proposer.num_speculative_tokens = k  # as vLLM's propose does
+        if int(token_ids[0]) == fail_at:
+            raise RuntimeError("draft forward failed")
+
+    proposer._base_propose = base_propose
+    for i in range(n):
+        tokens = torch.tensor([i])
+        proposer.deferral.keep([f"r{i}"], tokens, tokens, tokens, _metadata())
+    return proposer, calls
+
+
+def test_kept_passes_run_oldest_first_with_k_zero_and_k_comes_back():
+    proposer, calls = _proposer_with_passes(3)
+    proposer.before_block_copies()
+
+    assert calls == [(0, 0), (0, 1), (0, 2)]
+    assert len(proposer.deferral) == 0
+    assert proposer.stats.deferred_prefill_passes == 3
+    assert proposer.num_speculative_tokens == 4
+
+
+def test_a_pass_that_fails_stays_kept_with_those_after_it():
+    proposer, _ = _proposer_with_passes(3, fail_at=1)
+    with pytest.raises(RuntimeError, match="draft forward failed"):
+        proposer._run_kept_passes()
+
+    assert [p.token_ids.tolist() for p in proposer.deferral.passes] == [[1], [2]]
+    assert proposer.stats.deferred_prefill_passes == 1
+    assert proposer.num_speculative_tokens == 4

@@ -21,6 +21,7 @@ argparse ``_option_string_actions``                 read        an option's acti
 ``Worker.init_device`` / ``.execute_model``         override    runner exists / finished req ids
 ``GPUModelRunner.drafter`` / ``.input_batch``       write/read  our proposer; row -> req_id
 ``GPUModelRunner.discard_request_mask``             read        steps that sample no row (deferral)
+``SchedulerOutput.kv_cache_block_copies``          read        kept draft passes before block copies
 ``GPUModelRunner.input_ids`` / ``.positions``       share       self_draft: graphs' input addresses
 ``DraftModelProposer`` / ``EagleProposer``          subclass    draft_model / eagle(3) proposers
 ``  .propose``                                      override    retrieval + view per step
@@ -128,6 +129,7 @@ from vllm_specextend.compat.runner import (
     batch_num_prompt_tokens,
     batch_req_ids,
     batch_seq_lens_cpu,
+    copies_kv_blocks,
     live_req_ids,
     model_input_buffers,
     prefill_deferral_blocker,
@@ -150,7 +152,8 @@ __all__ = [
     "last_target_attention",
     "layer_kv_cache", "live_req_ids", "load", "log_stats_interval", "logger",
     "max_num_batched_tokens", "max_num_seqs",
-    "model_input_buffers", "prefill_deferral_blocker", "samples_no_row",
+    "copies_kv_blocks", "model_input_buffers", "prefill_deferral_blocker",
+    "samples_no_row",
     "one_request_kv_bytes", "option_action", "report_errors_briefly",
     "require_v1_model_runner", "rope_inv_freq", "rotary_embeddings",
     "select_worker_cls", "served_model_name", "tp_all_reduce", "tp_broadcast",

@@ -57,6 +57,17 @@ def samples_no_row(runner, num_reqs: int) -> bool:
     return num_reqs > 0 and bool(runner.discard_request_mask.np[:num_reqs].all())
 
 
+def copies_kv_blocks(scheduler_output) -> bool:
+    """This step starts by copying whole KV blocks, every layer's.
+
+    vLLM 0.26: ``_update_states`` copies ``kv_cache_block_copies`` (prefix
+    hits that end inside a block with several KV cache groups, mamba
+    ``align`` mode) before the step's forwards, so a kept draft pass that
+    writes a source block must run first (``deferral.py``).
+    """
+    return bool(scheduler_output.kv_cache_block_copies)
+
+
 def prefill_deferral_blocker(vllm_config) -> str | None:
     """Why draft passes over prompt chunks must run in their own step on
     this engine (``deferral.py``), or None."""

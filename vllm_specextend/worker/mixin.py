@@ -98,8 +98,11 @@ class SpecExtendWorkerMixin:
     def execute_model(self, scheduler_output):
         done = set(scheduler_output.finished_req_ids)
         done |= scheduler_output.preempted_req_ids or set()
+        drafter = self.model_runner.drafter
         if done:
-            self.model_runner.drafter.on_requests_done(done)
+            drafter.on_requests_done(done)
+        if compat.copies_kv_blocks(scheduler_output):
+            drafter.before_block_copies()
         return super().execute_model(scheduler_output)
 
 
