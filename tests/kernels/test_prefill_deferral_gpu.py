@@ -2,8 +2,9 @@
 draft what they draft in their own step, under CUDA graphs and async
 scheduling (vLLM's defaults, as served).
 
-A token budget of 1,024 splits the prompts into chunks, so the first steps
-sample nothing and keep their passes. With deferral on and off, every
+A token budget of 1,024, at most 256 prompt tokens per request and step,
+splits the prompts into chunks that run side by side, so the first steps
+sample nothing and keep passes of several rows. With deferral on and off, every
 proposal must be equal, token for token, and the greedy outputs must equal
 vLLM's own speculation with the same draft, K and budget (no plugin).
 ``tests/engine/test_prefill_deferral.py`` covers prefix caching, an aborted
@@ -24,7 +25,8 @@ if not torch.cuda.is_available():
 
 from test_draft_graph_gpu import CMR, _generate, models  # noqa: E402, F401
 
-CHUNKED = dict(max_num_batched_tokens=1024, max_num_seqs=8)
+CHUNKED = dict(max_num_batched_tokens=1024, long_prefill_token_threshold=256,
+               max_num_seqs=8)
 
 
 def test_kept_passes_draft_as_in_their_step(models):  # noqa: F811
