@@ -200,8 +200,12 @@ def needle_runs(args, tokenizer) -> list[Run]:
 class Session:
     """One engine and its instruments; runs ``Run``s and returns rows."""
 
-    def __init__(self, args, kind: str, runs: list[Run], tokenizer):
+    def __init__(self, args, kind: str, runs: list[Run], tokenizer,
+                 missed: set | None = None):
         self.args = args
+        # --needle-screen: the passkey cases (length, depth, haystack) the
+        # target missed in an earlier run; shared by every session.
+        self.missed = missed
         self.kind = kind
         self.tokenizer = tokenizer
         first = next((r.config for r in runs if r.config), None)
@@ -253,7 +257,13 @@ class Session:
             return [self.run_row(run, progress)]
         rows = []
         for i in range(len(run.prompts)):
-            rows.append(self.needle_row(run, i))
+            case = (run.length, run.depth, i)
+            if self.missed is not None and case in self.missed:
+                rows.append(screened_row(run, i))
+            else:
+                rows.append(self.needle_row(run, i))
+                if self.missed is not None and not rows[-1]["target_correct"]:
+                    self.missed.add(case)
             progress.update(1)
         return rows
 
@@ -339,6 +349,24 @@ class Session:
         engine.shutdown(self.llm)
 
 
+def screened_row(run: Run, i: int) -> dict:
+    """A passkey case an earlier run showed the target misses
+    (``--needle-screen``). Greedy output is the same in every mode, so it is
+    not generated again: the row counts the case, scores nothing, and holds
+    no hashes (it is no evidence of equality)."""
+    return {
+        **describe(run, [run.prompts[i]]),
+        "depth": run.depth,
+        "key": run.keys[i],
+        "answer": None,
+        **needle.score([], None),
+        "screened": True,
+        "replay_consistent": None,
+        "prompt_hashes": [],
+        "output_hashes": [],
+    }
+
+
 def describe(run: Run, prompts=None) -> dict:
     prompts = run.prompts if prompts is None else prompts
     return {
@@ -401,6 +429,7 @@ def run(args) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"meta": metadata(args), "rows": []}
+    missed = set() if args.needle_screen else None
     # Progress in batches; a needle prompt is a batch of its own.
     total = sum(len(r.prompts) if r.task == "needle"
                 else -(-len(r.prompts) // r.batch_size) for r in runs)
@@ -410,7 +439,7 @@ def run(args) -> int:
             if not mine:
                 continue
             progress.set_postfix_str(f"starting {kind} engine")
-            session = Session(args, kind, mine, tokenizer)
+            session = Session(args, kind, mine, tokenizer, missed)
             for r in mine:
                 progress.set_postfix_str(f"{r.task} {r.mode} {r.dataset} {r.length}")
                 result["rows"] += session.execute(r, progress)
@@ -534,6 +563,10 @@ def parse_args(argv=None):
     r.add_argument("--needle-prompts", type=int, default=8,
                    help="haystacks (and keys) per length and depth")
     r.add_argument("--needle-new-tokens", type=int, default=24)
+    r.add_argument("--needle-screen", action="store_true",
+                   help="run a passkey case in later modes only if the target "
+                   "found the key in the first (greedy output is the same in "
+                   "every mode): many haystacks for the few the target answers")
     r.add_argument("--dtype", default="bfloat16" if cuda else "float32")
     r.add_argument("--block-size", type=int, default=16 if cuda else 32)
     r.add_argument("--max-model-len", type=int,

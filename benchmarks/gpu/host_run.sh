@@ -335,7 +335,9 @@ PY
     # per machine (/root/pair/target). One dataset and length per call:
     # GRID_DATASET (govreport|pg19), GRID_LENGTH (8192 first: the done-when
     # cell); GRID_ARGS adds or overrides flags (passkeys: --tasks needle
-    # --needle-lengths 4096 8192). Merge the files with `report`.
+    # --needle-lengths 4096 8192; many haystacks for the few the target
+    # answers: --needle-prompts 40 --needle-screen). Merge the files with
+    # `report`.
     [ -d /root/pair/target ] || PYTHONPATH=/root/vsite:/root/gguf timeout 300 \
       python3 -c "from benchmarks.models.builders import build_smollm2 as b; b('/root/pair/target')" \
       > "$OUT/grid23_target.log" 2>&1 || { echo "grid23: no target"; tail -5 "$OUT/grid23_target.log"; exit 1; }

@@ -207,7 +207,9 @@ def needle_summary(rows: list[dict]) -> list[dict]:
                                  if proposed else None),
             "all_digits_rate": (sum(r["all_matched"] for r in scored) / len(scored)
                                 if scored else None),
-            "replay_consistent": all(r["replay_consistent"] for r in group),
+            # Screened cases ran nothing to compare.
+            "replay_consistent": all(r["replay_consistent"] for r in group
+                                     if r["replay_consistent"] is not None),
         })
     return out
 

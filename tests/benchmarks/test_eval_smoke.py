@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import eval_longinput
+from benchmarks.longinput import report
 
 pytestmark = pytest.mark.engine
 
@@ -140,3 +141,25 @@ def test_coverage_and_intervals(tiny_target, tiny_draft, long_prompts, tmp_path)
     assert rows["none"]["accepted_length_ci95"] is None
     markdown = Path(tmp_path / "results.md").read_text()
     assert "top chunk held %" in markdown
+
+
+def test_needle_screen_runs_later_modes_only_where_the_target_answered(
+        tiny_target, long_prompts, tmp_path):
+    """A random tiny target finds no key: the first mode runs every case, and
+    the later ones none, each case still counted as one the target missed."""
+    result = harness(
+        tmp_path, tiny_target, tiny_target, "--tasks", "needle",
+        "--modes", "draft_model", "streaming", "cmr", "--needle-screen",
+        "--needle-lengths", "1024", "--needle-depths", "0.5", "--needle-prompts", "2",
+    )
+    rows = result["rows"]
+    assert len(rows) == 3 * 2
+    ran = [r for r in rows if not r.get("screened")]
+    screened = [r for r in rows if r.get("screened")]
+    assert len({r["mode"] for r in ran}) == 1 and len(ran) == 2
+    assert not any(r["target_correct"] for r in rows)
+    assert len(screened) == 4 and all(r["answer"] is None and not r["output_hashes"]
+                                      for r in screened)
+    summary = report.needle_summary(rows)
+    assert [s["prompts"] for s in summary] == [2, 2, 2]
+    assert all(s["target_accuracy"] == 0 and s["replay_consistent"] for s in summary)
