@@ -359,8 +359,11 @@ class DraftRecorder:
     Only rows whose prompt is fully computed count: during a chunked prefill
     the drafter also runs (to fill its KV) but those proposals are dropped.
     Lengths are read before the drafter runs, as SpecExtendProposer does:
-    drafting reuses the runner's buffers. Recording syncs the device on every
-    step, so it is off (``enabled``) while anything is timed.
+    drafting reuses the runner's buffers. Each step's drafts are copied on
+    the device and read back only when ``proposals`` is read, so recording
+    leaves async scheduling's overlap as it is (a captured routine returns
+    its drafts in a buffer the next step rewrites: hence the copy). Still off
+    (``enabled``) while anything is timed: the copy is a kernel per step.
     """
 
     def __init__(self, llm):
@@ -369,23 +372,32 @@ class DraftRecorder:
         runner = model_runner(llm)
         proposer = runner.drafter
         original = proposer.propose
-        self.proposals: dict[str, list[list[int]]] = {}
+        self._proposals: dict[str, list[list[int]]] = {}
+        self._pending: list[tuple[list[str], object, object]] = []
         self.enabled = False
 
         def recorded(*args, **kwargs):
             if not self.enabled:
                 return original(*args, **kwargs)
             num_reqs = runner.input_batch.num_reqs
-            req_ids = compat.batch_req_ids(runner, num_reqs)
+            req_ids = list(compat.batch_req_ids(runner, num_reqs))
             done = (compat.batch_seq_lens_cpu(runner, num_reqs)
                     >= compat.batch_num_prompt_tokens(runner, num_reqs))
             drafts = original(*args, **kwargs)
-            for req_id, row, keep in zip(req_ids, drafts.tolist(), done, strict=False):
-                if keep:
-                    self.proposals.setdefault(req_id, []).append(row)
+            self._pending.append((req_ids, done, drafts.clone()))
             return drafts
 
         proposer.propose = recorded
+
+    @property
+    def proposals(self) -> dict[str, list[list[int]]]:
+        """Request id -> its proposals, oldest first (reads the device)."""
+        for req_ids, done, drafts in self._pending:
+            for req_id, row, keep in zip(req_ids, drafts.tolist(), done, strict=False):
+                if keep:
+                    self._proposals.setdefault(req_id, []).append(row)
+        self._pending.clear()
+        return self._proposals
 
     def take(self, request_id: str) -> list[list[int]]:
         return self.proposals.pop(request_id, [])
