@@ -214,7 +214,7 @@ class SpecExtendMixin:
         # nothing keeps its pass for later (deferral.py); any other step runs
         # the kept passes first.
         cad = common_attn_metadata
-        keep = self._keeps_pass(cad, mm_embed_inputs, num_rejected_tokens_gpu)
+        keep = self._keeps_pass(mm_embed_inputs, num_rejected_tokens_gpu)
         if not keep:
             self._run_kept_passes()
         try:
@@ -255,10 +255,10 @@ class SpecExtendMixin:
 
     # --- draft passes over prompt chunks, kept for later (deferral.py) ----------
 
-    def _keeps_pass(self, cad, mm_embed_inputs, num_rejected) -> bool:
+    def _keeps_pass(self, mm_embed_inputs, num_rejected) -> bool:
         return (self._deferral_blocker is None and self.runner is not None
                 and mm_embed_inputs is None and num_rejected is None
-                and compat.samples_no_row(self.runner, cad.num_reqs))
+                and compat.samples_no_row(self.runner))
 
     def _keep_pass(self, cad, token_ids, positions, next_token_ids,
                    num_speculative_tokens) -> torch.Tensor:

@@ -20,7 +20,7 @@ argparse ``_option_string_actions``                 read        an option's acti
 ``v1.worker.cpu_worker.CPUWorker``                  subclass    install the proposer (CPU)
 ``Worker.init_device`` / ``.execute_model``         override    runner exists / finished req ids
 ``GPUModelRunner.drafter`` / ``.input_batch``       write/read  our proposer; row -> req_id
-``GPUModelRunner.discard_request_mask``             read        steps that sample no row (deferral)
+``GPUModelRunner._is_all_reqs_chunked_prefill``    call        steps that sample no row (deferral)
 ``SchedulerOutput.kv_cache_block_copies``          read        kept draft passes before block copies
 ``GPUModelRunner.input_ids`` / ``.positions``       share       self_draft: graphs' input addresses
 ``DraftModelProposer`` / ``EagleProposer``          subclass    draft_model / eagle(3) proposers
@@ -224,6 +224,7 @@ _TOUCH_POINTS = {
     ),
     "GPUModelRunner._sample": ("logits", "spec_decode_metadata"),
     "GPUModelRunner._get_or_create_async_output_copy_stream": (),
+    "GPUModelRunner._is_all_reqs_chunked_prefill": (),
     "EngineArgs.add_cli_args": ("parser",),
     "EngineArgs.create_engine_config": ("usage_context",),
 }

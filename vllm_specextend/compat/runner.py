@@ -45,16 +45,15 @@ def model_input_buffers(runner):
     return runner.input_ids.gpu, runner.positions
 
 
-def samples_no_row(runner, num_reqs: int) -> bool:
+def samples_no_row(runner) -> bool:
     """Every row of this step computes a prompt chunk that does not end its
     prompt: the runner discards whatever it samples or drafts for them.
 
-    vLLM 0.26: ``discard_request_mask.np`` is set in ``_prepare_inputs`` from
-    host lengths (``optimistic_seq_lens_cpu < num_tokens``), so reading it
-    does not wait for the device; ``_is_all_reqs_chunked_prefill`` reads it
-    the same way.
+    vLLM 0.26: ``_is_all_reqs_chunked_prefill`` reads the host half of
+    ``discard_request_mask``, set in ``_prepare_inputs`` from host lengths, so
+    asking does not wait for the device.
     """
-    return num_reqs > 0 and bool(runner.discard_request_mask.np[:num_reqs].all())
+    return runner._is_all_reqs_chunked_prefill()
 
 
 def copies_kv_blocks(scheduler_output) -> bool:
