@@ -483,6 +483,7 @@ def paired_report(args) -> int:
                         # A window and chunks only where there is a working set.
                         **{k: (r["config"] or {}).get(k) if r.get("working_set") else None
                            for k in ("recent_tokens", "top_k")},
+                        "score_layer": report.score_layer(r),
                         "accepted_length": r["mean_accepted_length"],
                         "baseline": args.baseline,
                         "baseline_working_set": base.get("working_set"),
@@ -491,13 +492,14 @@ def paired_report(args) -> int:
     lines = [f"Against `{args.baseline}` on the same prompts: ratio of accepted lengths, "
              "95% bootstrap interval drawing prompts for both, prompts that drafted "
              f"better. From: {', '.join(args.files)}.", "",
-             "| dataset | length | mode | working set | window | chunks | accepted length "
-             "| baseline (working set) | ratio | 95% interval | better |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| dataset | length | mode | working set | window | chunks | scoring layer "
+             "| accepted length | baseline (working set) | ratio | 95% interval | better |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for o in out:
         low, high = o.get("interval") or (float("nan"),) * 2
         lines.append(f"| {o['dataset']} | {o['length']} | {o['mode']} | {o['working_set'] or '–'} "
                      f"| {o['recent_tokens'] or '–'} | {o['top_k'] or '–'} "
+                     f"| {'–' if o['score_layer'] is None else o['score_layer']} "
                      f"| {o['accepted_length']:.2f} | {o['baseline_accepted_length']:.2f} "
                      f"({o['baseline_working_set']}) | {o.get('ratio', float('nan')):.3f} "
                      f"| {low:.3f}–{high:.3f} | {o.get('better')} of {o.get('prompts')} |")

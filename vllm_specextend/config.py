@@ -43,6 +43,14 @@ class SpecExtendConfig:
     sink_tokens: int = 32
     recent_tokens: int = 256
     min_context: int = 2048
+    score_layer: int = -1
+    """Which of the target's attention layers ranks the chunks, indexed as a
+    Python list of its attention layers in model order: -1 is the final one
+    (the paper's choice). A small model may retrieve better from a middle
+    layer: SmolLM2-135M's final layer holds a passkey's chunk among its top 11
+    for 31% of the answer's queries, its layer 21 of 30 for 90%
+    (docs/evaluation.md). Fixed when the engine starts: the query capture is
+    recorded in the target's CUDA graphs."""
     compact_positions: bool | str = "auto"
     """Renumber the draft's working set to contiguous positions (``rope.py``),
     so a draft with fewer positions than the target can still draft. ``auto``:
@@ -66,6 +74,7 @@ class SpecExtendConfig:
         _raise_if_unknown_policy(self)
         _raise_if_out_of_range(self)
         _raise_if_flags_not_bool(self)
+        _raise_if_bad_score_layer(self)
         _raise_if_bad_compact_positions(self)
         _raise_if_bad_draft_graph(self)
         _raise_if_sinks_not_whole_chunks(self)
@@ -152,6 +161,8 @@ class EngineFacts:
     """The target's model path or name."""
     draft_model: str | None = None
     """The draft's model path or name (the target's under ``self_draft``)."""
+    num_target_layers: int | None = None
+    """The target's decoder layers (``num_hidden_layers``)."""
 
 
 def compaction_on(cfg: SpecExtendConfig, facts: EngineFacts) -> bool:
@@ -188,6 +199,8 @@ def validate_engine(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
     _raise_if_chunk_not_block_multiple(cfg, facts)
     _raise_if_working_set_exceeds_draft(cfg, facts)
     _raise_if_pipeline_parallel(facts)
+    if facts.num_target_layers is not None:
+        raise_if_score_layer_outside(cfg, facts.num_target_layers)
 
 
 # --- guards: each raises SpecExtendConfigError naming the key and the fix -------
@@ -225,6 +238,26 @@ def _raise_if_flags_not_bool(cfg: SpecExtendConfig) -> None:
             raise SpecExtendConfigError(
                 f"spec_extend.{name}={value!r} must be true or false."
             )
+
+
+def _raise_if_bad_score_layer(cfg: SpecExtendConfig) -> None:
+    value = cfg.score_layer
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecExtendConfigError(
+            f"spec_extend.score_layer={value!r} must be an integer: an index "
+            "into the target's attention layers (-1: the final one)."
+        )
+
+
+def raise_if_score_layer_outside(cfg: SpecExtendConfig, num_layers: int) -> None:
+    """At engine config (``num_hidden_layers``) and again when the scoring
+    layer is looked up among the attention layers."""
+    if not -num_layers <= cfg.score_layer < num_layers:
+        raise SpecExtendConfigError(
+            f"spec_extend.score_layer={cfg.score_layer} is outside the target's "
+            f"{num_layers} attention layers; use {-num_layers}..{num_layers - 1} "
+            "(-1: the final one)."
+        )
 
 
 def _raise_if_bad_compact_positions(cfg: SpecExtendConfig) -> None:

@@ -43,7 +43,7 @@ from typing_extensions import override
 
 from vllm_specextend import compat
 from vllm_specextend.compactor import Compactor
-from vllm_specextend.config import SpecExtendConfig
+from vllm_specextend.config import SpecExtendConfig, SpecExtendConfigError
 from vllm_specextend.deferral import PrefillDeferral
 from vllm_specextend.draft_graph import (
     MAX_GRAPH_BATCH,
@@ -128,8 +128,8 @@ class SpecExtendMixin:
     def load_model(self, target_model) -> None:
         # super() loads the draft and learns which attention layers are its own.
         super().load_model(target_model)
-        _, layer = compat.last_target_attention(
-            self.vllm_config, exclude=self._scoring_excludes()
+        _, layer = compat.target_attention(
+            self.vllm_config, self._scoring_excludes(), self.cfg
         )
         tp_rank, tp_size = compat.tp_rank_and_size()
         self.retriever.attach(
@@ -176,6 +176,12 @@ class SpecExtendMixin:
     def reconfigure(self, cfg: SpecExtendConfig) -> None:
         """Benchmarks only: switch policy or parameters between runs on one
         engine; selections made under the old config are dropped."""
+        if cfg.score_layer != self.cfg.score_layer:
+            raise SpecExtendConfigError(
+                "spec_extend.score_layer is fixed when the engine starts (the "
+                "query capture is recorded in the target's CUDA graphs); start "
+                "an engine per score_layer."
+            )
         if self.compactor is not None:
             self.compactor.check_budget(cfg, self.block_size)
         self._run_kept_passes()

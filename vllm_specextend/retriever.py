@@ -1,8 +1,8 @@
 """The retriever: chooses the chunks of the rows the planner sends it.
 
 For each row: the query of its last accepted token, captured from the
-target's final attention layer during verification, is scored against that
-layer's paged keys (``scoring.block_lse``: one log-sum-exp per KV block and
+target's scoring attention layer during verification (``score_layer``: the
+final one unless set), is scored against that layer's paged keys (``scoring.block_lse``: one log-sum-exp per KV block and
 query head), turned into attention mass per chunk (``selection.chunk_mass``),
 averaged over all heads across tensor-parallel ranks, and the ``top_k`` chunks
 between the sinks and the window start are kept (``selection.select_chunks``).
@@ -36,7 +36,7 @@ class Retriever:
         self.state = state
         self.staging = staging
         self.device = device
-        self.layer = None  # the target's final attention layer
+        self.layer = None  # the target's scoring layer (cfg.score_layer)
         self.query_buf: torch.Tensor | None = None  # [max_num_tokens, Hq, D]
         self.capturing = True
         self.tp_size = 1
@@ -99,7 +99,7 @@ class Retriever:
 
     def chunk_masses(self, query_rows: torch.Tensor, block_table: torch.Tensor,
                      ctx_lens: torch.Tensor, max_ctx: int) -> torch.Tensor:
-        """The final layer's attention mass per chunk, [n, num_chunks] fp32:
+        """The scoring layer's attention mass per chunk, [n, num_chunks] fp32:
         the captured queries at ``query_rows`` ([n]) over the first
         ``ctx_lens`` ([n]) tokens of ``block_table`` ([n, max_blocks]), all on
         the device, averaged over every head of every tensor-parallel rank.

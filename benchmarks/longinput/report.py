@@ -89,8 +89,9 @@ def _table(header: list[str], lines: list[list]) -> str:
 
 
 def _key(row) -> tuple:
+    layer = score_layer(row)
     return (row["dataset"], row["length"], MODE_ORDER[row["mode"]],
-            row.get("working_set") or 0)
+            row.get("working_set") or 0, -1 if layer is None else layer)
 
 
 def context_share(row) -> float | None:
@@ -123,14 +124,14 @@ def eval_table(rows: list[dict]) -> str:
         speedup = r["decode_tok_s"] / base["decode_tok_s"] if base else None
         lines.append([
             r["dataset"], r["length"], r["prompt_len"], r["mode"],
-            r.get("working_set"), r["mean_accepted_length"], interval(r),
+            r.get("working_set"), score_layer(r), r["mean_accepted_length"], interval(r),
             r["acceptance_rate"], r["decode_tok_s"], r["e2e_tok_s"], speedup,
             context_share(r), coverage_percent(r, "top_held"),
             coverage_percent(r, "mass_held"), r.get("mismatches"),
         ])
     return _table(
         ["dataset", "length", "prompt tokens", "mode", "working set",
-         "accepted length", "95% interval",
+         "scoring layer", "accepted length", "95% interval",
          "acceptance rate", "decode tok/s", "e2e tok/s", "decode speedup vs none",
          "draft context %", "top chunk held %", "attention held %",
          "mismatches vs none"],
@@ -183,25 +184,35 @@ def sweep_table(rows: list[dict]) -> str:
     )
 
 
+def score_layer(row: dict) -> int | None:
+    """The layer that ranked a retrieving row's chunks (``score_layer``; -1
+    in files from before the key); None for modes that retrieve nothing."""
+    if not row["mode"].startswith(("cmr", "self_cmr")):
+        return None
+    return (row.get("config") or {}).get("score_layer", -1)
+
+
 def needle_summary(rows: list[dict]) -> list[dict]:
-    """Per (length, depth, mode, working set): target accuracy and the draft's
-    scores on the prompts the target answered."""
+    """Per (length, depth, mode, working set, scoring layer): target accuracy
+    and the draft's scores on the prompts the target answered."""
     groups = defaultdict(list)
     for r in rows:
         if r["task"] == "needle":
-            key = (r["length"], r["depth"], r["mode"], r.get("working_set"))
+            key = (r["length"], r["depth"], r["mode"], r.get("working_set"),
+                   score_layer(r))
             groups[key].append(r)
     out = []
-    for (length, depth, mode, budget), group in sorted(
+    for (length, depth, mode, budget, layer), group in sorted(
         groups.items(),
-        key=lambda kv: (kv[0][0], kv[0][1], MODE_ORDER[kv[0][2]], kv[0][3] or 0),
+        key=lambda kv: (kv[0][0], kv[0][1], MODE_ORDER[kv[0][2]], kv[0][3] or 0,
+                        kv[0][4] if kv[0][4] is not None else -1),
     ):
         answered = [r for r in group if r["target_correct"]]
         proposed = sum(r["proposed"] for r in answered)
         scored = [r for r in answered if r["all_matched"] is not None]
         out.append({
             "length": length, "depth": depth, "mode": mode, "working_set": budget,
-            "prompts": len(group),
+            "score_layer": layer, "prompts": len(group),
             "target_accuracy": len(answered) / len(group),
             "token_match_rate": (sum(r["matched"] for r in answered) / proposed
                                  if proposed else None),
@@ -215,12 +226,13 @@ def needle_summary(rows: list[dict]) -> list[dict]:
 
 
 def needle_table(rows: list[dict]) -> str:
-    lines = [[s["length"], s["depth"], s["mode"], s["working_set"], s["prompts"],
-              s["target_accuracy"],
+    lines = [[s["length"], s["depth"], s["mode"], s["working_set"], s["score_layer"],
+              s["prompts"], s["target_accuracy"],
               s["token_match_rate"], s["all_digits_rate"], s["replay_consistent"]]
              for s in needle_summary(rows)]
     return _table(
-        ["length", "depth", "mode", "working set", "prompts", "target correct",
+        ["length", "depth", "mode", "working set", "scoring layer", "prompts",
+         "target correct",
          "draft token match",
          "draft all digits", "replay = counters"],
         lines,

@@ -226,3 +226,38 @@ def test_self_draft_full_acceptance(smollm2_model, long_prompts):
     assert counts["view_rows"] > 0
     assert counts["draft_context_tokens"] < 0.5 * counts["full_context_tokens"]
     assert proposed > 0 and accepted >= 0.75 * proposed
+
+
+def _scoring_layer_and_selections(worker):
+    from benchmarks.harness.drafter import worker_drafter
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    proposer = worker_drafter(worker)
+    return extract_layer_index(proposer.retriever.layer.layer_name), proposer.test_selections
+
+
+def test_score_layer_ranks_with_the_chosen_layer(tiny_target, tiny_draft, prompts,
+                                                 plain_outputs):
+    # score_layer 0 scores with the target's first attention layer: output stays
+    # exact, and its picks differ from the final layer's on the same prompts,
+    # so the queries and keys do come from the chosen layer.
+    picks = {}
+    for layer in (0, -1):
+        llm = make_llm(tiny_target, tiny_draft, {**CMR, "score_layer": layer})
+        llm.collective_rpc(_record_selections)
+        outputs = generate(llm, prompts)
+        [(index, log)] = llm.collective_rpc(_scoring_layer_and_selections)
+        shutdown(llm)
+        assert outputs == plain_outputs
+        assert log, "CMR made selections"
+        picks[layer] = (index, [chunks for _, _, chunks in log])
+    num_layers = picks[-1][0] + 1
+    assert picks[0][0] == 0 and num_layers > 1
+    assert picks[0][1] != picks[-1][1]
+
+
+def test_score_layer_past_the_target_is_one_clean_error(tiny_target, tiny_draft):
+    from vllm_specextend.config import SpecExtendConfigError
+
+    with pytest.raises(SpecExtendConfigError, match="outside the target's"):
+        make_llm(tiny_target, tiny_draft, {**CMR, "score_layer": 99})

@@ -331,3 +331,24 @@ def test_min_view_context_keeps_long_rows_on_a_view():
 def test_switches_take_only_booleans(key, value):
     with pytest.raises(SpecExtendConfigError, match=rf"spec_extend\.{key}=.* true or false"):
         SpecExtendConfig.from_dict({key: value})
+
+
+def test_score_layer_defaults_to_the_final_layer():
+    assert SpecExtendConfig().score_layer == -1
+    assert SpecExtendConfig.from_dict({"score_layer": 21}).score_layer == 21
+    assert SpecExtendConfig.from_dict({"score_layer": -9}).score_layer == -9
+
+
+@pytest.mark.parametrize("value", [True, "21", 2.0, None])
+def test_score_layer_must_be_an_integer(value):
+    with pytest.raises(SpecExtendConfigError, match=r"spec_extend\.score_layer=.* integer"):
+        SpecExtendConfig.from_dict({"score_layer": value})
+
+
+@pytest.mark.parametrize("layer", [30, -31])
+def test_validate_engine_rejects_a_score_layer_past_the_target(layer):
+    cfg = SpecExtendConfig(score_layer=layer)
+    with pytest.raises(SpecExtendConfigError, match=r"outside the target's 30 attention layers; use -30\.\.29"):
+        validate_engine(cfg, good_facts(num_target_layers=30))
+    validate_engine(SpecExtendConfig(score_layer=29), good_facts(num_target_layers=30))
+    validate_engine(SpecExtendConfig(score_layer=-30), good_facts(num_target_layers=30))

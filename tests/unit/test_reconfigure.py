@@ -61,3 +61,13 @@ def test_reconfigure_refuses_a_budget_beyond_the_scratch_runs():
     with pytest.raises(SpecExtendConfigError, match="4 scratch blocks"):
         proposer.reconfigure(SpecExtendConfig(top_k=3))
     assert proposer.cfg.top_k == 2, "a refused config leaves the old one"
+
+
+def test_reconfigure_refuses_another_score_layer():
+    # The capture of the scoring layer's queries sits in the target's CUDA
+    # graphs: switching layers on a live engine would score stale queries.
+    proposer = _proposer()
+    with pytest.raises(SpecExtendConfigError, match="score_layer is fixed"):
+        proposer.reconfigure(SpecExtendConfig(score_layer=0))
+    assert proposer.cfg.score_layer == -1
+    proposer.reconfigure(SpecExtendConfig(top_k=8))  # same layer: fine

@@ -106,9 +106,9 @@ from vllm_specextend.compat.kv import (
 from vllm_specextend.compat.layers import (
     attention_layer,
     kv_cache_layer_names,
-    last_target_attention,
     rope_inv_freq,
     rotary_embeddings,
+    target_attention,
 )
 from vllm_specextend.compat.patches import (
     PATCHES,
@@ -149,7 +149,7 @@ __all__ = [
     "check_vllm_version", "cpu_key_order", "engine_facts",
     "engine_index", "engine_indexes", "extend_rope", "has_option",
     "is_cpu_platform", "kv_block_bytes", "kv_cache_layer_names",
-    "last_target_attention",
+    "target_attention",
     "layer_kv_cache", "live_req_ids", "load", "log_stats_interval", "logger",
     "max_num_batched_tokens", "max_num_seqs",
     "copies_kv_blocks", "model_input_buffers", "prefill_deferral_blocker",

@@ -39,6 +39,9 @@ def engine_facts(vllm_config) -> dict[str, Any]:
             if spec is None or spec.draft_model_config is None
             else spec.draft_model_config.model
         ),
+        num_target_layers=getattr(
+            vllm_config.model_config.hf_text_config, "num_hidden_layers", None
+        ),
     )
 
 

@@ -15,12 +15,15 @@ def attention_layer(vllm_config, name: str):
     return vllm_config.compilation_config.static_forward_context[name]
 
 
-def last_target_attention(vllm_config, exclude: set[str]):
-    """(name, layer) of the target's final attention layer; ``exclude``: the
-    draft's own layers, which share the forward context."""
+def target_attention(vllm_config, exclude: set[str], cfg):
+    """(name, layer) of the target's attention layer ``cfg.score_layer`` (a
+    Python index into its attention layers in model order; -1: the final
+    one). ``exclude``: the draft's own layers, which share the forward context."""
     from vllm.config import get_layers_from_vllm_config
     from vllm.model_executor.layers.attention.attention import Attention
     from vllm.model_executor.models.utils import extract_layer_index
+
+    from vllm_specextend.config import raise_if_score_layer_outside
 
     layers = {
         name: layer
@@ -29,8 +32,9 @@ def last_target_attention(vllm_config, exclude: set[str]):
     }
     if not layers:
         raise RuntimeError("vllm-specextend found no target attention layer.")
-    name = max(layers, key=extract_layer_index)
-    return name, layers[name]
+    names = sorted(layers, key=extract_layer_index)
+    raise_if_score_layer_outside(cfg, len(names))
+    return names[cfg.score_layer], layers[names[cfg.score_layer]]
 
 
 def kv_cache_layer_names(vllm_config) -> set[str]:

@@ -152,8 +152,8 @@ def _capture_before_forward(impl, on_query: Callable[[torch.Tensor], None]) -> d
 
 QUERY_CAPTURE = Patch(
     name="Attention.impl.forward",
-    target="impl.forward of the target's final attention layer",
-    why="Chunks are scored with the final layer's post-RoPE query. vLLM 0.26's "
+    target="impl.forward of the target's scoring attention layer (score_layer)",
+    why="Chunks are scored with that layer's post-RoPE query. vLLM 0.26's "
     "attention custom op calls layer.impl.forward(layer, query, ...); wrapping "
     "this one instance keeps Dynamo out and leaves every other layer untouched.",
     attrs=("forward",),
