@@ -80,10 +80,12 @@ def test_eval_table_orders_modes_and_computes_speedup_and_context_share():
     assert [line[3] for line in got] == ["none", "cmr"]
     # working set, accepted length, its interval, acceptance rate, decode, e2e,
     # speedup, context %, top chunk held %, attention held %, mismatches
-    assert got[1][4:] == ["–", "2.50", "2.25–2.75", "0.38", "150.00", "75.00",
+    # cmr scored with the final layer (a row from before score_layer: -1)
+    assert got[1][4:] == ["–", "-1", "2.50", "2.25–2.75", "0.38", "150.00", "75.00",
                           "1.50", "25.00", "87.50", "50.00", "0"]
-    # plain decoding: no interval, no coverage, no mismatch count
-    assert got[0][10] == "1.00" and got[0][6] == "–" and got[0][12:] == ["–"] * 3
+    # plain decoding: no scoring layer, interval, coverage or mismatch count
+    assert got[0][5] == "–" and got[0][11] == "1.00" and got[0][7] == "–"
+    assert got[0][13:] == ["–"] * 3
 
 
 def test_rows_of_one_mode_sort_by_working_set():
