@@ -242,7 +242,7 @@ def test_patched_add_cli_args_adds_flag_once():
 def _fake_vllm_config(spec_extend=None, method="draft_model", block_size=16, tp=1,
                       worker_cls="vllm.v1.worker.cpu_worker.CPUWorker",
                       has_spec=True, padded_off=False, max_model_len=4096,
-                      draft_max_model_len=4096):
+                      draft_max_model_len=4096, num_layers=4):
     spec = (
         types.SimpleNamespace(
             method=method,
@@ -258,8 +258,10 @@ def _fake_vllm_config(spec_extend=None, method="draft_model", block_size=16, tp=
     return types.SimpleNamespace(
         speculative_config=spec,
         cache_config=types.SimpleNamespace(block_size=block_size),
-        model_config=types.SimpleNamespace(max_model_len=max_model_len, model="target",
-                                           served_model_name="tiny"),
+        model_config=types.SimpleNamespace(
+            max_model_len=max_model_len, model="target", served_model_name="tiny",
+            hf_text_config=types.SimpleNamespace(num_hidden_layers=num_layers),
+        ),
         parallel_config=types.SimpleNamespace(
             tensor_parallel_size=tp, pipeline_parallel_size=1, worker_cls=worker_cls
         ),
@@ -554,3 +556,12 @@ def test_on_engine_config_exports_metrics_only_when_enabled():
     text = generate_latest(REGISTRY).decode()
     assert 'vllm:spec_extend_retrievals_total{engine="0",model_name="tiny"} 0.0' in text
     assert 'vllm:spec_extend_tracked_requests{engine="0",model_name="tiny"} 0.0' in text
+
+
+def test_on_engine_config_rejects_a_score_layer_past_the_target():
+    # Caught with the engine config, before any worker loads a model.
+    cfg = _fake_vllm_config({"score_layer": 4}, num_layers=4)
+    with pytest.raises(SpecExtendConfigError, match=r"outside the target's 4 attention layers"):
+        plugin.on_engine_config(cfg)
+    assert compat.engine_facts(cfg)["num_target_layers"] == 4
+    plugin.on_engine_config(_fake_vllm_config({"score_layer": -4}, num_layers=4))

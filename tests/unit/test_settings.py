@@ -34,7 +34,10 @@ class _VllmConfig:
             num_speculative_tokens=3,
         )
         self.cache_config = types.SimpleNamespace(block_size=16)
-        self.model_config = types.SimpleNamespace(max_model_len=4096, model="target")
+        self.model_config = types.SimpleNamespace(
+            max_model_len=4096, model="target",
+            hf_text_config=types.SimpleNamespace(num_hidden_layers=4),
+        )
         self.parallel_config = types.SimpleNamespace(
             tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_rank=1
         )
