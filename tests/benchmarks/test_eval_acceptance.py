@@ -183,6 +183,7 @@ def test_paired_report_matches_rows_on_the_same_prompts(tmp_path):
     assert eval_longinput.main(["paired", str(a), str(b), str(c), "--out", str(out)]) == 0
     (only,) = json.loads(out.read_text())["rows"]
     assert (only["mode"], only["recent_tokens"], only["better"]) == ("self_cmr", 128, 0)
+    assert only["score_layer"] == -1  # a row from before the key: the final layer
     assert only["ratio"] == pytest.approx(3.0 / 3.5)
-    assert "| pg19 | 8192 | self_cmr | 512 | 128 | 11 | 3.00 | 3.50 (512) |" in (
+    assert "| pg19 | 8192 | self_cmr | 512 | 128 | 11 | -1 | 3.00 | 3.50 (512) |" in (
         out.with_suffix(".md").read_text())
