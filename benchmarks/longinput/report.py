@@ -49,10 +49,10 @@ def merge(results: list[dict]) -> dict:
 
 def run_key(row: dict) -> tuple:
     """What identifies a run: task, inputs, mode and config; needle rows are
-    one per prompt."""
+    one per prompt (and key: a screened row holds no hashes)."""
     return (row["task"], row["dataset"], row["length"], row["mode"],
             json.dumps(row["config"], sort_keys=True), row.get("depth"),
-            tuple(row["prompt_hashes"]))
+            row.get("key"), tuple(row["prompt_hashes"]))
 
 
 def count_mismatches(rows: list[dict]) -> None:
@@ -192,20 +192,23 @@ def score_layer(row: dict) -> int | None:
     return (row.get("config") or {}).get("score_layer", -1)
 
 
-def needle_summary(rows: list[dict]) -> list[dict]:
+def needle_summary(rows: list[dict], over_depths: bool = False) -> list[dict]:
     """Per (length, depth, mode, working set, scoring layer): target accuracy
-    and the draft's scores on the prompts the target answered."""
+    and the draft's scores on the prompts the target answered;
+    ``reproduced``: cases whose every key digit the draft proposed right, of
+    those answered. ``over_depths``: one row per (length, mode, working set,
+    scoring layer) over every depth run, ``depth`` "all"."""
     groups = defaultdict(list)
     for r in rows:
         if r["task"] == "needle":
-            key = (r["length"], r["depth"], r["mode"], r.get("working_set"),
-                   score_layer(r))
+            key = (r["length"], "all" if over_depths else r["depth"], r["mode"],
+                   r.get("working_set"), score_layer(r))
             groups[key].append(r)
     out = []
     for (length, depth, mode, budget, layer), group in sorted(
         groups.items(),
-        key=lambda kv: (kv[0][0], kv[0][1], MODE_ORDER[kv[0][2]], kv[0][3] or 0,
-                        kv[0][4] if kv[0][4] is not None else -1),
+        key=lambda kv: (kv[0][0], 0 if over_depths else kv[0][1], MODE_ORDER[kv[0][2]],
+                        kv[0][3] or 0, kv[0][4] if kv[0][4] is not None else -1),
     ):
         answered = [r for r in group if r["target_correct"]]
         proposed = sum(r["proposed"] for r in answered)
@@ -218,6 +221,7 @@ def needle_summary(rows: list[dict]) -> list[dict]:
                                  if proposed else None),
             "all_digits_rate": (sum(r["all_matched"] for r in scored) / len(scored)
                                 if scored else None),
+            "reproduced": f"{sum(bool(r['all_matched']) for r in answered)} of {len(answered)}",
             # Screened cases ran nothing to compare.
             "replay_consistent": all(r["replay_consistent"] for r in group
                                      if r["replay_consistent"] is not None),
@@ -226,17 +230,18 @@ def needle_summary(rows: list[dict]) -> list[dict]:
 
 
 def needle_table(rows: list[dict]) -> str:
-    lines = [[s["length"], s["depth"], s["mode"], s["working_set"], s["score_layer"],
-              s["prompts"], s["target_accuracy"],
-              s["token_match_rate"], s["all_digits_rate"], s["replay_consistent"]]
-             for s in needle_summary(rows)]
-    return _table(
-        ["length", "depth", "mode", "working set", "scoring layer", "prompts",
-         "target correct",
-         "draft token match",
-         "draft all digits", "replay = counters"],
-        lines,
-    )
+    header = ["length", "depth", "mode", "working set", "scoring layer", "prompts",
+              "target correct", "draft token match", "draft all digits",
+              "keys reproduced", "replay = counters"]
+
+    def lines(summary):
+        return [[s["length"], s["depth"], s["mode"], s["working_set"], s["score_layer"],
+                 s["prompts"], s["target_accuracy"], s["token_match_rate"],
+                 s["all_digits_rate"], s["reproduced"], s["replay_consistent"]]
+                for s in summary]
+
+    return (_table(header, lines(needle_summary(rows))) + "\n\nOver every depth:\n\n"
+            + _table(header, lines(needle_summary(rows, over_depths=True))))
 
 
 def markdown(result: dict) -> str:

@@ -62,6 +62,16 @@ def test_merge_keeps_the_latest_of_a_repeated_run():
         ("cmr", 20.0), ("streaming", 30.0)]
 
 
+def test_merge_keeps_every_screened_passkey_case():
+    # Screened cases hold no hashes: each haystack's key tells them apart.
+    def screened(key):
+        return run_row("self_cmr", [], 0.0, task="needle", depth=0.5, key=key,
+                       prompt_hashes=[], output_hashes=[], screened=True)
+    merged = report.merge([{"meta": {}, "rows": [screened("11111"), screened("22222")]},
+                           {"meta": {}, "rows": [screened("33333")]}])
+    assert sorted(r["key"] for r in merged["rows"]) == ["11111", "22222", "33333"]
+
+
 def table_rows(table: str) -> list[list[str]]:
     lines = table.splitlines()[2:]
     return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
@@ -133,7 +143,18 @@ def test_needle_summary_scores_the_draft_on_answered_prompts_only():
     assert cmr["token_match_rate"] == 5 / 8
     assert cmr["all_digits_rate"] == 0.5
     assert cmr["replay_consistent"] is False
+    assert cmr["reproduced"] == "1 of 2"
     assert summary[0]["all_digits_rate"] == 0.0
+
+
+def test_needle_summary_over_depths_pools_each_mode():
+    rows = [needle_row("cmr", 0.1, True, 4, 4), needle_row("cmr", 0.5, True, 1, 4),
+            needle_row("cmr", 0.7, False, 0, 0), needle_row("streaming", 0.1, True, 0, 4)]
+    pooled = report.needle_summary(rows, over_depths=True)
+    assert [(s["mode"], s["depth"], s["prompts"]) for s in pooled] == [
+        ("streaming", "all", 1), ("cmr", "all", 3)]
+    assert pooled[1]["reproduced"] == "1 of 2"
+    assert "Over every depth" in report.needle_table(rows)
 
 
 def test_markdown_has_a_section_per_task_present():
