@@ -300,7 +300,9 @@ PY
     timeout 575 python3 -m benchmarks.eval_longinput run --target /root/pair/target \
       --draft /root/pair/draft --datasets $ds ${EVAL_ARGS:-} --out "$OUT/eval_$ds.json" \
       > "$OUT/eval_$ds.log" 2>&1
-    echo "eval rc=$?"; cat "$OUT/eval_$ds.md"; grep -m5 -iE "error|Traceback" "$OUT/eval_$ds.log" ;;
+    # The call's exit status is the evaluation's, not the error grep's.
+    rc=$?; echo "eval rc=$rc"; cat "$OUT/eval_$ds.md"
+    grep -m5 -iE "error|Traceback" "$OUT/eval_$ds.log"; exit $rc ;;
   analyses)
     timeout 575 python3 -m benchmarks.eval_longinput run --target /root/pair/target \
       --draft /root/pair/draft --tasks sweep needle --datasets govreport \
@@ -346,6 +348,7 @@ PY
       --modes none self_full self_streaming self_cmr --working-sets 256 512 1024 \
       --datasets $ds --lengths $len --num-prompts 20 --max-new-tokens 256 \
       --batch-size 1 --coverage ${GRID_ARGS:-} --out "$OUT/$tag.json" > "$OUT/$tag.log" 2>&1
-    echo "grid23 rc=$?"; cat "$OUT/$tag.md"; grep -m5 -iE "error|Traceback" "$OUT/$tag.log" ;;
+    rc=$?; echo "grid23 rc=$rc"; cat "$OUT/$tag.md"
+    grep -m5 -iE "error|Traceback" "$OUT/$tag.log"; exit $rc ;;
   *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|serve12|soak21|gguf|pair|eval|analyses|needle|grid23" >&2; exit 2 ;;
 esac
