@@ -474,6 +474,7 @@ def paired_report(args) -> int:
         for r in rows:
             if (r["mode"] in (args.baseline, "none")
                     or (r["dataset"], r["length"]) != (base["dataset"], base["length"])
+                    or report.engine_score_layer(r) != report.engine_score_layer(base)
                     or r["prompt_hashes"] != base["prompt_hashes"]
                     or r.get("working_set") not in (None, base.get("working_set"))):
                 continue
@@ -548,9 +549,9 @@ def parse_args(argv=None):
                    "window under cmr (the rest: sinks and retrieved chunks)")
     r.add_argument("--coverage", action="store_true",
                    help="eval rows: what each draft step's working set held of "
-                        "the target's final-layer attention (harness."
-                        "drafter.WorkingSetProbe); scores every row every "
-                        "step, so draft times include it")
+                        "the target's attention in the scoring layer "
+                        "(score_layer; harness.drafter.WorkingSetProbe); scores "
+                        "every row every step, so draft times include it")
     r.add_argument("--ignore-eos", action="store_true",
                    help="always generate --max-new-tokens (default: stop at EOS)")
     r.add_argument("--cost-prompts", type=int, default=5)

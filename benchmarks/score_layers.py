@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -29,18 +28,23 @@ import torch
 
 from benchmarks.harness.meta import run_metadata
 from benchmarks.longinput import inputs, needle
+from vllm_specextend import selection
+from vllm_specextend.config import SpecExtendConfig
 
 
-def chunk_mass(query: torch.Tensor, keys: torch.Tensor, chunk: int) -> torch.Tensor:
-    """Attention mass per ``chunk``-token chunk, averaged over heads, as the
-    retriever ranks chunks: [num_chunks] fp32. ``query`` [H, D], ``keys``
-    [H, T, D] (KV heads already repeated), both post-RoPE."""
+def chunk_mass(query: torch.Tensor, keys: torch.Tensor, chunk: int,
+               scale: float) -> torch.Tensor:
+    """Attention mass per ``chunk``-token chunk, averaged over heads, by the
+    retriever's own reduction (``selection.chunk_mass``) over per-chunk
+    log-sum-exps: [num_chunks] fp32. ``query`` [H, D], ``keys`` [H, T, D]
+    (KV heads already repeated), both post-RoPE; ``scale``: the layer's."""
     heads, length = keys.shape[0], keys.shape[1]
-    scores = torch.einsum("hd,htd->ht", query.float(), keys.float())
-    probs = torch.softmax(scores / math.sqrt(query.shape[-1]), dim=-1)  # [H, T]
+    scores = torch.einsum("hd,htd->ht", query.float(), keys.float()) * scale
     num_chunks = -(-length // chunk)
-    padded = torch.nn.functional.pad(probs, (0, num_chunks * chunk - length))
-    return padded.view(heads, num_chunks, chunk).sum(-1).mean(0)
+    padded = torch.nn.functional.pad(scores, (0, num_chunks * chunk - length),
+                                     value=float("-inf"))
+    lse = padded.view(heads, num_chunks, chunk).logsumexp(-1)  # [H, num_chunks]
+    return selection.chunk_mass(lse[None], 1)[0]
 
 
 def needle_rank(mass: torch.Tensor, needle_chunks: list[int], first: int, end: int) -> int:
@@ -51,12 +55,13 @@ def needle_rank(mass: torch.Tensor, needle_chunks: list[int], first: int, end: i
 
 
 class Capture:
-    """Post-RoPE queries of the last ``rows`` positions and all keys, per
-    layer, through a transformers attention function that wraps SDPA."""
+    """Per layer: post-RoPE queries of the last ``rows`` positions, all keys,
+    the softmax scale and the sliding window, through a transformers
+    attention function that wraps SDPA."""
 
     def __init__(self):
         self.rows = 0
-        self.layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.layers: dict[int, tuple[torch.Tensor, torch.Tensor, float, int | None]] = {}
 
     def install(self, model) -> None:
         from transformers import AttentionInterface
@@ -64,7 +69,11 @@ class Capture:
 
         def attention(module, q, k, v, mask, **kwargs):
             if self.rows:
-                self.layers[module.layer_idx] = (q[0, :, -self.rows:].clone(), k[0].clone())
+                self.layers[module.layer_idx] = (
+                    q[0, :, -self.rows:].clone(), k[0].clone(),
+                    kwargs.get("scaling") or q.shape[-1] ** -0.5,
+                    kwargs.get("sliding_window"),
+                )
             return sdpa_attention_forward(module, q, k, v, mask, **kwargs)
 
         AttentionInterface.register("specextend_capture", attention)
@@ -72,7 +81,12 @@ class Capture:
 
 
 def probe_case(model, tokenizer, capture: Capture, prompt: list[int], key: str,
-               chunk: int, sink_chunks: int, window_chunks: int) -> dict:
+               cfg: SpecExtendConfig) -> dict:
+    """The passkey case's answer and, if right, per answer query and layer the
+    needle chunk's rank among the chunks ``cfg`` (a CMR working set) could
+    retrieve: past the sinks, before the recent window (``selection``'s
+    rules). Sliding-window layers, which the plugin refuses to score with,
+    rank None."""
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=14, do_sample=False)
     answer = out[0, len(prompt):].tolist()
@@ -86,20 +100,23 @@ def probe_case(model, tokenizer, capture: Capture, prompt: list[int], key: str,
     with torch.no_grad():
         model(torch.tensor([tokens]))
     capture.rows = 0
+    chunk = cfg.chunk_size
     needle_ids = inputs.encode(tokenizer, needle.NEEDLE.format(key=key))
     at = next(i for i in range(len(prompt)) if prompt[i:i + len(needle_ids)] == needle_ids)
     digits = [at + i for i, t in enumerate(needle_ids)
               if tokenizer.decode([t]).strip().isdigit()]
     needle_chunks = sorted({p // chunk for p in digits})
     group = model.config.num_attention_heads // model.config.num_key_value_heads
+    first = cfg.sink_tokens // chunk
     ranks = []  # [query][layer]
     for i, position in enumerate(range(first_query, len(tokens) - 1)):
         context = position + 1
-        end = max(sink_chunks + 1, -(-context // chunk) - window_chunks)
+        end = selection.window_start(cfg, context) // chunk
         ranks.append([
-            needle_rank(chunk_mass(q[:, i], k[:, :context].repeat_interleave(group, 0),
-                                   chunk), needle_chunks, sink_chunks, end)
-            for q, k in (capture.layers[layer] for layer in sorted(capture.layers))
+            None if window else needle_rank(
+                chunk_mass(q[:, i], k[:, :context].repeat_interleave(group, 0), chunk,
+                           scale), needle_chunks, first, end)
+            for q, k, scale, window in (capture.layers[n] for n in sorted(capture.layers))
         ])
     return {**row, "needle_chunks": needle_chunks, "first_digit_query": span.start,
             "ranks": ranks}
@@ -116,6 +133,8 @@ def summarize(rows: list[dict], top: list[int]) -> list[dict]:
     for layer in range(layers):
         every = [q[layer] for r in cases for q in r["ranks"]]
         before = [r["ranks"][r["first_digit_query"]][layer] for r in cases]
+        if None in every:  # a sliding-window layer: not a scoring layer
+            continue
         table.append({
             "layer": layer,
             **{f"all_top{k}": sum(x < k for x in every) / len(every) for k in top},
@@ -144,7 +163,8 @@ def main(argv=None) -> int:
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--length", type=int, default=4096,
-                        help="prompt tokens (as eval_longinput's needle prompts)")
+                        help="prompt tokens (eval_longinput's 8K passkey prompts "
+                        "leave room for 24 new tokens and K + 1: 8163 at K = 4)")
     parser.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7])
     parser.add_argument("--prompts", type=int, default=8, help="haystacks per depth")
     parser.add_argument("--chunk-size", type=int, default=32)
@@ -162,6 +182,8 @@ def main(argv=None) -> int:
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     capture = Capture()
     capture.install(model)
+    cfg = SpecExtendConfig(chunk_size=args.chunk_size, sink_tokens=args.sink_tokens,
+                           recent_tokens=args.window_tokens)
     rows = []
     for depth in args.depths:
         for i in range(args.prompts):
@@ -170,9 +192,7 @@ def main(argv=None) -> int:
                 lambda text: inputs.encode(tokenizer, text),
                 inputs.haystack(tokenizer, args.length, i), key, depth, args.length,
             )
-            row = probe_case(model, tokenizer, capture, prompt, key, args.chunk_size,
-                             args.sink_tokens // args.chunk_size,
-                             args.window_tokens // args.chunk_size)
+            row = probe_case(model, tokenizer, capture, prompt, key, cfg)
             rows.append({"depth": depth, "haystack": i, **row})
             print(f"depth {depth} haystack {i}: "
                   f"{'correct' if row['correct'] else 'missed'}", flush=True)

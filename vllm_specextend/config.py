@@ -31,7 +31,7 @@ class SpecExtendConfigError(ValueError):
 class SpecExtendConfig:
     """What the draft model sees of a long context.
 
-    ``cmr``: sink tokens + the ``top_k`` chunks the target's final layer attended
+    ``cmr``: sink tokens + the ``top_k`` chunks the target's scoring layer attended
     to most + a recent window. ``streaming``: sinks + a recent window of the same
     token budget (the paper's StreamingLLM baseline). ``full``: plain vLLM draft.
     """
@@ -49,7 +49,7 @@ class SpecExtendConfig:
     (the paper's choice). A small model may retrieve better from a middle
     layer: SmolLM2-135M's final layer ranks a passkey's chunk among its top
     11 for 13-30% of the answer's queries at 8K and 4K, its layer 21 of 30 for
-    85-93%, and drafting for itself at 8K it reproduced the key in 3 of 14
+    85-93%, and drafting for itself at 8K it reproduced the key in 3-4 of 14
     cases with the final layer, 12 of 14 with layer 21 (docs/evaluation.md).
     Fixed when the engine starts: the query capture is recorded in the
     target's CUDA graphs."""
@@ -163,8 +163,8 @@ class EngineFacts:
     """The target's model path or name."""
     draft_model: str | None = None
     """The draft's model path or name (the target's under ``self_draft``)."""
-    num_target_layers: int | None = None
-    """The target's decoder layers (``num_hidden_layers``)."""
+    num_target_attention_layers: int | None = None
+    """The target's attention layers (vLLM's count; None if unknown)."""
 
 
 def compaction_on(cfg: SpecExtendConfig, facts: EngineFacts) -> bool:
@@ -201,8 +201,8 @@ def validate_engine(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
     _raise_if_chunk_not_block_multiple(cfg, facts)
     _raise_if_working_set_exceeds_draft(cfg, facts)
     _raise_if_pipeline_parallel(facts)
-    if facts.num_target_layers is not None:
-        raise_if_score_layer_outside(cfg, facts.num_target_layers)
+    if facts.num_target_attention_layers is not None:
+        raise_if_score_layer_outside(cfg, facts.num_target_attention_layers)
 
 
 # --- guards: each raises SpecExtendConfigError naming the key and the fix -------
@@ -252,8 +252,8 @@ def _raise_if_bad_score_layer(cfg: SpecExtendConfig) -> None:
 
 
 def raise_if_score_layer_outside(cfg: SpecExtendConfig, num_layers: int) -> None:
-    """At engine config (``num_hidden_layers``) and again when the scoring
-    layer is looked up among the attention layers."""
+    """At engine config (vLLM's count of attention layers) and again when
+    the scoring layer is looked up among the loaded ones."""
     if not -num_layers <= cfg.score_layer < num_layers:
         raise SpecExtendConfigError(
             f"spec_extend.score_layer={cfg.score_layer} is outside the target's "

@@ -99,6 +99,7 @@ class SpecExtendMixin:
         self._in_graph = False  # the body runs: no nested piecewise graphs
         self._graph_blockers: set[str] = set()
         self.retriever = Retriever(self.cfg, None, self.staging, device)
+        self._num_score_layers: int | None = None  # the target's, once loaded
         self.deferral = PrefillDeferral()
         self._engine_deferral_blocker = compat.prefill_deferral_blocker(vllm_config)
         self._use_config(self.cfg)
@@ -128,7 +129,7 @@ class SpecExtendMixin:
     def load_model(self, target_model) -> None:
         # super() loads the draft and learns which attention layers are its own.
         super().load_model(target_model)
-        _, layer = compat.target_attention(
+        _, self._num_score_layers, layer = compat.target_attention(
             self.vllm_config, self._scoring_excludes(), self.cfg
         )
         tp_rank, tp_size = compat.tp_rank_and_size()
@@ -176,7 +177,7 @@ class SpecExtendMixin:
     def reconfigure(self, cfg: SpecExtendConfig) -> None:
         """Benchmarks only: switch policy or parameters between runs on one
         engine; selections made under the old config are dropped."""
-        if cfg.score_layer != self.cfg.score_layer:
+        if self._resolved_score_layer(cfg) != self._resolved_score_layer(self.cfg):
             raise SpecExtendConfigError(
                 "spec_extend.score_layer is fixed when the engine starts (the "
                 "query capture is recorded in the target's CUDA graphs); start "
@@ -186,6 +187,12 @@ class SpecExtendMixin:
             self.compactor.check_budget(cfg, self.block_size)
         self._run_kept_passes()
         self._use_config(cfg)
+
+    def _resolved_score_layer(self, cfg: SpecExtendConfig) -> int:
+        """``cfg.score_layer`` as 0..n-1 once the target's n layers are known
+        (-1 and n-1 name one layer)."""
+        count = self._num_score_layers
+        return cfg.score_layer if count is None else cfg.score_layer % count
 
     def on_requests_done(self, req_ids) -> None:
         """Finished, aborted or preempted: their selection is stale, and

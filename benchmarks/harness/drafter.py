@@ -245,8 +245,10 @@ class HostTimer:
 class WorkingSetProbe:
     """How much of what the target attends to each step's working set holds
     (issue #23). After the plan of every step (``_plan_view``: retrieval done,
-    the view's rows known), per drafting row: the final layer's attention mass
-    per chunk of the last accepted token, scored as the retriever scores
+    the view's rows known), per drafting row: the scoring layer's attention
+    mass per chunk of the last accepted token (``score_layer``: the final
+    layer unless set, so compare policies on one scoring layer: CMR holds
+    what its own layer ranks highest), scored as the retriever scores
     (``Retriever.chunk_masses``, over the whole context), against the chunks
     the row's view holds (``selection.held_chunks``; a row drafting without a
     view holds them all).

@@ -50,8 +50,11 @@ def merge(results: list[dict]) -> dict:
 def run_key(row: dict) -> tuple:
     """What identifies a run: task, inputs, mode and config; needle rows are
     one per prompt (and key: a screened row holds no hashes)."""
+    config = row["config"]
+    if config is not None:  # a file from before score_layer ran the final one
+        config = {"score_layer": -1, **config}
     return (row["task"], row["dataset"], row["length"], row["mode"],
-            json.dumps(row["config"], sort_keys=True), row.get("depth"),
+            json.dumps(config, sort_keys=True), row.get("depth"),
             row.get("key"), tuple(row["prompt_hashes"]))
 
 
@@ -184,12 +187,20 @@ def sweep_table(rows: list[dict]) -> str:
     )
 
 
+def engine_score_layer(row: dict) -> int | None:
+    """The scoring layer of the engine that ran a SpecExtend row (-1 in files
+    from before the key); None without the plugin."""
+    config = row.get("config")
+    return None if config is None else config.get("score_layer", -1)
+
+
 def score_layer(row: dict) -> int | None:
-    """The layer that ranked a retrieving row's chunks (``score_layer``; -1
-    in files from before the key); None for modes that retrieve nothing."""
-    if not row["mode"].startswith(("cmr", "self_cmr")):
-        return None
-    return (row.get("config") or {}).get("score_layer", -1)
+    """The layer shown beside a row: the one that ranked a retrieving row's
+    chunks, or that a row's coverage figures were scored with; None where
+    the layer changed nothing."""
+    if row["mode"].startswith(("cmr", "self_cmr")) or row.get("coverage"):
+        return engine_score_layer(row)
+    return None
 
 
 def needle_summary(rows: list[dict], over_depths: bool = False) -> list[dict]:

@@ -172,6 +172,14 @@ def test_paired_report_matches_rows_on_the_same_prompts(tmp_path):
     # Another prompt set: never paired with the baseline above.
     b.write_text(json.dumps({"rows": [row("self_cmr", [(40, 10), (40, 10)], ["x", "z"],
                                           recent=256)]}))
+    # Another engine's rows (scoring layer 21), its own baseline beside them:
+    # each CMR row pairs with its engine's baseline only.
+    d = tmp_path / "d.json"
+    other = [row("self_streaming", [(30, 10), (20, 10)], ["x", "y"]),
+             row("self_cmr", [(30, 10), (30, 10)], ["x", "y"])]
+    for r in other:
+        r["config"]["score_layer"] = 21
+    d.write_text(json.dumps({"rows": other}))
     # Another working set, and plain decoding: neither is paired with it.
     wider = row("self_cmr", [(40, 10), (40, 10)], ["x", "y"])
     wider["working_set"] = 1024
@@ -180,8 +188,10 @@ def test_paired_report_matches_rows_on_the_same_prompts(tmp_path):
     c = tmp_path / "c.json"
     c.write_text(json.dumps({"rows": [wider, plain]}))
     out = tmp_path / "paired.json"
-    assert eval_longinput.main(["paired", str(a), str(b), str(c), "--out", str(out)]) == 0
-    (only,) = json.loads(out.read_text())["rows"]
+    assert eval_longinput.main(["paired", str(a), str(b), str(c), str(d),
+                                "--out", str(out)]) == 0
+    only, layer21 = json.loads(out.read_text())["rows"]
+    assert (layer21["score_layer"], layer21["ratio"]) == (21, pytest.approx(4.0 / 3.5))
     assert (only["mode"], only["recent_tokens"], only["better"]) == ("self_cmr", 128, 0)
     assert only["score_layer"] == -1  # a row from before the key: the final layer
     assert only["ratio"] == pytest.approx(3.0 / 3.5)

@@ -81,7 +81,7 @@ def test_eval_table_orders_modes_and_computes_speedup_and_context_share():
     rows = [
         run_row("cmr", [[1], [2]], 150.0, spec_extend_stats=STATS,
                 mean_accepted_length=2.5, acceptance_rate=0.375,
-                accepted_length_ci95=[2.25, 2.75],
+                accepted_length_ci95=[2.25, 2.75], config={"top_k": 4},
                 coverage={"row_steps": 40, "top_held": 0.875, "mass_held": 0.5}),
         run_row("none", [[1], [2]], 100.0),
     ]
@@ -90,7 +90,7 @@ def test_eval_table_orders_modes_and_computes_speedup_and_context_share():
     assert [line[3] for line in got] == ["none", "cmr"]
     # working set, accepted length, its interval, acceptance rate, decode, e2e,
     # speedup, context %, top chunk held %, attention held %, mismatches
-    # cmr scored with the final layer (a row from before score_layer: -1)
+    # cmr scored with the final layer (a config from before score_layer: -1)
     assert got[1][4:] == ["–", "-1", "2.50", "2.25–2.75", "0.38", "150.00", "75.00",
                           "1.50", "25.00", "87.50", "50.00", "0"]
     # plain decoding: no scoring layer, interval, coverage or mismatch count
@@ -166,3 +166,17 @@ def test_markdown_has_a_section_per_task_present():
     assert "## CMR cost" in text
     assert "## Sweep" not in text and "## Passkey" not in text
     assert "counts the bonus token" in text
+
+
+def test_scoring_layer_shows_where_it_changed_something():
+    cmr = run_row("self_cmr", [[1], [2]], 1.0, config={"score_layer": 21})
+    window = run_row("self_streaming", [[1], [2]], 1.0, config={"score_layer": 21})
+    probed = run_row("self_streaming", [[1], [2]], 1.0, config={"score_layer": 21},
+                     coverage={"row_steps": 1, "top_held": 1.0, "mass_held": 1.0})
+    old = run_row("self_cmr", [[1], [2]], 1.0, config={"top_k": 11})
+    assert [report.score_layer(r) for r in (cmr, window, probed, old)] == [21, None, 21, -1]
+    # A file from before the key and a rerun naming -1 are one run.
+    explicit = run_row("self_cmr", [[1], [2]], 2.0, config={"top_k": 11, "score_layer": -1})
+    assert report.run_key(old) == report.run_key(explicit)
+    assert len(report.merge([{"meta": {}, "rows": [old]},
+                             {"meta": {}, "rows": [explicit]}])["rows"]) == 1

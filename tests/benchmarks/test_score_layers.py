@@ -21,7 +21,7 @@ def test_chunk_mass_sums_probabilities_per_chunk_and_averages_heads():
     torch.manual_seed(0)
     query, keys = torch.randn(2, 8), torch.randn(2, 10, 8)
     probs = torch.softmax(torch.einsum("hd,htd->ht", query, keys) / 8 ** 0.5, -1)
-    mass = chunk_mass(query, keys, 4)
+    mass = chunk_mass(query, keys, 4, 8 ** -0.5)
     assert mass.shape == (3,)  # 10 tokens: chunks of 4, 4, 2
     torch.testing.assert_close(mass[0], probs[:, :4].sum(-1).mean())
     torch.testing.assert_close(mass[2], probs[:, 8:].sum(-1).mean())
@@ -44,13 +44,19 @@ def test_captured_queries_and_keys_give_the_models_attention(tiny_target):
         model(tokens)
     group = model.config.num_attention_heads // model.config.num_key_value_heads
     assert sorted(capture.layers) == list(range(model.config.num_hidden_layers))
-    for layer, (q, k) in capture.layers.items():
+    for layer, (q, k, scale, window) in capture.layers.items():
+        assert window is None
         for row in range(3):
             position = tokens.shape[1] - 3 + row
             keys = k[:, : position + 1].repeat_interleave(group, 0)
             expected = eager[layer][0, :, position, : position + 1].mean(0)
-            torch.testing.assert_close(chunk_mass(q[:, row], keys, 1), expected,
+            torch.testing.assert_close(chunk_mass(q[:, row], keys, 1, scale), expected,
                                        atol=1e-5, rtol=1e-4)
+
+
+def test_summarize_skips_sliding_window_layers():
+    rows = [{"correct": True, "first_digit_query": 0, "ranks": [[0, None, 3]]}]
+    assert [t["layer"] for t in summarize(rows, [1])] == [0, 2]
 
 
 def test_summarize_shares_per_layer():

@@ -16,7 +16,7 @@ import torch
 import vllm_specextend
 from vllm_specextend import compat, metrics, plugin
 from vllm_specextend.compat import patches
-from vllm_specextend.config import SpecExtendConfigError
+from vllm_specextend.config import SpecExtendConfig, SpecExtendConfigError
 
 PKG_DIR = Path(vllm_specextend.__file__).resolve().parent
 REPO = PKG_DIR.parent
@@ -260,7 +260,7 @@ def _fake_vllm_config(spec_extend=None, method="draft_model", block_size=16, tp=
         cache_config=types.SimpleNamespace(block_size=block_size),
         model_config=types.SimpleNamespace(
             max_model_len=max_model_len, model="target", served_model_name="tiny",
-            hf_text_config=types.SimpleNamespace(num_hidden_layers=num_layers),
+            get_num_layers_by_block_type=lambda parallel, kind: num_layers,
         ),
         parallel_config=types.SimpleNamespace(
             tensor_parallel_size=tp, pipeline_parallel_size=1, worker_cls=worker_cls
@@ -563,5 +563,40 @@ def test_on_engine_config_rejects_a_score_layer_past_the_target():
     cfg = _fake_vllm_config({"score_layer": 4}, num_layers=4)
     with pytest.raises(SpecExtendConfigError, match=r"outside the target's 4 attention layers"):
         plugin.on_engine_config(cfg)
-    assert compat.engine_facts(cfg)["num_target_layers"] == 4
+    assert compat.engine_facts(cfg)["num_target_attention_layers"] == 4
     plugin.on_engine_config(_fake_vllm_config({"score_layer": -4}, num_layers=4))
+
+
+def _attention_layers(monkeypatch, layers: dict):
+    import vllm.config
+
+    monkeypatch.setattr(vllm.config, "get_layers_from_vllm_config",
+                        lambda vllm_config, kind: dict(layers))
+
+
+def test_target_attention_indexes_layers_in_model_order(monkeypatch):
+    # Listed out of order, with a draft layer that shares the forward context.
+    names = [f"model.layers.{i}.self_attn.attn" for i in (10, 2, 0, 11, 1)]
+    layers = {n: types.SimpleNamespace(name=n, sliding_window=None) for n in names}
+    layers["draft.layers.0.self_attn.attn"] = types.SimpleNamespace(name="draft")
+    _attention_layers(monkeypatch, layers)
+    exclude = {"draft.layers.0.self_attn.attn"}
+
+    def pick(index):
+        return compat.target_attention(None, exclude, SpecExtendConfig(score_layer=index))
+
+    # By layer number, not by name: layer 10 comes after 2 (a string sort
+    # would put it at index 2).
+    assert [(i, n, layer.name.split(".")[2]) for i, n, layer in map(pick, (0, 2, 3, -1, -5))] == [
+        (0, 5, "0"), (2, 5, "2"), (3, 5, "10"), (4, 5, "11"), (0, 5, "0")]
+    with pytest.raises(SpecExtendConfigError, match="outside the target's 5 attention layers"):
+        pick(5)
+
+
+def test_target_attention_refuses_a_sliding_window_layer(monkeypatch):
+    layers = {f"model.layers.{i}.self_attn.attn":
+              types.SimpleNamespace(sliding_window=4096 if i % 2 else None) for i in range(4)}
+    _attention_layers(monkeypatch, layers)
+    assert compat.target_attention(None, set(), SpecExtendConfig(score_layer=2))[0] == 2
+    with pytest.raises(SpecExtendConfigError, match="sliding-window layer .4096 tokens.; choose"):
+        compat.target_attention(None, set(), SpecExtendConfig(score_layer=-1))

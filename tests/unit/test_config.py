@@ -349,6 +349,6 @@ def test_score_layer_must_be_an_integer(value):
 def test_validate_engine_rejects_a_score_layer_past_the_target(layer):
     cfg = SpecExtendConfig(score_layer=layer)
     with pytest.raises(SpecExtendConfigError, match=r"outside the target's 30 attention layers; use -30\.\.29"):
-        validate_engine(cfg, good_facts(num_target_layers=30))
-    validate_engine(SpecExtendConfig(score_layer=29), good_facts(num_target_layers=30))
-    validate_engine(SpecExtendConfig(score_layer=-30), good_facts(num_target_layers=30))
+        validate_engine(cfg, good_facts(num_target_attention_layers=30))
+    validate_engine(SpecExtendConfig(score_layer=29), good_facts(num_target_attention_layers=30))
+    validate_engine(SpecExtendConfig(score_layer=-30), good_facts(num_target_attention_layers=30))

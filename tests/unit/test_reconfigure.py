@@ -30,6 +30,7 @@ def _proposer(compactor=None):
     proposer.deferral = PrefillDeferral()
     proposer.block_size = 32
     proposer._min_context = 0
+    proposer._num_score_layers = None
     proposer.retriever = Retriever(SpecExtendConfig(), None, proposer.staging,
                                    proposer.device)
     proposer._use_config(SpecExtendConfig())
@@ -71,3 +72,9 @@ def test_reconfigure_refuses_another_score_layer():
         proposer.reconfigure(SpecExtendConfig(score_layer=0))
     assert proposer.cfg.score_layer == -1
     proposer.reconfigure(SpecExtendConfig(top_k=8))  # same layer: fine
+    # Once the target's 30 layers are known, -1 and 29 name the same one.
+    proposer._num_score_layers = 30
+    proposer.reconfigure(SpecExtendConfig(score_layer=29))
+    proposer.reconfigure(SpecExtendConfig(score_layer=-1))
+    with pytest.raises(SpecExtendConfigError, match="score_layer is fixed"):
+        proposer.reconfigure(SpecExtendConfig(score_layer=28))

@@ -36,7 +36,7 @@ class _VllmConfig:
         self.cache_config = types.SimpleNamespace(block_size=16)
         self.model_config = types.SimpleNamespace(
             max_model_len=4096, model="target",
-            hf_text_config=types.SimpleNamespace(num_hidden_layers=4),
+            get_num_layers_by_block_type=lambda parallel, kind: 4,
         )
         self.parallel_config = types.SimpleNamespace(
             tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_rank=1

@@ -39,10 +39,19 @@ def engine_facts(vllm_config) -> dict[str, Any]:
             if spec is None or spec.draft_model_config is None
             else spec.draft_model_config.model
         ),
-        num_target_layers=getattr(
-            vllm_config.model_config.hf_text_config, "num_hidden_layers", None
-        ),
+        num_target_attention_layers=_num_attention_layers(vllm_config),
     )
+
+
+def _num_attention_layers(vllm_config) -> int | None:
+    """The target's attention layers as vLLM counts them (hybrid and no-op
+    layers aside); None where it cannot: the layer lookup at load checks."""
+    try:
+        return vllm_config.model_config.get_num_layers_by_block_type(
+            vllm_config.parallel_config, "attention"
+        )
+    except Exception:  # a config vLLM cannot count layers of
+        return None
 
 
 def max_num_seqs(vllm_config) -> int:

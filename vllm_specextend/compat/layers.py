@@ -16,14 +16,15 @@ def attention_layer(vllm_config, name: str):
 
 
 def target_attention(vllm_config, exclude: set[str], cfg):
-    """(name, layer) of the target's attention layer ``cfg.score_layer`` (a
-    Python index into its attention layers in model order; -1: the final
-    one). ``exclude``: the draft's own layers, which share the forward context."""
+    """(index, count, layer): the target's attention layer ``cfg.score_layer``
+    (a Python index into its ``count`` attention layers in model order; -1:
+    the final one), ``index`` resolved to 0..count-1. ``exclude``: the draft's
+    own layers, which share the forward context."""
     from vllm.config import get_layers_from_vllm_config
     from vllm.model_executor.layers.attention.attention import Attention
     from vllm.model_executor.models.utils import extract_layer_index
 
-    from vllm_specextend.config import raise_if_score_layer_outside
+    from vllm_specextend.config import SpecExtendConfigError, raise_if_score_layer_outside
 
     layers = {
         name: layer
@@ -34,7 +35,17 @@ def target_attention(vllm_config, exclude: set[str], cfg):
         raise RuntimeError("vllm-specextend found no target attention layer.")
     names = sorted(layers, key=extract_layer_index)
     raise_if_score_layer_outside(cfg, len(names))
-    return names[cfg.score_layer], layers[names[cfg.score_layer]]
+    index = cfg.score_layer % len(names)
+    layer = layers[names[index]]
+    # vLLM frees a sliding-window layer's blocks behind its window (and may
+    # keep them in a KV group of their own): its keys cannot rank the context.
+    if getattr(layer, "sliding_window", None) is not None:
+        raise SpecExtendConfigError(
+            f"spec_extend.score_layer={cfg.score_layer} is {names[index]}, a "
+            f"sliding-window layer ({layer.sliding_window} tokens); choose a "
+            "full-attention layer."
+        )
+    return index, len(names), layer
 
 
 def kv_cache_layer_names(vllm_config) -> set[str]:
