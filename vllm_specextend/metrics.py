@@ -43,7 +43,7 @@ DIR_PREFIX = "specextend-metrics-"
 
 COUNTERS = {
     "retrievals": "Chunk retrievals (one per scored request).",
-    "retrieval_steps": "Draft steps that ran final-layer scoring.",
+    "retrieval_steps": "Draft steps that ran chunk scoring (the scoring layer).",
     "view_rows": "Draft rows that attended through a restricted view.",
     "decode_rows": "Draft rows past prefill.",
     "draft_context_tokens": "Context tokens the draft attended to (decode rows).",

@@ -10,7 +10,7 @@ compaction apply to an EAGLE head's KV as to a draft model's.
 This module only adapts vLLM's hooks; the work is done by:
 
 * ``planner.StepPlanner``: which rows drop, score or keep their selection;
-* ``retriever.Retriever``: final-layer query capture, scoring, top-k chunks;
+* ``retriever.Retriever``: scoring-layer query capture, scoring, top-k chunks;
 * ``view.ViewBuilder``: the block-table view of the batch's rows;
 * ``compactor.Compactor``: scratch copies for compacted positions;
 * ``state.SelectionState``: per-request selections in persistent buffers;

@@ -10,7 +10,7 @@ query [R, Hq, D] fp16/bf16/fp32, kv_cache [num_cache_blocks, Hkv, bs, 2*D] with 
 strides (key = [..., :D], value never read), block_table [R, >= num_blocks] int32,
 ctx_lens [R] int32; returns [R, Hq, num_blocks] float32.
 
-Why a kernel: scoring runs once per retrieval and reads only the final layer's K, once.
+Why a kernel: scoring runs once per retrieval and reads only the scoring layer's K, once.
 It is a GEMV per KV head, i.e. memory bound, so each K tile is loaded once and scored
 against all G query heads sharing its KV head, and only valid tokens are read (masked
 loads): bytes moved ~= sum_r ctx_lens[r] * Hkv * D * elem_size.

@@ -2,7 +2,7 @@
 
 A request's context is cut into ``chunk_size``-token chunks from token 0. The
 draft's working set is: the sink chunks, up to ``top_k`` chunks chosen by the
-target's final-layer attention mass, and a recent window starting at a
+target's scoring-layer attention mass, and a recent window starting at a
 chunk boundary. The window start is fixed at each retrieval and the window then
 grows with every new token until the next retrieval, so generated text stays
 visible (as in the SpecExtend reference) and every query of a step is inside it.

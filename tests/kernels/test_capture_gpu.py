@@ -1,9 +1,10 @@
-"""GPU: the captured final-layer query is live under CUDA graphs.
+"""GPU: the captured scoring-layer query is live under CUDA graphs.
 
 The query is copied inside the attention op; with vLLM's compiled, graph-
 captured target the copy must still see each step's query, not the one from
 capture time. Run the same greedy request eagerly and with CUDA graphs and
 compare which chunks CMR retrieves: a stale query would pick unrelated chunks.
+Both for the final layer and for another one (``score_layer``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ if not torch.cuda.is_available():
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 
-def retrieved_chunks(model_dir: str, prompt: list[int], eager: bool) -> list[set]:
+def retrieved_chunks(model_dir: str, prompt: list[int], eager: bool,
+                     score_layer: int) -> list[set]:
     from vllm import LLM, SamplingParams
 
     llm = LLM(
@@ -40,7 +42,8 @@ def retrieved_chunks(model_dir: str, prompt: list[int], eager: bool) -> list[set
             "num_speculative_tokens": 3,
         },
         additional_config={
-            "spec_extend": {"top_k": 8, "recent_tokens": 64, "min_context": 256}
+            "spec_extend": {"top_k": 8, "recent_tokens": 64, "min_context": 256,
+                            "score_layer": score_layer}
         },
     )
     from benchmarks.harness.drafter import drafter, selections
@@ -64,14 +67,15 @@ def retrieved_chunks(model_dir: str, prompt: list[int], eager: bool) -> list[set
     return picks
 
 
-def test_cuda_graphs_keep_the_query_live(tmp_path):
+@pytest.mark.parametrize("score_layer", [-1, 0])
+def test_cuda_graphs_keep_the_query_live(tmp_path, score_layer):
     from benchmarks.models.builders import build_tiny_llama
 
     model_dir = str(build_tiny_llama(tmp_path / "tiny", seed=0, dtype="float16"))
     rng = random.Random(0)
     prompt = [rng.randrange(3, 500) for _ in range(2000)]
-    eager = retrieved_chunks(model_dir, prompt, eager=True)
-    graphs = retrieved_chunks(model_dir, prompt, eager=False)
+    eager = retrieved_chunks(model_dir, prompt, eager=True, score_layer=score_layer)
+    graphs = retrieved_chunks(model_dir, prompt, eager=False, score_layer=score_layer)
     assert len(eager) >= 4 and len(graphs) == len(eager)
     overlap = [len(a & b) / len(a) for a, b in zip(eager, graphs)]
     # Same query up to kernel rounding: nearly the same chunks. A stale query

@@ -28,7 +28,7 @@ argparse ``_option_string_actions``                 read        an option's acti
 ``  .build_per_group_and_layer_attn_metadata``      override    funnel of every draft forward
 ``  .load_model``                                   override    hook the last target layer
 ``CommonAttentionMetadata`` fields                  read/copy   block table, seq lens, qsl
-``Attention.impl.forward``                          patch       capture the final-layer query
+``Attention.impl.forward``                          patch       capture the scoring layer's query
 ``Attention.kv_cache`` / ``impl.scale``             read        paged keys for scoring
 ``ops.cpu_attn_reshape_and_cache``                  call        learn the CPU key page order
 ``Worker.determine_available_memory``               override    KV budget less the scratch blocks
