@@ -42,8 +42,10 @@ HELP = (
     "Enable SpecExtend Cross-model Retrieval for draft-model and EAGLE "
     "speculative decoding. "
     "Optional JSON with keys policy (cmr|streaming|full), chunk_size, top_k, "
-    "retrieve_every, sink_tokens, recent_tokens, min_context, compact_positions "
-    "(auto|true|false), self_draft (true|false), draft_graph (auto|off|static). "
+    "retrieve_every, score_layer (-1: the final attention layer), sink_tokens, "
+    "recent_tokens, min_context, compact_positions (auto|true|false), "
+    "self_draft (true|false), draft_graph (auto|off|static), "
+    "defer_prefill_draft (true|false). "
     "Example: --spec-extend '{\"top_k\": 64, \"retrieve_every\": 4}'."
 )
 

@@ -287,3 +287,12 @@ def test_uncaught_config_error_ends_the_process_in_one_line():
     assert "Traceback" not in proc.stderr
     last = proc.stderr.splitlines()[-1]
     assert last == "python: error: --spec-extend needs a draft model"
+
+
+def test_flag_help_names_every_config_key():
+    import dataclasses
+
+    from vllm_specextend.cli import HELP
+
+    missing = [f.name for f in dataclasses.fields(SpecExtendConfig) if f.name not in HELP]
+    assert not missing, f"--spec-extend's help does not name {missing}"
