@@ -48,8 +48,8 @@ class SpecExtendConfig:
     Python list of its attention layers in model order: -1 is the final one
     (the paper's choice). A small model may retrieve better from a middle
     layer: SmolLM2-135M's final layer ranks a passkey's chunk among its top
-    11 for 13-30% of the answer's queries at 8K and 4K, its layer 21 of 30 for
-    85-93%, and drafting for itself at 8K it reproduced the key in 3-4 of 14
+    11 for 15-32% of the answer's queries at 8K and 4K, its layer 21 of 30 for
+    87-93%, and drafting for itself at 8K it reproduced the key in 3-4 of 14
     cases with the final layer, 12 of 14 with layer 21 (docs/evaluation.md).
     Fixed when the engine starts: the query capture is recorded in the
     target's CUDA graphs."""
