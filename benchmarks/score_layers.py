@@ -184,13 +184,14 @@ def main(argv=None) -> int:
     capture.install(model)
     cfg = SpecExtendConfig(chunk_size=args.chunk_size, sink_tokens=args.sink_tokens,
                            recent_tokens=args.window_tokens)
+    haystacks = [inputs.haystack(tokenizer, args.length, i) for i in range(args.prompts)]
     rows = []
     for depth in args.depths:
-        for i in range(args.prompts):
+        for i, haystack in enumerate(haystacks):
             key = needle.pass_key(args.seed, i)
             prompt = needle.needle_prompt(
-                lambda text: inputs.encode(tokenizer, text),
-                inputs.haystack(tokenizer, args.length, i), key, depth, args.length,
+                lambda text: inputs.encode(tokenizer, text), haystack, key, depth,
+                args.length,
             )
             row = probe_case(model, tokenizer, capture, prompt, key, cfg)
             rows.append({"depth": depth, "haystack": i, **row})

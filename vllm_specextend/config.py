@@ -202,7 +202,7 @@ def validate_engine(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
     _raise_if_working_set_exceeds_draft(cfg, facts)
     _raise_if_pipeline_parallel(facts)
     if facts.num_target_attention_layers is not None:
-        raise_if_score_layer_outside(cfg, facts.num_target_attention_layers)
+        score_layer_index(cfg, facts.num_target_attention_layers)
 
 
 # --- guards: each raises SpecExtendConfigError naming the key and the fix -------
@@ -251,15 +251,18 @@ def _raise_if_bad_score_layer(cfg: SpecExtendConfig) -> None:
         )
 
 
-def raise_if_score_layer_outside(cfg: SpecExtendConfig, num_layers: int) -> None:
-    """At engine config (vLLM's count of attention layers) and again when
-    the scoring layer is looked up among the loaded ones."""
+def score_layer_index(cfg: SpecExtendConfig, num_layers: int) -> int:
+    """``cfg.score_layer`` as 0..num_layers-1 (-1 and num_layers-1 name one
+    layer), or the error naming the range. At engine config (vLLM's count of
+    attention layers), when the layer is looked up among the loaded ones, and
+    when a benchmark reconfigures a live engine."""
     if not -num_layers <= cfg.score_layer < num_layers:
         raise SpecExtendConfigError(
             f"spec_extend.score_layer={cfg.score_layer} is outside the target's "
             f"{num_layers} attention layers; use {-num_layers}..{num_layers - 1} "
             "(-1: the final one)."
         )
+    return cfg.score_layer % num_layers
 
 
 def _raise_if_bad_compact_positions(cfg: SpecExtendConfig) -> None:

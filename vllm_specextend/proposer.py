@@ -43,7 +43,11 @@ from typing_extensions import override
 
 from vllm_specextend import compat
 from vllm_specextend.compactor import Compactor
-from vllm_specextend.config import SpecExtendConfig, SpecExtendConfigError
+from vllm_specextend.config import (
+    SpecExtendConfig,
+    SpecExtendConfigError,
+    score_layer_index,
+)
 from vllm_specextend.deferral import PrefillDeferral
 from vllm_specextend.draft_graph import (
     MAX_GRAPH_BATCH,
@@ -189,10 +193,9 @@ class SpecExtendMixin:
         self._use_config(cfg)
 
     def _resolved_score_layer(self, cfg: SpecExtendConfig) -> int:
-        """``cfg.score_layer`` as 0..n-1 once the target's n layers are known
-        (-1 and n-1 name one layer)."""
+        """``cfg.score_layer`` as 0..n-1 once the target's n layers are known."""
         count = self._num_score_layers
-        return cfg.score_layer if count is None else cfg.score_layer % count
+        return cfg.score_layer if count is None else score_layer_index(cfg, count)
 
     def on_requests_done(self, req_ids) -> None:
         """Finished, aborted or preempted: their selection is stale, and

@@ -2,9 +2,10 @@
 
 For each row: the query of its last accepted token, captured from the
 target's scoring attention layer during verification (``score_layer``: the
-final one unless set), is scored against that layer's paged keys (``scoring.block_lse``: one log-sum-exp per KV block and
-query head), turned into attention mass per chunk (``selection.chunk_mass``),
-averaged over all heads across tensor-parallel ranks, and the ``top_k`` chunks
+final one unless set), is scored against that layer's paged keys
+(``scoring.block_lse``: one log-sum-exp per KV block and query head), turned
+into attention mass per chunk (``selection.chunk_mass``), averaged over all
+heads across tensor-parallel ranks, and the ``top_k`` chunks
 between the sinks and the window start are kept (``selection.select_chunks``).
 Everything after the host's row list stays on the device; the chosen ids go
 straight into the selection state's device buffer.

@@ -52,7 +52,7 @@ def run_key(row: dict) -> tuple:
     one per prompt (and key: a screened row holds no hashes)."""
     config = row["config"]
     if config is not None:  # a file from before score_layer ran the final one
-        config = {"score_layer": -1, **config}
+        config = {**config, "score_layer": engine_score_layer(row)}
     return (row["task"], row["dataset"], row["length"], row["mode"],
             json.dumps(config, sort_keys=True), row.get("depth"),
             row.get("key"), tuple(row["prompt_hashes"]))

@@ -78,3 +78,6 @@ def test_reconfigure_refuses_another_score_layer():
     proposer.reconfigure(SpecExtendConfig(score_layer=-1))
     with pytest.raises(SpecExtendConfigError, match="score_layer is fixed"):
         proposer.reconfigure(SpecExtendConfig(score_layer=28))
+    # Past the layers it is refused, not wrapped around onto the final one.
+    with pytest.raises(SpecExtendConfigError, match="outside the target's 30"):
+        proposer.reconfigure(SpecExtendConfig(score_layer=59))

@@ -26,7 +26,7 @@ argparse ``_option_string_actions``                 read        an option's acti
 ``DraftModelProposer`` / ``EagleProposer``          subclass    draft_model / eagle(3) proposers
 ``  .propose``                                      override    retrieval + view per step
 ``  .build_per_group_and_layer_attn_metadata``      override    funnel of every draft forward
-``  .load_model``                                   override    hook the last target layer
+``  .load_model``                                   override    hook the scoring target layer
 ``CommonAttentionMetadata`` fields                  read/copy   block table, seq lens, qsl
 ``Attention.impl.forward``                          patch       capture the scoring layer's query
 ``Attention.kv_cache`` / ``impl.scale``             read        paged keys for scoring

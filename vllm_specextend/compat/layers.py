@@ -24,7 +24,7 @@ def target_attention(vllm_config, exclude: set[str], cfg):
     from vllm.model_executor.layers.attention.attention import Attention
     from vllm.model_executor.models.utils import extract_layer_index
 
-    from vllm_specextend.config import SpecExtendConfigError, raise_if_score_layer_outside
+    from vllm_specextend.config import SpecExtendConfigError, score_layer_index
 
     layers = {
         name: layer
@@ -34,8 +34,7 @@ def target_attention(vllm_config, exclude: set[str], cfg):
     if not layers:
         raise RuntimeError("vllm-specextend found no target attention layer.")
     names = sorted(layers, key=extract_layer_index)
-    raise_if_score_layer_outside(cfg, len(names))
-    index = cfg.score_layer % len(names)
+    index = score_layer_index(cfg, len(names))
     layer = layers[names[index]]
     # vLLM frees a sliding-window layer's blocks behind its window (and may
     # keep them in a KV group of their own): its keys cannot rank the context.
