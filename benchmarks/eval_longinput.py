@@ -466,17 +466,32 @@ def paired_report(args) -> int:
     pairs, so the interval is of the ratio, not of two separate means. A row
     with a working set is paired with the baseline of the same working set
     (CMR at 512 tokens against streaming at 512), one without (full KV) with
-    each; plain decoding (no drafts) with none."""
+    each; plain decoding (no drafts) with none. A row pairs with the
+    baseline its own engine ran (the same scoring layer); a baseline whose
+    drafts no layer ranks (streaming, full KV) stands in for an engine that
+    did not run it, so a later call can run only the retrieving mode."""
     rows = [r for p in args.files for r in json.loads(Path(p).read_text())["rows"]
             if r["task"] == "eval" and r["batch_size"] == 1]
+    bases = [r for r in rows if r["mode"] == args.baseline]
+
+    def same_cell(r: dict, base: dict) -> bool:
+        return ((r["dataset"], r["length"], r["prompt_hashes"])
+                == (base["dataset"], base["length"], base["prompt_hashes"])
+                and r.get("working_set") in (None, base.get("working_set")))
+
+    def layer_fits(r: dict, base: dict) -> bool:
+        layer = report.engine_score_layer(r)
+        if report.engine_score_layer(base) == layer:
+            return True
+        return (engine.policy(args.baseline) != "cmr" and not any(
+            report.engine_score_layer(b) == layer and same_cell(r, b)
+            and b.get("working_set") == base.get("working_set") for b in bases))
+
     out = []
-    for base in [r for r in rows if r["mode"] == args.baseline]:
+    for base in bases:
         for r in rows:
-            if (r["mode"] in (args.baseline, "none")
-                    or (r["dataset"], r["length"]) != (base["dataset"], base["length"])
-                    or report.engine_score_layer(r) != report.engine_score_layer(base)
-                    or r["prompt_hashes"] != base["prompt_hashes"]
-                    or r.get("working_set") not in (None, base.get("working_set"))):
+            if (r["mode"] in (args.baseline, "none") or not same_cell(r, base)
+                    or not layer_fits(r, base)):
                 continue
             pair = acceptance.paired_ratio(r["batch_counters"], base["batch_counters"])
             out.append({"dataset": r["dataset"], "length": r["length"], "mode": r["mode"],

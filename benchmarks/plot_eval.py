@@ -3,7 +3,8 @@
     python -m benchmarks.plot_eval R.json [R2.json ...] --out-dir DIR
 
 Writes ``accepted_length.png`` and ``decode_tok_s.png`` (metric vs input
-length, one line per mode, one panel per dataset) from the ``eval`` rows, and
+length, one line per mode, working set and scoring layer, one panel per
+dataset; accepted length with its 95% interval) from the ``eval`` rows, and
 ``needle.png`` (the draft's passkey token match vs depth, one panel per
 length) when there are ``needle`` rows. Several files are merged first.
 """
@@ -28,27 +29,55 @@ def panels(plt, count: int):
     return fig, axes[0]
 
 
+def line_of(row: dict) -> tuple[tuple, str]:
+    """The line a row belongs to: a sort key and a label, one line per mode,
+    working set and (for retrieval) scoring layer."""
+    label, working_set = row["mode"], row.get("working_set") or 0
+    layer = report.engine_score_layer(row)
+    if not (row["mode"].startswith(("cmr", "self_cmr")) and layer not in (None, -1)):
+        layer = -1
+    if working_set:
+        label += f" {working_set}"
+    if layer != -1:
+        label += f" layer {layer}"
+    return (report.MODE_ORDER[row["mode"]], working_set, layer), label
+
+
+def lines(rows: list[dict], key: str) -> dict[str, list[tuple]]:
+    """label -> [(length, value, (below, above))] sorted by length, lines in
+    mode, working set and layer order; the error is the 95% interval where
+    the row has one (accepted length), else 0."""
+    found: dict[tuple, list[tuple]] = {}
+    for r in rows:
+        low, high = r.get("accepted_length_ci95") or (None, None)
+        err = ((0.0, 0.0) if low is None or key != "mean_accepted_length"
+               else (r[key] - low, high - r[key]))
+        found.setdefault(line_of(r), []).append((r["length"], r[key], err))
+    return {label: sorted(points) for (_, label), points in sorted(found.items())}
+
+
 def plot_eval(plt, rows: list[dict], out_dir: Path) -> list[Path]:
     rows = [r for r in rows if r["task"] == "eval"]
     if not rows:
         return []
     datasets = sorted({r["dataset"] for r in rows})
-    modes = sorted({r["mode"] for r in rows}, key=report.MODE_ORDER.get)
+    lengths = sorted({r["length"] for r in rows})
     written = []
     for name, (key, label) in METRICS.items():
         fig, axes = panels(plt, len(datasets))
         for ax, dataset in zip(axes, datasets, strict=True):
-            for mode in modes:
-                points = sorted((r["length"], r[key]) for r in rows
-                                if r["dataset"] == dataset and r["mode"] == mode)
-                ax.plot(*zip(*points, strict=True), marker="o", label=mode)
+            here = [r for r in rows if r["dataset"] == dataset]
+            # tab20: a colour of its own for each of up to 20 lines.
+            for i, (line, points) in enumerate(lines(here, key).items()):
+                x, y, err = zip(*points, strict=True)
+                ax.errorbar(x, y, yerr=list(zip(*err, strict=True)), marker="o",
+                            capsize=3, label=line, color=plt.cm.tab20(i % 20))
             ax.set_xscale("log", base=2)
-            ax.set_xticks(sorted({r["length"] for r in rows}))
-            ax.set_xticklabels([f"{n // 1024}K" if n >= 1024 else str(n)
-                                for n in sorted({r["length"] for r in rows})])
+            ax.set_xticks(lengths)
+            ax.set_xticklabels([f"{n // 1024}K" if n >= 1024 else str(n) for n in lengths])
             ax.set(title=dataset, xlabel="input length (tokens)", ylabel=label)
             ax.grid(alpha=0.3)
-        axes[0].legend()
+        axes[0].legend(fontsize="small")
         written.append(save(fig, out_dir / f"{name}.png"))
     return written
 

@@ -197,3 +197,40 @@ def test_paired_report_matches_rows_on_the_same_prompts(tmp_path):
     assert only["ratio"] == pytest.approx(3.0 / 3.5)
     assert "| pg19 | 8192 | self_cmr | 512 | 128 | 11 | -1 | 3.00 | 3.50 (512) |" in (
         out.with_suffix(".md").read_text())
+
+
+def test_paired_report_lends_a_window_baseline_to_another_layers_engine(tmp_path):
+    """A later call runs only CMR with another scoring layer: streaming's
+    drafts rank nothing, so the first engine's streaming row is its baseline.
+    A retrieving baseline never crosses layers."""
+    import json
+
+    from benchmarks import eval_longinput
+
+    def row(mode, counters, layer=None):
+        config = {"recent_tokens": 128, "top_k": 11}
+        if layer is not None:
+            config["score_layer"] = layer
+        return {"task": "eval", "batch_size": 1, "dataset": "govreport", "length": 8192,
+                "mode": mode, "working_set": 512, "prompt_hashes": ["x", "y"],
+                "config": config,
+                "mean_accepted_length": 1 + sum(a for a, _ in counters)
+                / sum(d for _, d in counters),
+                "batch_counters": _units(counters)}
+
+    first = tmp_path / "first.json"
+    first.write_text(json.dumps({"rows": [row("self_streaming", [(30, 10), (20, 10)]),
+                                          row("self_cmr", [(20, 10), (20, 10)])]}))
+    later = tmp_path / "later.json"
+    later.write_text(json.dumps({"rows": [row("self_cmr", [(40, 10), (30, 10)], 21)]}))
+    out = tmp_path / "paired.json"
+    assert eval_longinput.main(["paired", str(first), str(later), "--out", str(out)]) == 0
+    final, layer21 = json.loads(out.read_text())["rows"]
+    assert (final["score_layer"], final["ratio"]) == (-1, pytest.approx(3.0 / 3.5))
+    assert (layer21["score_layer"], layer21["ratio"]) == (21, pytest.approx(4.5 / 3.5))
+    # Against a CMR baseline the layer-21 row has no pair: its drafts differ
+    # by the layer that ranks the chunks.
+    assert eval_longinput.main(["paired", str(first), str(later), "--baseline", "self_cmr",
+                                "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["mode"] for r in rows] == ["self_streaming"]

@@ -60,3 +60,25 @@ def test_needle_only_results_plot_only_the_needle(tmp_path):
     out = tmp_path / "plots"
     assert plot_eval.main([write(tmp_path / "n.json", rows), "--out-dir", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["needle.png"]
+
+
+def test_one_line_per_mode_working_set_and_layer_with_intervals():
+    def row(mode, length, accepted, working_set=None, layer=None, ci=None):
+        config = None if mode == "none" else (
+            {"score_layer": layer} if layer is not None else {})
+        return {**eval_row("pg19", length, mode, accepted, 100.0), "config": config,
+                "working_set": working_set, "accepted_length_ci95": ci}
+
+    rows = [row("none", 4096, 1.0), row("self_cmr", 8192, 4.5, 1024, ci=[4.4, 4.7]),
+            row("self_cmr", 4096, 4.6, 1024, ci=[4.5, 4.8]),
+            row("self_cmr", 4096, 4.2, 256), row("self_cmr", 4096, 4.4, 256, layer=21),
+            row("self_streaming", 4096, 4.1, 256, layer=21)]
+    got = plot_eval.lines(rows, "mean_accepted_length")
+    # Numeric working-set order; a layer only on retrieving rows, -1 unnamed.
+    assert list(got) == ["none", "self_streaming 256", "self_cmr 256",
+                         "self_cmr 256 layer 21", "self_cmr 1024"]
+    assert [x for x, _, _ in got["self_cmr 1024"]] == [4096, 8192]
+    assert got["self_cmr 1024"][0][2] == (pytest.approx(0.1), pytest.approx(0.2))
+    assert got["self_cmr 256"][0][2] == (0.0, 0.0)
+    # Speed has no interval.
+    assert plot_eval.lines(rows, "decode_tok_s")["self_cmr 1024"][0][2] == (0.0, 0.0)
