@@ -291,8 +291,9 @@ PY
     from=$([ -f $trained ] && echo "--from-trained $trained")
     PYTHONPATH=/root/vsite:/root/gguf timeout 560 python3 -m benchmarks.models.build_pair \
       /root/pair $from --time-limit-s 240 > "$OUT/build_pair.log" 2>&1
-    echo "pair rc=$?"; tail -c 1500 "$OUT/build_pair.log"
-    [ -n "$from" ] || cp /root/pair/draft_trained.safetensors /root/pair/recipe.json "$OUT"/ ;;
+    rc=$?; echo "pair rc=$rc"; tail -c 1500 "$OUT/build_pair.log"
+    [ -n "$from" ] || cp /root/pair/draft_trained.safetensors /root/pair/recipe.json "$OUT"/
+    exit $rc ;;
   eval)
     # One dataset per call (EVAL_DATASET=govreport|pg19), EVAL_ARGS narrows it
     # (--modes, --lengths) to fit a call; merge the files with `report`.
@@ -307,13 +308,13 @@ PY
     timeout 575 python3 -m benchmarks.eval_longinput run --target /root/pair/target \
       --draft /root/pair/draft --tasks sweep needle --datasets govreport \
       --out "$OUT/analyses.json" > "$OUT/analyses.log" 2>&1
-    echo "analyses rc=$?"; cat "$OUT/analyses.md" ;;
+    rc=$?; echo "analyses rc=$rc"; cat "$OUT/analyses.md"; exit $rc ;;
   needle)
     timeout 560 python3 -m benchmarks.eval_longinput run --target /root/pair/target \
       --draft /root/pair/draft --tasks needle --datasets govreport \
       --modes draft_model streaming cmr cmr_compact --out "$OUT/needle.json" \
       > "$OUT/needle.log" 2>&1
-    echo "needle rc=$?"; grep '^|' "$OUT/needle.md" ;;
+    rc=$?; echo "needle rc=$rc"; grep '^|' "$OUT/needle.md"; exit $rc ;;
   gguf)
     # SmolLM2's GGUF (98 MB, the real weights of `pair` and `grid23`) in parts
     # under what a call carries (prepare.sh GGUF=1 splits it into .gpu/gguf/):
