@@ -28,6 +28,12 @@ def retrieved_chunks(model_dir: str, prompt: list[int], eager: bool,
                      score_layer: int) -> list[set]:
     from vllm import LLM, SamplingParams
 
+    # vLLM's start-up asserts that free memory did not grow while it profiled
+    # (seen failing here, 2026-11-26, after the draft-graph tests): hand back
+    # what earlier engines of this process left first, and wait for it.
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     llm = LLM(
         model=model_dir,
         dtype="float16",
