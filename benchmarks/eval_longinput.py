@@ -197,6 +197,17 @@ def needle_runs(args, tokenizer) -> list[Run]:
 # --------------------------------------------------------------------------- #
 # execution
 # --------------------------------------------------------------------------- #
+def starting_config(runs: list[Run]) -> dict | None:
+    """The config an engine starts with: the run needing the most compaction
+    scratch (sinks + chunks), which is sized at start-up; ``reconfigure``
+    switches to a smaller working set but cannot grow it."""
+    from vllm_specextend.config import SpecExtendConfig
+
+    configs = [r.config for r in runs if r.config]
+    return max(configs, default=None,
+               key=lambda c: SpecExtendConfig.from_dict(c).draft_budget_tokens)
+
+
 class Session:
     """One engine and its instruments; runs ``Run``s and returns rows."""
 
@@ -208,8 +219,7 @@ class Session:
         self.missed = missed
         self.kind = kind
         self.tokenizer = tokenizer
-        first = next((r.config for r in runs if r.config), None)
-        self.llm = engine.build(settings(args), kind, first)
+        self.llm = engine.build(settings(args), kind, starting_config(runs))
         self.drafter = access.drafter(self.llm) if kind != "none" else None
         self.timer = access.ProposeTimer(self.drafter) if self.drafter else None
         needs_recorder = any(r.task == "needle" for r in runs)

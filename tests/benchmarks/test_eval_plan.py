@@ -138,3 +138,13 @@ def test_working_sets_must_split_into_whole_chunks(tiny_target):
     with pytest.raises(ValueError, match="whole 32-token chunks"):
         eval_longinput.parse_args(["run", "--target", tiny_target, "--out", "x.json",
                                    "--modes", "self_cmr", "--working-sets", "300"])
+
+
+def test_an_engine_starts_with_its_largest_compaction_scratch(plan):
+    """reconfigure can shrink the working set of a compacting engine, not
+    grow the scratch it was started with: start with the largest."""
+    _, runs = plan("--lengths", "2048", "--modes", "cmr_compact", "streaming_compact",
+                   "--working-sets", "256", "1024", "512")
+    start = eval_longinput.starting_config(runs)
+    assert eval_longinput.report.working_set(start) == 1024
+    assert eval_longinput.starting_config([]) is None

@@ -92,14 +92,22 @@ def test_needle_replay_matches_vllm_counters(tiny_target, long_prompts, tmp_path
 
 def test_compacted_modes(tiny_target, tiny_draft, long_prompts, tmp_path):
     """``*_compact`` modes run on their own engine with compact_positions on:
-    the draft sees its working set at positions 0..W-1, output stays exact."""
+    the draft sees its working set at positions 0..W-1, output stays exact.
+    Two working sets on one engine: the compaction scratch, sized when the
+    engine starts, must hold the larger (seen failing on the GPU, 2026-11-26)."""
     result = harness(
         tmp_path, tiny_target, tiny_draft, "--datasets", "govreport",
         "--lengths", "1024", "--num-prompts", "2", "--batch-size", "2",
         "--modes", "none", "streaming_compact", "cmr_compact",
+        "--working-sets", "256", "512",
     )
-    rows = {r["mode"]: r for r in result["rows"]}
-    assert set(rows) == {"none", "streaming_compact", "cmr_compact"}
+    got = sorted((r["mode"], r["working_set"]) for r in result["rows"])
+    assert got == [("cmr_compact", 256), ("cmr_compact", 512), ("none", None),
+                   ("streaming_compact", 256), ("streaming_compact", 512)]
+    rows = {r["mode"]: r for r in result["rows"]}  # the 512-token runs
+    for row in result["rows"]:
+        if row["mode"] != "none":
+            assert row["mismatches"] == 0, (row["mode"], row["working_set"])
     for mode in ("streaming_compact", "cmr_compact"):
         row = rows[mode]
         assert row["config"]["compact_positions"] is True
