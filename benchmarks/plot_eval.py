@@ -66,7 +66,9 @@ def plot_eval(plt, rows: list[dict], out_dir: Path) -> list[Path]:
     for name, (key, label) in METRICS.items():
         fig, axes = panels(plt, len(datasets))
         for ax, dataset in zip(axes, datasets, strict=True):
-            here = [r for r in rows if r["dataset"] == dataset]
+            # Plain decoding's accepted length is 1 by definition: no line.
+            here = [r for r in rows if r["dataset"] == dataset
+                    and not (key == "mean_accepted_length" and r["mode"] == "none")]
             # tab20: a colour of its own for each of up to 20 lines.
             for i, (line, points) in enumerate(lines(here, key).items()):
                 x, y, err = zip(*points, strict=True)
