@@ -44,6 +44,27 @@ stop_leftovers() {
   nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader >&2
   return 1
 }
+# Evaluations of several datasets side by side, one process each: at batch 1
+# a 135M model leaves the GPU mostly idle, so two cost about the wall time of
+# one. Accepted lengths and outputs do not depend on it; tok/s columns are
+# then no speed results. Each engine reserves its KV cache by size
+# (--kv-cache-memory-bytes), which skips vLLM's start-up memory profiling
+# that another process's frees could upset.
+#   side_by_side TAG "DATASETS" ARGS...   ->  $OUT/TAG_<dataset>.{json,md,log}
+side_by_side() {
+  local tag=$1 datasets=$2 pids=() ds rc=0 one; shift 2
+  for ds in $datasets; do
+    timeout 575 python3 -m benchmarks.eval_longinput run "$@" --datasets $ds \
+      --out "$OUT/${tag}_$ds.json" > "$OUT/${tag}_$ds.log" 2>&1 &
+    pids+=($!)
+  done
+  for one in "${pids[@]}"; do wait "$one" || rc=$?; done
+  for ds in $datasets; do
+    echo "== $ds"; cat "$OUT/${tag}_$ds.md"
+    grep -m5 -iE "error|Traceback" "$OUT/${tag}_$ds.log"
+  done
+  return $rc
+}
 case "$1" in
   kernels)
     timeout 200 python3 -m pytest tests/kernels -q -p no:cacheprovider \
@@ -295,15 +316,12 @@ PY
     [ -n "$from" ] || cp /root/pair/draft_trained.safetensors /root/pair/recipe.json "$OUT"/
     exit $rc ;;
   eval)
-    # One dataset per call (EVAL_DATASET=govreport|pg19), EVAL_ARGS narrows it
-    # (--modes, --lengths) to fit a call; merge the files with `report`.
-    ds=${EVAL_DATASET:-govreport}
-    timeout 575 python3 -m benchmarks.eval_longinput run --target /root/pair/target \
-      --draft /root/pair/draft --datasets $ds ${EVAL_ARGS:-} --out "$OUT/eval_$ds.json" \
-      > "$OUT/eval_$ds.log" 2>&1
-    # The call's exit status is the evaluation's, not the error grep's.
-    rc=$?; echo "eval rc=$rc"; cat "$OUT/eval_$ds.md"
-    grep -m5 -iE "error|Traceback" "$OUT/eval_$ds.log"; exit $rc ;;
+    # EVAL_DATASET: one dataset or several ("govreport pg19", run side by
+    # side); EVAL_ARGS narrows it (--modes, --lengths) to fit a call; merge
+    # the files with `report`. The call's exit status is the evaluations'.
+    side_by_side eval "${EVAL_DATASET:-govreport}" --target /root/pair/target \
+      --draft /root/pair/draft ${EVAL_ARGS:-}
+    rc=$?; echo "eval rc=$rc"; exit $rc ;;
   analyses)
     timeout 575 python3 -m benchmarks.eval_longinput run --target /root/pair/target \
       --draft /root/pair/draft --tasks sweep needle --datasets govreport \
@@ -335,21 +353,20 @@ PY
     # (an interval over prompts), greedy, what each working set held of the
     # target's attention (--coverage). The GGUF travels first (the `gguf`
     # phase, once per part); the target is built once
-    # per machine (/root/pair/target). One dataset and length per call:
-    # GRID_DATASET (govreport|pg19), GRID_LENGTH (8192 first: the done-when
-    # cell); GRID_ARGS adds or overrides flags (passkeys: --tasks needle
-    # --needle-lengths 4096 8192; many haystacks for the few the target
-    # answers: --needle-prompts 40 --needle-screen). Merge the files with
-    # `report`.
+    # per machine (/root/pair/target). One length per call: GRID_LENGTH
+    # (8192 first: the done-when cell); GRID_DATASET one dataset or several
+    # ("govreport pg19": side by side, a file each); GRID_ARGS adds or
+    # overrides flags (passkeys: --tasks needle --needle-lengths 4096 8192;
+    # many haystacks for the few the target answers: --needle-prompts 40
+    # --needle-screen). Merge the files with `report`.
     [ -d /root/pair/target ] || PYTHONPATH=/root/vsite:/root/gguf timeout 300 \
       python3 -c "from benchmarks.models.builders import build_smollm2 as b; b('/root/pair/target')" \
       > "$OUT/grid23_target.log" 2>&1 || { echo "grid23: no target"; tail -5 "$OUT/grid23_target.log"; exit 1; }
-    ds=${GRID_DATASET:-govreport}; len=${GRID_LENGTH:-8192}; tag=grid23_${ds}_$len
-    timeout 575 python3 -m benchmarks.eval_longinput run --target /root/pair/target \
+    len=${GRID_LENGTH:-8192}
+    side_by_side grid23_$len "${GRID_DATASET:-govreport}" --target /root/pair/target \
       --modes none self_full self_streaming self_cmr --working-sets 256 512 1024 \
-      --datasets $ds --lengths $len --num-prompts 20 --max-new-tokens 256 \
-      --batch-size 1 --coverage ${GRID_ARGS:-} --out "$OUT/$tag.json" > "$OUT/$tag.log" 2>&1
-    rc=$?; echo "grid23 rc=$rc"; cat "$OUT/$tag.md"
-    grep -m5 -iE "error|Traceback" "$OUT/$tag.log"; exit $rc ;;
+      --lengths $len --num-prompts 20 --max-new-tokens 256 --batch-size 1 \
+      --coverage ${GRID_ARGS:-}
+    rc=$?; echo "grid23 rc=$rc"; exit $rc ;;
   *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|serve12|soak21|gguf|pair|eval|analyses|needle|grid23" >&2; exit 2 ;;
 esac
