@@ -470,38 +470,69 @@ def merge_reports(args) -> int:
     return 0
 
 
+def _eval_rows(files: list[str]) -> list[dict]:
+    """The batch-1 eval rows of ``files``, each with ``_draft``: what drafted
+    (the file's draft, or the target itself for ``self_*`` modes), K and the
+    new tokens, so rows pair only within one drafter's runs."""
+    rows = []
+    for path in files:
+        result = json.loads(Path(path).read_text())
+        meta = result.get("meta") or {}
+        draft = ((meta.get("models") or {}).get("draft") or {}).get("path")
+        k = (meta.get("config") or {}).get("num_spec_tokens")
+        rows += [{**r, "_draft": ("self" if r["mode"].startswith("self_") else draft, k,
+                                  r.get("max_new_tokens"))}
+                 for r in result["rows"] if r["task"] == "eval" and r["batch_size"] == 1]
+    return rows
+
+
+# Config keys that shape every policy's drafts besides the working set's split
+# (recent_tokens / top_k, matched through the working set).
+DRAFT_SHAPE = ("chunk_size", "sink_tokens", "retrieve_every", "min_context")
+
+
 def paired_report(args) -> int:
     """Each eval row against the ``--baseline`` mode's row of the same
     dataset and length on the same prompts (any of the files): per-prompt
     pairs, so the interval is of the ratio, not of two separate means. A row
     with a working set is paired with the baseline of the same working set
     (CMR at 512 tokens against streaming at 512), one without (full KV) with
-    each; plain decoding (no drafts) with none. A row pairs with the
-    baseline its own engine ran (the same scoring layer); a baseline whose
+    each; plain decoding (no drafts) with none. Rows pair only within one
+    drafter's runs (the same draft, K, new tokens, chunking). A row pairs with
+    the baseline its own engine ran (the same scoring layer); a baseline whose
     drafts no layer ranks (streaming, full KV) stands in for an engine that
-    did not run it, so a later call can run only the retrieving mode."""
-    rows = [r for p in args.files for r in json.loads(Path(p).read_text())["rows"]
-            if r["task"] == "eval" and r["batch_size"] == 1]
+    did not run it, so a later call can run only the retrieving mode: one
+    baseline per row and working set, the default layer's first."""
+    rows = _eval_rows(args.files)
     bases = [r for r in rows if r["mode"] == args.baseline]
+    lends = engine.policy(args.baseline) != "cmr"
 
     def same_cell(r: dict, base: dict) -> bool:
-        return ((r["dataset"], r["length"], r["prompt_hashes"])
-                == (base["dataset"], base["length"], base["prompt_hashes"])
-                and r.get("working_set") in (None, base.get("working_set")))
+        shape = [tuple(c.get(k) for k in DRAFT_SHAPE)
+                 for c in (r["config"], base["config"]) if c]
+        return ((r["dataset"], r["length"], r["prompt_hashes"], r["_draft"])
+                == (base["dataset"], base["length"], base["prompt_hashes"], base["_draft"])
+                and r.get("working_set") in (None, base.get("working_set"))
+                and (len(shape) < 2 or shape[0] == shape[1]))
 
-    def layer_fits(r: dict, base: dict) -> bool:
+    def pick(r: dict, found: list[dict]) -> dict | None:
         layer = report.engine_score_layer(r)
-        if report.engine_score_layer(base) == layer:
-            return True
-        return (engine.policy(args.baseline) != "cmr" and not any(
-            report.engine_score_layer(b) == layer and same_cell(r, b)
-            and b.get("working_set") == base.get("working_set") for b in bases))
+        own = [b for b in found if report.engine_score_layer(b) == layer]
+        if own or not lends:
+            return own[0] if own else None
+        return min(found, key=lambda b: report.engine_score_layer(b) != -1)
 
     out = []
-    for base in bases:
-        for r in rows:
-            if (r["mode"] in (args.baseline, "none") or not same_cell(r, base)
-                    or not layer_fits(r, base)):
+    for r in rows:
+        if r["mode"] in (args.baseline, "none"):
+            continue
+        by_working_set: dict = {}
+        for b in bases:
+            if same_cell(r, b):
+                by_working_set.setdefault(b.get("working_set"), []).append(b)
+        for found in by_working_set.values():
+            base = pick(r, found)
+            if base is None:
                 continue
             pair = acceptance.paired_ratio(r["batch_counters"], base["batch_counters"])
             out.append({"dataset": r["dataset"], "length": r["length"], "mode": r["mode"],
@@ -513,21 +544,32 @@ def paired_report(args) -> int:
                         "accepted_length": r["mean_accepted_length"],
                         "baseline": args.baseline,
                         "baseline_working_set": base.get("working_set"),
+                        "baseline_score_layer": report.engine_score_layer(base),
+                        "baseline_borrowed": (report.engine_score_layer(base)
+                                              != report.engine_score_layer(r)),
                         "baseline_accepted_length": base["mean_accepted_length"],
                         **(pair or {})})
+    # Side by side: each cell's modes and layers at one working set together.
+    out.sort(key=lambda o: (o["dataset"], o["length"], o["baseline_working_set"] or 0,
+                            report.MODE_ORDER[o["mode"]],
+                            -1 if o["score_layer"] is None else o["score_layer"]))
     lines = [f"Against `{args.baseline}` on the same prompts: ratio of accepted lengths, "
              "95% bootstrap interval drawing prompts for both, prompts that drafted "
-             f"better. From: {', '.join(args.files)}.", "",
+             "better. A baseline \"from layer L\" was run by another scoring layer's "
+             f"engine (its drafts rank nothing). From: {', '.join(args.files)}.", "",
              "| dataset | length | mode | working set | window | chunks | scoring layer "
              "| accepted length | baseline (working set) | ratio | 95% interval | better |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for o in out:
         low, high = o.get("interval") or (float("nan"),) * 2
+        source = (f", from layer {o['baseline_score_layer']}"
+                  if o["baseline_borrowed"] and o["baseline_score_layer"] is not None else "")
         lines.append(f"| {o['dataset']} | {o['length']} | {o['mode']} | {o['working_set'] or '–'} "
                      f"| {o['recent_tokens'] or '–'} | {o['top_k'] or '–'} "
                      f"| {'–' if o['score_layer'] is None else o['score_layer']} "
                      f"| {o['accepted_length']:.2f} | {o['baseline_accepted_length']:.2f} "
-                     f"({o['baseline_working_set']}) | {o.get('ratio', float('nan')):.3f} "
+                     f"({o['baseline_working_set']}{source}) "
+                     f"| {o.get('ratio', float('nan')):.3f} "
                      f"| {low:.3f}–{high:.3f} | {o.get('better')} of {o.get('prompts')} |")
     Path(args.out).write_text(json.dumps({"files": args.files, "baseline": args.baseline,
                                           "rows": out}, indent=1) + "\n")
@@ -606,6 +648,10 @@ def parse_args(argv=None):
                    help="prefill chunk size (default: vLLM's)")
     r.add_argument("--enforce-eager", action="store_true", default=not cuda)
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--shared-gpu", action="store_true",
+                   help="other evaluations run on the GPU at the same time "
+                   "(host_run.sh side_by_side): the tables say tok/s are no "
+                   "speed results")
     m = sub.add_parser("report", help="merge results files into one (JSON + .md)")
     m.add_argument("files", nargs="+")
     m.add_argument("--out", required=True)

@@ -52,9 +52,16 @@ stop_leftovers() {
 # that another process's frees could upset.
 #   side_by_side TAG "DATASETS" ARGS...   ->  $OUT/TAG_<dataset>.{json,md,log}
 side_by_side() {
-  local tag=$1 datasets=$2 pids=() ds rc=0 one; shift 2
+  local tag=$1 datasets=$2 pids=() ds rc=0 one shared=; shift 2
+  if [[ " $* " == *" --datasets "* ]]; then
+    echo "side_by_side: name the datasets in GRID_DATASET / EVAL_DATASET, not --datasets" >&2
+    return 2
+  fi
+  local count; count=$(wc -w <<< "$datasets")
+  [ "$count" -gt 0 ] || { echo "side_by_side: no datasets" >&2; return 2; }
+  [ "$count" -gt 1 ] && shared=--shared-gpu
   for ds in $datasets; do
-    timeout 575 python3 -m benchmarks.eval_longinput run "$@" --datasets $ds \
+    timeout 575 python3 -m benchmarks.eval_longinput run "$@" $shared --datasets $ds \
       --out "$OUT/${tag}_$ds.json" > "$OUT/${tag}_$ds.log" 2>&1 &
     pids+=($!)
   done

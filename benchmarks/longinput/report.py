@@ -269,6 +269,10 @@ def markdown(result: dict) -> str:
             f"`{meta['models']['draft']['path']}`; "
             f"K={meta['config']['num_spec_tokens']}."
         )
+    if (meta.get("config") or {}).get("shared_gpu"):
+        parts.append("Other evaluations shared the GPU during this run: its tok/s "
+                     "columns are no speed results (accepted lengths and outputs "
+                     "are unaffected).")
     parts.append(
         "Accepted length counts the bonus token (tokens per target forward, "
         "1 + accepted / drafts; plain decoding: 1). Decode tok/s excludes the "

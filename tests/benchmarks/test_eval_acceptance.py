@@ -234,3 +234,50 @@ def test_paired_report_lends_a_window_baseline_to_another_layers_engine(tmp_path
                                 "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["mode"] for r in rows] == ["self_streaming"]
+
+
+def test_paired_report_one_baseline_per_row_and_only_within_one_drafter(tmp_path):
+    """Two engines' streaming rows could both stand in for a third layer's
+    CMR row: it pairs once, with the default layer's. Rows of another drafter
+    on the same prompts (a distilled draft against the target drafting for
+    itself) never pair; vLLM's full-KV draft_model pairs with its drafter's
+    window."""
+    import json
+
+    from benchmarks import eval_longinput
+
+    def row(mode, counters, layer=None, working_set=512):
+        config = None if mode == "draft_model" else {"recent_tokens": 128, "top_k": 11}
+        if layer is not None:
+            config["score_layer"] = layer
+        return {"task": "eval", "batch_size": 1, "dataset": "govreport", "length": 8192,
+                "mode": mode, "working_set": working_set, "prompt_hashes": ["x", "y"],
+                "config": config,
+                "mean_accepted_length": 1 + sum(a for a, _ in counters)
+                / sum(d for _, d in counters),
+                "batch_counters": _units(counters)}
+
+    def write(name, rows, draft="(self_draft only)"):
+        path = tmp_path / name
+        path.write_text(json.dumps({"meta": {"models": {"draft": {"path": draft}},
+                                             "config": {"num_spec_tokens": 4}},
+                                    "rows": rows}))
+        return str(path)
+
+    files = [write("a.json", [row("self_streaming", [(30, 10), (20, 10)], 5)]),
+             write("b.json", [row("self_streaming", [(20, 10), (20, 10)])]),
+             write("c.json", [row("self_cmr", [(40, 10), (30, 10)], 21)]),
+             write("d.json", [row("streaming", [(6, 10), (6, 10)]),
+                              row("draft_model", [(4, 10), (5, 10)], working_set=None)],
+                   draft="/pair/draft")]
+    out = tmp_path / "paired.json"
+    assert eval_longinput.main(["paired", *files, "--out", str(out)]) == 0
+    (only,) = json.loads(out.read_text())["rows"]
+    assert (only["mode"], only["score_layer"]) == ("self_cmr", 21)
+    assert (only["baseline_score_layer"], only["baseline_borrowed"]) == (-1, True)
+    assert only["ratio"] == pytest.approx(4.5 / 3.0)
+    assert "(512, from layer -1)" in out.with_suffix(".md").read_text()
+    assert eval_longinput.main(["paired", *files, "--baseline", "streaming",
+                                "--out", str(out)]) == 0
+    (full,) = json.loads(out.read_text())["rows"]
+    assert (full["mode"], full["ratio"]) == ("draft_model", pytest.approx(1.45 / 1.6))

@@ -166,6 +166,10 @@ def test_markdown_has_a_section_per_task_present():
     assert "## CMR cost" in text
     assert "## Sweep" not in text and "## Passkey" not in text
     assert "counts the bonus token" in text
+    assert "shared the GPU" not in text
+    # Evaluations run side by side (host_run.sh): the speed columns say so.
+    shared = report.markdown({"meta": {"config": {"shared_gpu": True}}, "rows": rows})
+    assert "tok/s columns are no speed results" in shared
 
 
 def test_scoring_layer_shows_where_it_changed_something():

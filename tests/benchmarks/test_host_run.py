@@ -14,6 +14,7 @@ from benchmarks.harness.meta import REPO_ROOT
 # processes run one after another would time out), writes its --out files.
 FAKE_PYTHON = textwrap.dedent("""\
     #!/bin/bash
+    argv="$*"
     while [ $# -gt 0 ]; do
       case $1 in --datasets) ds=$2; shift ;; --out) out=$2; shift ;; esac; shift
     done
@@ -22,7 +23,7 @@ FAKE_PYTHON = textwrap.dedent("""\
       [ "$(ls "$MARKS" | wc -l)" -ge "$EXPECT" ] && break; sleep 0.1
     done
     [ "$(ls "$MARKS" | wc -l)" -ge "$EXPECT" ] || { echo "ran alone" >&2; exit 9; }
-    echo "{}" > "$out"; echo "table of $ds" > "${out%.json}.md"
+    echo "{}" > "$out"; echo "table of $ds: $argv" > "${out%.json}.md"
     rc_var=RC_$ds; exit ${!rc_var:-0}
     """)
 
@@ -32,9 +33,10 @@ def side_by_side_source() -> str:
     return re.search(r"^side_by_side\(\) \{\n.*?^\}\n", text, re.S | re.M).group(0)
 
 
-def run(tmp_path, env_extra: dict) -> subprocess.CompletedProcess:
+def run(tmp_path, env_extra: dict, datasets: str = "govreport pg19",
+        args: str = "--target T --lengths 4096") -> subprocess.CompletedProcess:
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
+    bin_dir.mkdir(parents=True, exist_ok=True)
     fake = bin_dir / "python3"
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
@@ -43,10 +45,10 @@ def run(tmp_path, env_extra: dict) -> subprocess.CompletedProcess:
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     script = (side_by_side_source()
-              + 'side_by_side grid23_4096 "govreport pg19" --target T --lengths 4096\n'
+              + f'side_by_side grid23_4096 "{datasets}" {args}\n'
               + 'echo "rc=$?"\n')
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(out), "MARKS": str(marks),
-           "EXPECT": "2", **env_extra}
+           "EXPECT": str(len(datasets.split())), **env_extra}
     return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
                           timeout=60)
 
@@ -54,13 +56,33 @@ def run(tmp_path, env_extra: dict) -> subprocess.CompletedProcess:
 def test_datasets_run_at_once_each_to_its_own_files(tmp_path):
     done = run(tmp_path, {})
     assert done.stdout.strip().endswith("rc=0"), done.stdout + done.stderr
-    assert "table of govreport" in done.stdout and "table of pg19" in done.stdout
     for ds in ("govreport", "pg19"):
         assert (tmp_path / "out" / f"grid23_4096_{ds}.json").exists()
         assert (tmp_path / "out" / f"grid23_4096_{ds}.log").exists()
+        # Each process gets the call's arguments, its dataset, and is told
+        # that it shares the GPU (its tok/s are no speed results).
+        line = next(x for x in done.stdout.splitlines() if x.startswith(f"table of {ds}:"))
+        assert "--target T --lengths 4096 --shared-gpu" in line
+        assert f"--datasets {ds} " in line
+
+
+def test_one_dataset_has_the_gpu_to_itself(tmp_path):
+    done = run(tmp_path, {}, datasets="pg19")
+    assert done.stdout.strip().endswith("rc=0"), done.stdout + done.stderr
+    assert "--shared-gpu" not in done.stdout
 
 
 def test_a_failing_dataset_fails_the_call(tmp_path):
-    done = run(tmp_path, {"RC_pg19": "3"})
-    assert done.stdout.strip().endswith("rc=3"), done.stdout + done.stderr
-    assert "table of govreport" in done.stdout
+    for failing, code in (("pg19", "3"), ("govreport", "4")):
+        done = run(tmp_path / failing, {f"RC_{failing}": code})
+        assert done.stdout.strip().endswith(f"rc={code}"), done.stdout + done.stderr
+        assert "table of govreport" in done.stdout and "table of pg19" in done.stdout
+
+
+def test_datasets_are_named_once(tmp_path):
+    done = run(tmp_path, {}, args="--target T --datasets pg19")
+    assert done.stdout.strip().endswith("rc=2")
+    assert "not --datasets" in done.stderr
+    done = run(tmp_path, {}, datasets=" ")
+    assert done.stdout.strip().endswith("rc=2")
+    assert "no datasets" in done.stderr
