@@ -46,14 +46,20 @@ def line_of(row: dict) -> tuple[tuple, str]:
 def lines(rows: list[dict], key: str) -> dict[str, list[tuple]]:
     """label -> [(length, value, (below, above))] sorted by length, lines in
     mode, working set and layer order; the error is the 95% interval where
-    the row has one (accepted length), else 0."""
-    found: dict[tuple, list[tuple]] = {}
+    the row has one (accepted length), else 0. One point per line and length:
+    where engines of several scoring layers ran a mode that ranks nothing
+    (streaming, full KV), the default layer's engine's row."""
+    found: dict[tuple, dict[int, tuple]] = {}
     for r in rows:
         low, high = r.get("accepted_length_ci95") or (None, None)
         err = ((0.0, 0.0) if low is None or key != "mean_accepted_length"
                else (r[key] - low, high - r[key]))
-        found.setdefault(line_of(r), []).append((r["length"], r[key], err))
-    return {label: sorted(points) for (_, label), points in sorted(found.items())}
+        default = report.engine_score_layer(r) in (None, -1)
+        points = found.setdefault(line_of(r), {})
+        if r["length"] not in points or (default and not points[r["length"]][0]):
+            points[r["length"]] = (default, (r["length"], r[key], err))
+    return {label: sorted(point for _, point in points.values())
+            for (_, label), points in sorted(found.items())}
 
 
 def plot_eval(plt, rows: list[dict], out_dir: Path) -> list[Path]:

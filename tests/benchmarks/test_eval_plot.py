@@ -82,3 +82,8 @@ def test_one_line_per_mode_working_set_and_layer_with_intervals():
     assert got["self_cmr 256"][0][2] == (0.0, 0.0)
     # Speed has no interval.
     assert plot_eval.lines(rows, "decode_tok_s")["self_cmr 1024"][0][2] == (0.0, 0.0)
+    # A layer-21 engine's streaming row at a length the default engine also
+    # ran: one point, the default engine's.
+    rows.append(row("self_streaming", 4096, 4.0, 256))
+    assert [(x, y) for x, y, _ in
+            plot_eval.lines(rows, "mean_accepted_length")["self_streaming 256"]] == [(4096, 4.0)]
