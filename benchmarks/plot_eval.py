@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.longinput import report
+from benchmarks.longinput import engine, report
 
 METRICS = {
     "accepted_length": ("mean_accepted_length", "accepted length (incl. bonus)"),
@@ -34,7 +34,7 @@ def line_of(row: dict) -> tuple[tuple, str]:
     working set and (for retrieval) scoring layer."""
     label, working_set = row["mode"], row.get("working_set") or 0
     layer = report.engine_score_layer(row)
-    if not (row["mode"].startswith(("cmr", "self_cmr")) and layer not in (None, -1)):
+    if not (engine.policy(row["mode"]) == "cmr" and layer not in (None, -1)):
         layer = -1
     if working_set:
         label += f" {working_set}"

@@ -14,6 +14,8 @@ import hashlib
 import json
 from collections import defaultdict
 
+from benchmarks.longinput import engine
+
 MODE_ORDER = {"none": 0, "draft_model": 1, "streaming": 2, "cmr": 3,
               "streaming_compact": 4, "cmr_compact": 5, "self_full": 6,
               "self_streaming": 7, "self_cmr": 8}
@@ -198,7 +200,7 @@ def score_layer(row: dict) -> int | None:
     """The layer shown beside a row: the one that ranked a retrieving row's
     chunks, or that a row's coverage figures were scored with; None where
     the layer changed nothing."""
-    if row["mode"].startswith(("cmr", "self_cmr")) or row.get("coverage"):
+    if engine.policy(row["mode"]) == "cmr" or row.get("coverage"):
         return engine_score_layer(row)
     return None
 
