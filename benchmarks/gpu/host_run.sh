@@ -44,31 +44,42 @@ stop_leftovers() {
   nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader >&2
   return 1
 }
-# Evaluations of several datasets side by side, one process each: at batch 1
-# a 135M model leaves the GPU mostly idle, so two cost about the wall time of
-# one. Accepted lengths and outputs do not depend on it; tok/s columns are
-# then no speed results. Each engine reserves its KV cache by size
-# (--kv-cache-memory-bytes), which skips vLLM's start-up memory profiling
-# that another process's frees could upset.
-#   side_by_side TAG "DATASETS" ARGS...   ->  $OUT/TAG_<dataset>.{json,md,log}
+# Evaluations side by side, one process per dataset (and per length where
+# LENGTHS names any): at batch 1 a 135M model leaves the GPU mostly idle, so
+# several cost about the wall time of one. Accepted lengths and outputs do
+# not depend on it; tok/s columns are then no speed results. Each engine
+# reserves its KV cache by size (--kv-cache-memory-bytes), which skips vLLM's
+# start-up memory profiling that another process's frees could upset.
+#   side_by_side TAG "DATASETS" "" ARGS...        ->  $OUT/TAG_<dataset>.{json,md,log}
+#   side_by_side TAG "DATASETS" "LENGTHS" ARGS... ->  $OUT/TAG_<length>_<dataset>.{json,md,log}
 side_by_side() {
-  local tag=$1 datasets=$2 pids=() ds rc=0 one shared=; shift 2
+  local tag=$1 datasets=$2 lengths=$3 pids=() names=() ds len name rc=0 one shared=
+  shift 3
   if [[ " $* " == *" --datasets "* ]]; then
     echo "side_by_side: name the datasets in GRID_DATASET / EVAL_DATASET, not --datasets" >&2
     return 2
   fi
-  local count; count=$(wc -w <<< "$datasets")
-  [ "$count" -gt 0 ] || { echo "side_by_side: no datasets" >&2; return 2; }
-  [ "$count" -gt 1 ] && shared=--shared-gpu
+  if [ -n "${lengths// }" ] && [[ " $* " == *" --lengths "* ]]; then
+    echo "side_by_side: name the lengths in GRID_LENGTH / EVAL_LENGTHS, not --lengths" >&2
+    return 2
+  fi
+  [ -n "${datasets// }" ] || { echo "side_by_side: no datasets" >&2; return 2; }
   for ds in $datasets; do
+    if [ -z "${lengths// }" ]; then names+=("${tag}_$ds|$ds|")
+    else for len in $lengths; do names+=("${tag}_${len}_$ds|$ds|$len"); done; fi
+  done
+  [ "${#names[@]}" -gt 1 ] && shared=--shared-gpu
+  for one in "${names[@]}"; do
+    IFS='|' read -r name ds len <<< "$one"
     timeout 575 python3 -m benchmarks.eval_longinput run "$@" $shared --datasets $ds \
-      --out "$OUT/${tag}_$ds.json" > "$OUT/${tag}_$ds.log" 2>&1 &
+      ${len:+--lengths $len} --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1 &
     pids+=($!)
   done
   for one in "${pids[@]}"; do wait "$one" || rc=$?; done
-  for ds in $datasets; do
-    echo "== $ds"; cat "$OUT/${tag}_$ds.md"
-    grep -m5 -iE "error|Traceback" "$OUT/${tag}_$ds.log"
+  for one in "${names[@]}"; do
+    name=${one%%|*}
+    echo "== $name"; cat "$OUT/$name.md"
+    grep -m5 -iE "error|Traceback" "$OUT/$name.log"
   done
   return $rc
 }
@@ -323,11 +334,13 @@ PY
     [ -n "$from" ] || cp /root/pair/draft_trained.safetensors /root/pair/recipe.json "$OUT"/
     exit $rc ;;
   eval)
-    # EVAL_DATASET: one dataset or several ("govreport pg19", run side by
-    # side); EVAL_ARGS narrows it (--modes, --lengths) to fit a call; merge
-    # the files with `report`. The call's exit status is the evaluations'.
-    side_by_side eval "${EVAL_DATASET:-govreport}" --target /root/pair/target \
-      --draft /root/pair/draft ${EVAL_ARGS:-}
+    # EVAL_DATASET: one dataset or several ("govreport pg19"), EVAL_LENGTHS:
+    # none (then EVAL_ARGS may name --lengths) or several ("2048 4096"), run
+    # side by side, a process each; EVAL_ARGS narrows it (--modes) to fit a
+    # call; merge the files with `report`. The call's exit status is the
+    # evaluations'.
+    side_by_side eval "${EVAL_DATASET:-govreport}" "${EVAL_LENGTHS:-}" \
+      --target /root/pair/target --draft /root/pair/draft ${EVAL_ARGS:-}
     rc=$?; echo "eval rc=$rc"; exit $rc ;;
   analyses)
     timeout 575 python3 -m benchmarks.eval_longinput run --target /root/pair/target \
@@ -360,19 +373,19 @@ PY
     # (an interval over prompts), greedy, what each working set held of the
     # target's attention (--coverage). The GGUF travels first (the `gguf`
     # phase, once per part); the target is built once
-    # per machine (/root/pair/target). One length per call: GRID_LENGTH
-    # (8192 first: the done-when cell); GRID_DATASET one dataset or several
-    # ("govreport pg19": side by side, a file each); GRID_ARGS adds or
+    # per machine (/root/pair/target). GRID_LENGTH one length or several
+    # (8192 first: the done-when cell), GRID_DATASET one dataset or several
+    # ("govreport pg19"): side by side, a process and a file each; GRID_ARGS adds or
     # overrides flags (passkeys: --tasks needle --needle-lengths 4096 8192;
     # many haystacks for the few the target answers: --needle-prompts 40
     # --needle-screen). Merge the files with `report`.
     [ -d /root/pair/target ] || PYTHONPATH=/root/vsite:/root/gguf timeout 300 \
       python3 -c "from benchmarks.models.builders import build_smollm2 as b; b('/root/pair/target')" \
       > "$OUT/grid23_target.log" 2>&1 || { echo "grid23: no target"; tail -5 "$OUT/grid23_target.log"; exit 1; }
-    len=${GRID_LENGTH:-8192}
-    side_by_side grid23_$len "${GRID_DATASET:-govreport}" --target /root/pair/target \
+    side_by_side grid23 "${GRID_DATASET:-govreport}" "${GRID_LENGTH:-8192}" \
+      --target /root/pair/target \
       --modes none self_full self_streaming self_cmr --working-sets 256 512 1024 \
-      --lengths $len --num-prompts 20 --max-new-tokens 256 --batch-size 1 \
+      --num-prompts 20 --max-new-tokens 256 --batch-size 1 \
       --coverage ${GRID_ARGS:-}
     rc=$?; echo "grid23 rc=$rc"; exit $rc ;;
   *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|serve12|soak21|gguf|pair|eval|analyses|needle|grid23" >&2; exit 2 ;;

@@ -1,5 +1,6 @@
 """benchmarks/gpu/host_run.sh's side_by_side: one evaluation process per
-dataset, all at once, and the call fails when any of them does."""
+dataset (and length, where it names lengths), all at once, and the call fails
+when any of them does."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ FAKE_PYTHON = textwrap.dedent("""\
     #!/bin/bash
     argv="$*"
     while [ $# -gt 0 ]; do
-      case $1 in --datasets) ds=$2; shift ;; --out) out=$2; shift ;; esac; shift
+      case $1 in --datasets) ds=$2; shift ;; --lengths) len=$2; shift ;;
+        --out) out=$2; shift ;; esac; shift
     done
-    touch "$MARKS/$ds"
+    touch "$MARKS/$ds${len:-}"
     for _ in $(seq 100); do
       [ "$(ls "$MARKS" | wc -l)" -ge "$EXPECT" ] && break; sleep 0.1
     done
@@ -34,7 +36,8 @@ def side_by_side_source() -> str:
 
 
 def run(tmp_path, env_extra: dict, datasets: str = "govreport pg19",
-        args: str = "--target T --lengths 4096") -> subprocess.CompletedProcess:
+        args: str = "--target T --lengths 4096", lengths: str = "",
+        tag: str = "grid23_4096") -> subprocess.CompletedProcess:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     fake = bin_dir / "python3"
@@ -45,10 +48,10 @@ def run(tmp_path, env_extra: dict, datasets: str = "govreport pg19",
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     script = (side_by_side_source()
-              + f'side_by_side grid23_4096 "{datasets}" {args}\n'
+              + f'side_by_side {tag} "{datasets}" "{lengths}" {args}\n'
               + 'echo "rc=$?"\n')
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(out), "MARKS": str(marks),
-           "EXPECT": str(len(datasets.split())), **env_extra}
+           "EXPECT": str(len(datasets.split()) * max(1, len(lengths.split()))), **env_extra}
     return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
                           timeout=60)
 
@@ -86,3 +89,28 @@ def test_datasets_are_named_once(tmp_path):
     done = run(tmp_path, {}, datasets=" ")
     assert done.stdout.strip().endswith("rc=2")
     assert "no datasets" in done.stderr
+
+
+def test_each_length_of_each_dataset_runs_at_once_each_to_its_own_files(tmp_path):
+    done = run(tmp_path, {}, args="--target T", lengths="2048 4096", tag="grid23")
+    assert done.stdout.strip().endswith("rc=0"), done.stdout + done.stderr
+    for ds in ("govreport", "pg19"):
+        for length in ("2048", "4096"):
+            assert (tmp_path / "out" / f"grid23_{length}_{ds}.json").exists()
+            line = next(x for x in done.stdout.splitlines()
+                        if x.startswith(f"table of {ds}:") and f"--lengths {length} " in x)
+            assert "--target T --shared-gpu" in line
+
+
+def test_one_length_of_one_dataset_has_the_gpu_to_itself(tmp_path):
+    done = run(tmp_path, {}, datasets="pg19", args="--target T", lengths=" 8192 ",
+               tag="grid23")
+    assert done.stdout.strip().endswith("rc=0"), done.stdout + done.stderr
+    assert (tmp_path / "out" / "grid23_8192_pg19.json").exists()
+    assert "--shared-gpu" not in done.stdout
+
+
+def test_lengths_are_named_once(tmp_path):
+    done = run(tmp_path, {}, args="--target T --lengths 4096", lengths="2048", tag="grid23")
+    assert done.stdout.strip().endswith("rc=2")
+    assert "not --lengths" in done.stderr
