@@ -473,17 +473,20 @@ def merge_reports(args) -> int:
 def _eval_rows(files: list[str]) -> list[dict]:
     """The batch-1 eval rows of ``files``, each with ``_draft``: what drafted
     (the file's draft, or the target itself for ``self_*`` modes), K and the
-    new tokens, so rows pair only within one drafter's runs."""
-    rows = []
+    new tokens, so rows pair only within one drafter's runs. A run repeated
+    in a later file replaces the earlier one, as in ``report``."""
+    rows = {}
     for path in files:
         result = json.loads(Path(path).read_text())
         meta = result.get("meta") or {}
         draft = ((meta.get("models") or {}).get("draft") or {}).get("path")
         k = (meta.get("config") or {}).get("num_spec_tokens")
-        rows += [{**r, "_draft": ("self" if r["mode"].startswith("self_") else draft, k,
-                                  r.get("max_new_tokens"))}
-                 for r in result["rows"] if r["task"] == "eval" and r["batch_size"] == 1]
-    return rows
+        for r in result["rows"]:
+            if r["task"] == "eval" and r["batch_size"] == 1:
+                tag = ("self" if r["mode"].startswith("self_") else draft, k,
+                       r.get("max_new_tokens"))
+                rows[(report.run_key(r), r.get("working_set"), tag)] = {**r, "_draft": tag}
+    return list(rows.values())
 
 
 # Config keys that shape every policy's drafts besides the working set's split
@@ -545,7 +548,10 @@ def paired_report(args) -> int:
                         "baseline": args.baseline,
                         "baseline_working_set": base.get("working_set"),
                         "baseline_score_layer": report.engine_score_layer(base),
-                        "baseline_borrowed": (report.engine_score_layer(base)
+                        # Only a row whose engine ranks with a layer borrows
+                        # (vLLM's draft_model runs on an engine of its own).
+                        "baseline_borrowed": (report.engine_score_layer(r) is not None
+                                              and report.engine_score_layer(base)
                                               != report.engine_score_layer(r)),
                         "baseline_accepted_length": base["mean_accepted_length"],
                         **(pair or {})})

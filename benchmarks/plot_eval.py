@@ -4,8 +4,9 @@
 
 Writes ``accepted_length.png`` and ``decode_tok_s.png`` (metric vs input
 length, one line per mode, working set and scoring layer, one panel per
-dataset; accepted length with its 95% interval) from the ``eval`` rows, and
-``needle.png`` (the draft's passkey token match vs depth, one panel per
+dataset; accepted length with its 95% interval) from the ``eval`` rows (no
+``decode_tok_s.png`` where any run shared its GPU: its tok/s are no speed
+results), and ``needle.png`` (the draft's passkey token match vs depth, one panel per
 length) when there are ``needle`` rows. Several files are merged first.
 """
 
@@ -62,7 +63,7 @@ def lines(rows: list[dict], key: str) -> dict[str, list[tuple]]:
             for (_, label), points in sorted(found.items())}
 
 
-def plot_eval(plt, rows: list[dict], out_dir: Path) -> list[Path]:
+def plot_eval(plt, rows: list[dict], out_dir: Path, speed: bool = True) -> list[Path]:
     rows = [r for r in rows if r["task"] == "eval"]
     if not rows:
         return []
@@ -70,6 +71,8 @@ def plot_eval(plt, rows: list[dict], out_dir: Path) -> list[Path]:
     lengths = sorted({r["length"] for r in rows})
     written = []
     for name, (key, label) in METRICS.items():
+        if key == "decode_tok_s" and not speed:
+            continue
         fig, axes = panels(plt, len(datasets))
         for ax, dataset in zip(axes, datasets, strict=True):
             # Plain decoding's accepted length is 1 by definition: no line.
@@ -111,6 +114,14 @@ def plot_needle(plt, rows: list[dict], out_dir: Path) -> list[Path]:
     return [save(fig, out_dir / "needle.png")]
 
 
+def shared_gpu(result: dict) -> bool:
+    """Whether any run of a result file (or of a file merged into it) shared
+    its GPU with other evaluations."""
+    meta = result.get("meta") or {}
+    return any((m.get("config") or {}).get("shared_gpu")
+               for m in [meta, *meta.get("merged", [])])
+
+
 def save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -127,10 +138,15 @@ def main(argv=None) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = report.merge([json.loads(Path(f).read_text()) for f in args.files])["rows"]
+    results = [json.loads(Path(f).read_text()) for f in args.files]
+    rows = report.merge(results)["rows"]
+    shared = any(shared_gpu(result) for result in results)
+    if shared:
+        print("some runs shared the GPU (--shared-gpu): no decode_tok_s.png")
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for path in plot_eval(plt, rows, out_dir) + plot_needle(plt, rows, out_dir):
+    for path in (plot_eval(plt, rows, out_dir, speed=not shared)
+                 + plot_needle(plt, rows, out_dir)):
         print(path)
     return 0
 

@@ -52,6 +52,8 @@ stop_leftovers() {
 # start-up memory profiling that another process's frees could upset.
 #   side_by_side TAG "DATASETS" "" ARGS...        ->  $OUT/TAG_<dataset>.{json,md,log}
 #   side_by_side TAG "DATASETS" "LENGTHS" ARGS... ->  $OUT/TAG_<length>_<dataset>.{json,md,log}
+# More than two processes' files go into $OUT/TAG.tgz: a call brings back at
+# most 8 files (seen 2026-11-26: the ninth and later were left out).
 side_by_side() {
   local tag=$1 datasets=$2 lengths=$3 pids=() names=() ds len name rc=0 one shared=
   shift 3
@@ -81,6 +83,11 @@ side_by_side() {
     echo "== $name"; cat "$OUT/$name.md"
     grep -m5 -iE "error|Traceback" "$OUT/$name.log"
   done
+  if [ "${#names[@]}" -gt 2 ]; then
+    local files=()
+    for one in "${names[@]}"; do files+=("${one%%|*}".{json,md,log}); done
+    tar -C "$OUT" -czf "$OUT/$tag.tgz" "${files[@]}" && (cd "$OUT" && rm -f "${files[@]}")
+  fi
   return $rc
 }
 case "$1" in

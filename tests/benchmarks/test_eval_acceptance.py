@@ -281,3 +281,33 @@ def test_paired_report_one_baseline_per_row_and_only_within_one_drafter(tmp_path
                                 "--out", str(out)]) == 0
     (full,) = json.loads(out.read_text())["rows"]
     assert (full["mode"], full["ratio"]) == ("draft_model", pytest.approx(1.45 / 1.6))
+    # vLLM's draft_model engine has no scoring layer: nothing is borrowed.
+    assert full["baseline_borrowed"] is False
+    assert ", from layer" not in out.with_suffix(".md").read_text()
+
+
+def test_paired_report_a_repeated_run_counts_once_the_later_files(tmp_path):
+    """A run repeated in a later file (a cell run again on another machine)
+    pairs once, with the later file's counters, as `report` merges it."""
+    import json
+
+    from benchmarks import eval_longinput
+
+    def row(mode, counters):
+        return {"task": "eval", "batch_size": 1, "dataset": "govreport", "length": 8192,
+                "mode": mode, "working_set": 256, "prompt_hashes": ["x", "y"],
+                "config": {"recent_tokens": 64, "top_k": 5},
+                "mean_accepted_length": 1 + sum(a for a, _ in counters)
+                / sum(d for _, d in counters),
+                "batch_counters": _units(counters)}
+
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"rows": [row("streaming", [(20, 10), (20, 10)]),
+                                            row("cmr_compact", [(10, 10), (10, 10)])]}))
+    later = tmp_path / "later.json"
+    later.write_text(json.dumps({"rows": [row("cmr_compact", [(30, 10), (30, 10)])]}))
+    out = tmp_path / "paired.json"
+    assert eval_longinput.main(["paired", str(earlier), str(later), "--baseline", "streaming",
+                                "--out", str(out)]) == 0
+    (only,) = json.loads(out.read_text())["rows"]
+    assert only["ratio"] == pytest.approx(4.0 / 3.0)

@@ -55,6 +55,22 @@ def test_no_needle_plot_when_the_target_never_answered(tmp_path):
                                                      "decode_tok_s.png"]
 
 
+def test_no_speed_plot_where_a_merged_run_shared_the_gpu(tmp_path):
+    """host_run.sh side_by_side runs evaluations at once on one GPU: their
+    tok/s are no speed results, so no decode_tok_s.png, even where only a
+    file merged into another shared it."""
+    alone = write(tmp_path / "alone.json", [eval_row("pg19", 512, "cmr", 2.0, 10.0)])
+    merged = tmp_path / "merged.json"
+    merged.write_text(json.dumps({
+        "meta": {"config": {}, "merged": [{"config": {"shared_gpu": True}}]},
+        "rows": [eval_row("pg19", 2048, "cmr", 2.0, 10.0)]}))
+    out = tmp_path / "plots"
+    assert plot_eval.main([alone, str(merged), "--out-dir", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["accepted_length.png"]
+    assert plot_eval.main([alone, "--out-dir", str(tmp_path / "one")]) == 0
+    assert (tmp_path / "one" / "decode_tok_s.png").exists()
+
+
 def test_needle_only_results_plot_only_the_needle(tmp_path):
     rows = [needle_row(m, d, 2) for m in ("draft_model", "cmr") for d in (0.1, 0.9)]
     out = tmp_path / "plots"

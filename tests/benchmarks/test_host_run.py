@@ -92,8 +92,15 @@ def test_datasets_are_named_once(tmp_path):
 
 
 def test_each_length_of_each_dataset_runs_at_once_each_to_its_own_files(tmp_path):
+    import tarfile
+
     done = run(tmp_path, {}, args="--target T", lengths="2048 4096", tag="grid23")
     assert done.stdout.strip().endswith("rc=0"), done.stdout + done.stderr
+    # Four processes' 12 files would pass a call's 8: they come back packed.
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["grid23.tgz"]
+    with tarfile.open(tmp_path / "out" / "grid23.tgz") as tar:
+        assert len(tar.getnames()) == 12
+        tar.extractall(tmp_path / "out", filter="data")
     for ds in ("govreport", "pg19"):
         for length in ("2048", "4096"):
             assert (tmp_path / "out" / f"grid23_{length}_{ds}.json").exists()
