@@ -114,14 +114,6 @@ def plot_needle(plt, rows: list[dict], out_dir: Path) -> list[Path]:
     return [save(fig, out_dir / "needle.png")]
 
 
-def shared_gpu(result: dict) -> bool:
-    """Whether any run of a result file (or of a file merged into it) shared
-    its GPU with other evaluations."""
-    meta = result.get("meta") or {}
-    return any((m.get("config") or {}).get("shared_gpu")
-               for m in [meta, *meta.get("merged", [])])
-
-
 def save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -140,7 +132,7 @@ def main(argv=None) -> int:
 
     results = [json.loads(Path(f).read_text()) for f in args.files]
     rows = report.merge(results)["rows"]
-    shared = any(shared_gpu(result) for result in results)
+    shared = any(report.shared_gpu(result) for result in results)
     if shared:
         print("some runs shared the GPU (--shared-gpu): no decode_tok_s.png")
     out_dir = Path(args.out_dir)

@@ -57,19 +57,22 @@ stop_leftovers() {
 side_by_side() {
   local tag=$1 datasets=$2 lengths=$3 pids=() names=() ds len name rc=0 one shared=
   shift 3
-  if [[ " $* " == *" --datasets "* ]]; then
+  if [[ " $* " == *" --datasets "* || " $* " == *" --datasets="* ]]; then
     echo "side_by_side: name the datasets in GRID_DATASET / EVAL_DATASET, not --datasets" >&2
     return 2
   fi
-  if [ -n "${lengths// }" ] && [[ " $* " == *" --lengths "* ]]; then
+  if [ -n "${lengths//[[:space:]]}" ] && [[ " $* " == *" --lengths "* || " $* " == *" --lengths="* ]]; then
     echo "side_by_side: name the lengths in GRID_LENGTH / EVAL_LENGTHS, not --lengths" >&2
     return 2
   fi
-  [ -n "${datasets// }" ] || { echo "side_by_side: no datasets" >&2; return 2; }
-  for ds in $datasets; do
-    if [ -z "${lengths// }" ]; then names+=("${tag}_$ds|$ds|")
-    else for len in $lengths; do names+=("${tag}_${len}_$ds|$ds|$len"); done; fi
+  local -a dataset_list length_list
+  read -r -a dataset_list <<< "$datasets"
+  read -r -a length_list <<< "$lengths"
+  for ds in "${dataset_list[@]}"; do
+    if [ "${#length_list[@]}" -eq 0 ]; then names+=("${tag}_$ds|$ds|")
+    else for len in "${length_list[@]}"; do names+=("${tag}_${len}_$ds|$ds|$len"); done; fi
   done
+  [ "${#names[@]}" -gt 0 ] || { echo "side_by_side: no datasets" >&2; return 2; }
   [ "${#names[@]}" -gt 1 ] && shared=--shared-gpu
   for one in "${names[@]}"; do
     IFS='|' read -r name ds len <<< "$one"
@@ -84,9 +87,13 @@ side_by_side() {
     grep -m5 -iE "error|Traceback" "$OUT/$name.log"
   done
   if [ "${#names[@]}" -gt 2 ]; then
-    local files=()
-    for one in "${names[@]}"; do files+=("${one%%|*}".{json,md,log}); done
-    tar -C "$OUT" -czf "$OUT/$tag.tgz" "${files[@]}" && (cd "$OUT" && rm -f "${files[@]}")
+    # What each process left: one that failed early may have no .json or .md.
+    local files=() f
+    for one in "${names[@]}"; do
+      for f in "${one%%|*}".{json,md,log}; do [ -e "$OUT/$f" ] && files+=("$f"); done
+    done
+    tar -C "$OUT" -czf "$OUT/$tag.tgz" "${files[@]}"
+    (cd "$OUT" && rm -f "${files[@]}")
   fi
   return $rc
 }

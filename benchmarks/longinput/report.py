@@ -189,6 +189,15 @@ def sweep_table(rows: list[dict]) -> str:
     )
 
 
+def shared_gpu(result: dict) -> bool:
+    """Whether any run of a result (or of a file merged into it) shared its
+    GPU with other evaluations (host_run.sh side_by_side): its tok/s are no
+    speed results."""
+    meta = result.get("meta") or {}
+    return any((m.get("config") or {}).get("shared_gpu")
+               for m in [meta, *meta.get("merged", [])])
+
+
 def engine_score_layer(row: dict) -> int | None:
     """The scoring layer of the engine that ran a SpecExtend row (-1 in files
     from before the key); None without the plugin."""
@@ -271,7 +280,7 @@ def markdown(result: dict) -> str:
             f"`{meta['models']['draft']['path']}`; "
             f"K={meta['config']['num_spec_tokens']}."
         )
-    if (meta.get("config") or {}).get("shared_gpu"):
+    if shared_gpu(result):
         parts.append("Other evaluations shared the GPU during this run: its tok/s "
                      "columns are no speed results (accepted lengths and outputs "
                      "are unaffected).")

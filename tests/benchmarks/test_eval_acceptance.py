@@ -311,3 +311,10 @@ def test_paired_report_a_repeated_run_counts_once_the_later_files(tmp_path):
                                 "--out", str(out)]) == 0
     (only,) = json.loads(out.read_text())["rows"]
     assert only["ratio"] == pytest.approx(4.0 / 3.0)
+    # A repeated baseline too: the later window run is the one paired with.
+    again = tmp_path / "again.json"
+    again.write_text(json.dumps({"rows": [row("streaming", [(10, 10), (10, 10)])]}))
+    assert eval_longinput.main(["paired", str(earlier), str(later), str(again),
+                                "--baseline", "streaming", "--out", str(out)]) == 0
+    (only,) = json.loads(out.read_text())["rows"]
+    assert only["ratio"] == pytest.approx(4.0 / 2.0)

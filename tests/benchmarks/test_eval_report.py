@@ -170,6 +170,10 @@ def test_markdown_has_a_section_per_task_present():
     # Evaluations run side by side (host_run.sh): the speed columns say so.
     shared = report.markdown({"meta": {"config": {"shared_gpu": True}}, "rows": rows})
     assert "tok/s columns are no speed results" in shared
+    # So do merged files where only a later one shared it.
+    merged = report.merge([{"meta": {"config": {}}, "rows": rows[:1]},
+                           {"meta": {"config": {"shared_gpu": True}}, "rows": rows[1:]}])
+    assert "tok/s columns are no speed results" in report.markdown(merged)
 
 
 def test_scoring_layer_shows_where_it_changed_something():

@@ -25,6 +25,7 @@ FAKE_PYTHON = textwrap.dedent("""\
       [ "$(ls "$MARKS" | wc -l)" -ge "$EXPECT" ] && break; sleep 0.1
     done
     [ "$(ls "$MARKS" | wc -l)" -ge "$EXPECT" ] || { echo "ran alone" >&2; exit 9; }
+    crash_var=CRASH_$ds; [ -n "${!crash_var:-}" ] && { echo "crashed" >&2; exit 7; }
     echo "{}" > "$out"; echo "table of $ds: $argv" > "${out%.json}.md"
     rc_var=RC_$ds; exit ${!rc_var:-0}
     """)
@@ -121,3 +122,25 @@ def test_lengths_are_named_once(tmp_path):
     done = run(tmp_path, {}, args="--target T --lengths 4096", lengths="2048", tag="grid23")
     assert done.stdout.strip().endswith("rc=2")
     assert "not --lengths" in done.stderr
+
+
+def test_a_process_that_left_no_results_is_packed_with_the_rest(tmp_path):
+    """A process that fails before it writes (a crash, a timeout) leaves only
+    its log: the pack holds what exists, so nothing stays loose to pass a
+    call's 8 files, and its log comes back."""
+    import tarfile
+
+    done = run(tmp_path, {"CRASH_pg19": "1"}, args="--target T", lengths="2048 4096",
+               tag="grid23")
+    assert done.stdout.strip().endswith("rc=7"), done.stdout + done.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["grid23.tgz"]
+    with tarfile.open(tmp_path / "out" / "grid23.tgz") as tar:
+        names = set(tar.getnames())
+    assert {"grid23_2048_pg19.log", "grid23_4096_pg19.log"} <= names
+    assert "grid23_2048_pg19.json" not in names and len(names) == 8
+
+
+def test_blank_lists_run_nothing(tmp_path):
+    done = run(tmp_path, {}, datasets="\t")
+    assert done.stdout.strip().endswith("rc=2")
+    assert "no datasets" in done.stderr
