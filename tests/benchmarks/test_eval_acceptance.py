@@ -114,6 +114,18 @@ def _units(pairs):
     return [{"accepted_tokens": a, "drafts": d} for a, d in pairs]
 
 
+def _eval_row(mode, counters, config, dataset="govreport", working_set=512,
+              hashes=("x", "y")):
+    """A batch-1 eval row of 8K prompts as `paired` reads it: per-prompt
+    (accepted, drafts) counters and their mean accepted length."""
+    return {"task": "eval", "batch_size": 1, "dataset": dataset, "length": 8192,
+            "mode": mode, "working_set": working_set, "prompt_hashes": list(hashes),
+            "config": config,
+            "mean_accepted_length": 1 + sum(a for a, _ in counters)
+            / sum(d for _, d in counters),
+            "batch_counters": _units(counters)}
+
+
 def test_paired_ratio_draws_the_same_prompts_for_both_runs():
     base = _units([(20, 10), (30, 10), (10, 10)])
     # Every prompt accepted 2 more tokens in its 10 drafts: each draw's ratio
@@ -158,12 +170,8 @@ def test_paired_report_matches_rows_on_the_same_prompts(tmp_path):
     from benchmarks import eval_longinput
 
     def row(mode, counters, hashes, recent=128):
-        return {"task": "eval", "batch_size": 1, "dataset": "pg19", "length": 8192,
-                "mode": mode, "working_set": 512, "prompt_hashes": hashes,
-                "config": {"recent_tokens": recent, "top_k": 11},
-                "mean_accepted_length": 1 + sum(a for a, _ in counters)
-                / sum(d for _, d in counters),
-                "batch_counters": _units(counters)}
+        return _eval_row(mode, counters, {"recent_tokens": recent, "top_k": 11},
+                         dataset="pg19", hashes=hashes)
 
     a = tmp_path / "a.json"
     b = tmp_path / "b.json"
@@ -211,12 +219,7 @@ def test_paired_report_lends_a_window_baseline_to_another_layers_engine(tmp_path
         config = {"recent_tokens": 128, "top_k": 11}
         if layer is not None:
             config["score_layer"] = layer
-        return {"task": "eval", "batch_size": 1, "dataset": "govreport", "length": 8192,
-                "mode": mode, "working_set": 512, "prompt_hashes": ["x", "y"],
-                "config": config,
-                "mean_accepted_length": 1 + sum(a for a, _ in counters)
-                / sum(d for _, d in counters),
-                "batch_counters": _units(counters)}
+        return _eval_row(mode, counters, config)
 
     first = tmp_path / "first.json"
     first.write_text(json.dumps({"rows": [row("self_streaming", [(30, 10), (20, 10)]),
@@ -250,12 +253,7 @@ def test_paired_report_one_baseline_per_row_and_only_within_one_drafter(tmp_path
         config = None if mode == "draft_model" else {"recent_tokens": 128, "top_k": 11}
         if layer is not None:
             config["score_layer"] = layer
-        return {"task": "eval", "batch_size": 1, "dataset": "govreport", "length": 8192,
-                "mode": mode, "working_set": working_set, "prompt_hashes": ["x", "y"],
-                "config": config,
-                "mean_accepted_length": 1 + sum(a for a, _ in counters)
-                / sum(d for _, d in counters),
-                "batch_counters": _units(counters)}
+        return _eval_row(mode, counters, config, working_set=working_set)
 
     def write(name, rows, draft="(self_draft only)"):
         path = tmp_path / name
@@ -294,12 +292,7 @@ def test_paired_report_a_repeated_run_counts_once_the_later_files(tmp_path):
     from benchmarks import eval_longinput
 
     def row(mode, counters):
-        return {"task": "eval", "batch_size": 1, "dataset": "govreport", "length": 8192,
-                "mode": mode, "working_set": 256, "prompt_hashes": ["x", "y"],
-                "config": {"recent_tokens": 64, "top_k": 5},
-                "mean_accepted_length": 1 + sum(a for a, _ in counters)
-                / sum(d for _, d in counters),
-                "batch_counters": _units(counters)}
+        return _eval_row(mode, counters, {"recent_tokens": 64, "top_k": 5}, working_set=256)
 
     earlier = tmp_path / "earlier.json"
     earlier.write_text(json.dumps({"rows": [row("streaming", [(20, 10), (20, 10)]),
