@@ -45,7 +45,8 @@ HELP = (
     "retrieve_every, score_layer (-1: the final attention layer), sink_tokens, "
     "recent_tokens, min_context, compact_positions (auto|true|false), "
     "self_draft (true|false), draft_graph (auto|off|static), "
-    "defer_prefill_draft (true|false). "
+    "defer_prefill_draft (true|false), draft_vocab (greedy drafts from the "
+    "first N token ids; null: all). "
     "Example: --spec-extend '{\"top_k\": 64, \"retrieve_every\": 4}'."
 )
 

@@ -71,12 +71,23 @@ class SpecExtendConfig:
     draft pass for the next step that drafts (``deferral.py``), so the first
     token does not wait for the draft's passes over a long prompt. A draft
     model only; EAGLE heads and ``self_draft`` draft in the target's step."""
+    draft_vocab: int | None = None
+    """Greedy drafts come from the first ``draft_vocab`` token ids only: the
+    drafter's logits are computed over those rows of its ``lm_head`` (a view,
+    no copy). BPE vocabularies number tokens in merge order, which roughly
+    follows frequency, so the first quarter of a 128K vocabulary covers most
+    text; a 1B draft's ``lm_head`` is 0.53 GB of the 2.5 GB each draft token
+    reads (docs/design.md). Lossless either way (the target verifies every
+    draft); a draft whose token lies past the cut is rejected. None: the whole
+    vocabulary. A draft model or ``self_draft`` (an EAGLE-3 head has its own
+    draft vocabulary); sampled (non-greedy) drafts use the whole vocabulary."""
 
     def __post_init__(self) -> None:
         _raise_if_unknown_policy(self)
         _raise_if_out_of_range(self)
         _raise_if_flags_not_bool(self)
         _raise_if_bad_score_layer(self)
+        _raise_if_bad_draft_vocab(self)
         _raise_if_bad_compact_positions(self)
         _raise_if_bad_draft_graph(self)
         _raise_if_sinks_not_whole_chunks(self)
@@ -197,6 +208,7 @@ def validate_engine(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
     _raise_if_no_draft(facts)
     _raise_if_unsupported_method(facts)
     _raise_if_bad_self_draft(cfg, facts)
+    _raise_if_draft_vocab_on_eagle(cfg, facts)
     _raise_if_unpadded_drafter_batch(facts)
     _raise_if_chunk_not_block_multiple(cfg, facts)
     _raise_if_working_set_exceeds_draft(cfg, facts)
@@ -248,6 +260,16 @@ def _raise_if_bad_score_layer(cfg: SpecExtendConfig) -> None:
         raise SpecExtendConfigError(
             f"spec_extend.score_layer={value!r} must be an integer: an index "
             "into the target's attention layers (-1: the final one)."
+        )
+
+
+def _raise_if_bad_draft_vocab(cfg: SpecExtendConfig) -> None:
+    value = cfg.draft_vocab
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 1):
+        raise SpecExtendConfigError(
+            f"spec_extend.draft_vocab={value!r} must be a positive integer (the "
+            "first token ids drafts may use) or null for the whole vocabulary."
         )
 
 
@@ -320,6 +342,15 @@ def _raise_if_unsupported_method(facts: EngineFacts) -> None:
         raise SpecExtendConfigError(
             f"--spec-extend supports the speculative methods {METHODS}, got "
             f"{facts.method!r}. Pass a draft checkpoint with --speculative-model."
+        )
+
+
+def _raise_if_draft_vocab_on_eagle(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
+    if cfg.draft_vocab is not None and facts.method != "draft_model":
+        raise SpecExtendConfigError(
+            f"spec_extend.draft_vocab cuts a draft model's vocabulary; the "
+            f"{facts.method} head drafts from its own (an EAGLE-3 head's "
+            "draft_vocab_size). Leave draft_vocab unset."
         )
 
 

@@ -109,6 +109,8 @@ class SpecExtendMixin:
         self._use_config(self.cfg)
 
     def _use_config(self, cfg: SpecExtendConfig) -> None:
+        # First, so that a draft_vocab the drafter cannot take changes nothing.
+        self._vocab_rows = self._cut_vocab(cfg)
         self.cfg = cfg
         self.state = SelectionState(
             compat.max_num_seqs(self.vllm_config), cfg.top_k, self.device,
@@ -133,6 +135,7 @@ class SpecExtendMixin:
     def load_model(self, target_model) -> None:
         # super() loads the draft and learns which attention layers are its own.
         super().load_model(target_model)
+        self._vocab_rows = self._cut_vocab(self.cfg)
         _, self._num_score_layers, layer = compat.target_attention(
             self.vllm_config, self._scoring_excludes(), self.cfg
         )
@@ -339,11 +342,31 @@ class SpecExtendMixin:
                 compat.set_attn_splits(metadata, self._tuning.attn_splits)
         return per_group, per_layer
 
+    def _cut_vocab(self, cfg: SpecExtendConfig) -> torch.Tensor | None:
+        """``[draft_vocab, hidden]``: the drafter's ``lm_head`` rows greedy
+        drafts choose from (``cfg.draft_vocab``); None for the whole
+        vocabulary, or before the drafter is loaded."""
+        model = getattr(self, "model", None)
+        if cfg.draft_vocab is None or model is None:
+            return None
+        if self.use_local_argmax_reduction or self.use_heterogeneous_vocab:
+            raise SpecExtendConfigError(
+                "spec_extend.draft_vocab cannot cut a drafter whose vocabulary "
+                "vLLM maps or reduces per rank (a draft with another tokenizer, "
+                "or local argmax reduction); leave draft_vocab unset."
+            )
+        return compat.lm_head_rows(model, cfg.draft_vocab)
+
     @override
     def _greedy_sample(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # The greedy draft token: vLLM's argmax, or the Triton one (a tuning
         # switch under measurement, ``DraftTuning``).
         argmax = self._tuning.argmax
+        if self._vocab_rows is not None:
+            # Logits of the first draft_vocab ids only: [num_tokens, draft_vocab],
+            # whose indices are those token ids.
+            logits = torch.nn.functional.linear(hidden_states, self._vocab_rows)
+            return argmax(logits) if argmax is not None else logits.argmax(dim=-1)
         if (argmax is not None and not self.use_local_argmax_reduction
                 and not self.use_heterogeneous_vocab):
             return argmax(self.model.compute_logits(hidden_states))

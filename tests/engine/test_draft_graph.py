@@ -25,8 +25,8 @@ MAX_TOKENS = 40
 CMR = {"top_k": 4, "recent_tokens": 64, "min_context": 256}
 
 
-def _run(target, prompts, draft_graph, method, draft):
-    llm = make_llm(target, spec_extend={**CMR, "draft_graph": draft_graph},
+def _run(target, prompts, draft_graph, method, draft, **spec_extend):
+    llm = make_llm(target, spec_extend={**CMR, "draft_graph": draft_graph, **spec_extend},
                    speculative_config={"method": method, "model": draft,
                                        "num_speculative_tokens": 3})
     recorder = DraftRecorder(llm)
@@ -34,6 +34,7 @@ def _run(target, prompts, draft_graph, method, draft):
     outputs = generate(llm, prompts, max_tokens=MAX_TOKENS)
     run = dict(outputs=outputs, proposals=list(recorder.proposals.values()),
                accepted=counter(llm, "vllm:spec_decode_num_accepted_tokens"),
+               drafted=counter(llm, "vllm:spec_decode_num_draft_tokens"),
                stats=stats(drafter(llm)), captured=drafter(llm).graphs is not None)
     shutdown(llm)
     return run
@@ -57,3 +58,25 @@ def test_static_routine_drafts_as_eager(request, tiny_target, prompts, plain_out
     assert static["outputs"] == eager["outputs"] == plain_outputs
     if method == "draft_model":
         assert static["accepted"] > 0
+
+
+@pytest.mark.parametrize("draft_graph", ["off", "static"])
+def test_draft_vocab_drafts_only_its_first_ids(tiny_target, prompts, plain_outputs,
+                                               draft_graph):
+    """``draft_vocab``: greedy drafts come from the first N token ids, eagerly
+    and in the captured routine's code; the target drafting for itself would
+    otherwise propose its own tokens, so the ones past the cut are rejected
+    and output stays plain decoding's."""
+    cut = 256
+    run = _run(tiny_target, prompts, draft_graph, "draft_model", tiny_target,
+               draft_vocab=cut)
+    tokens = [t for steps in run["proposals"] for step in steps for t in step]
+
+    assert run["outputs"] == plain_outputs
+    assert tokens and max(tokens) < cut
+    # The cut matters here: the target writes ids past it...
+    assert any(t >= cut for out in plain_outputs for t in out)
+    # ...which its own drafts can no longer propose.
+    assert 0 < run["accepted"] < run["drafted"]
+    if draft_graph == "static":
+        assert run["stats"]["graph_steps"] > 0

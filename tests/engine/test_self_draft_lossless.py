@@ -217,3 +217,29 @@ def test_self_draft_real_weights_keep_drafts(smollm2_model):
     assert stats["view_rows"] > 0
     assert stats["draft_context_tokens"] < 0.5 * stats["full_context_tokens"]
     assert proposed > 0 and accepted >= 0.75 * proposed, (accepted, proposed)
+
+
+def test_self_draft_cuts_the_targets_vocabulary(tiny_target, prompts, plain_outputs):
+    """``draft_vocab`` under self_draft: the target's own lm_head rows, cut;
+    output stays exact and no draft passes the cut."""
+    from benchmarks.harness.drafter import DraftRecorder
+
+    cut = 256
+    llm = make_llm(tiny_target, None, {**SELF, "draft_vocab": cut}, num_spec_tokens=K)
+    recorder = DraftRecorder(llm)
+    recorder.enabled = True
+    outputs = generate(llm, prompts)
+    tokens = [t for steps in recorder.proposals.values() for step in steps for t in step]
+    shutdown(llm)
+
+    assert outputs == plain_outputs
+    assert tokens and max(tokens) < cut
+    assert any(t >= cut for out in plain_outputs for t in out), "the cut matters here"
+
+
+def test_draft_vocab_past_the_vocabulary_is_one_clean_error(tiny_target):
+    from vllm_specextend.config import SpecExtendConfigError
+
+    with pytest.raises(SpecExtendConfigError, match=r"draft_vocab=100000 exceeds the drafter's "
+                       r"vocabulary \(512 tokens\); use at most 512"):
+        make_llm(tiny_target, None, {**SELF, "draft_vocab": 100000}, num_spec_tokens=K)

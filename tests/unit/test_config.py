@@ -352,3 +352,23 @@ def test_validate_engine_rejects_a_score_layer_past_the_target(layer):
         validate_engine(cfg, good_facts(num_target_attention_layers=30))
     validate_engine(SpecExtendConfig(score_layer=29), good_facts(num_target_attention_layers=30))
     validate_engine(SpecExtendConfig(score_layer=-30), good_facts(num_target_attention_layers=30))
+
+
+def test_draft_vocab_defaults_to_the_whole_vocabulary():
+    assert SpecExtendConfig().draft_vocab is None
+    assert SpecExtendConfig.from_json('{"draft_vocab": 32768}').draft_vocab == 32768
+    assert SpecExtendConfig.from_dict({"draft_vocab": None}).draft_vocab is None
+
+
+@pytest.mark.parametrize("value", [0, -5, True, "32768", 2.0])
+def test_draft_vocab_must_be_a_positive_integer(value):
+    with pytest.raises(SpecExtendConfigError, match=r"spec_extend\.draft_vocab=.* positive integer"):
+        SpecExtendConfig.from_dict({"draft_vocab": value})
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_validate_engine_rejects_draft_vocab_for_eagle_heads(method):
+    cfg = SpecExtendConfig(draft_vocab=1000)
+    with pytest.raises(SpecExtendConfigError, match="draft_vocab_size"):
+        validate_engine(cfg, good_facts(method=method))
+    validate_engine(cfg, good_facts(method="draft_model"))

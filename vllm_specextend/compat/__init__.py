@@ -106,6 +106,7 @@ from vllm_specextend.compat.kv import (
 from vllm_specextend.compat.layers import (
     attention_layer,
     kv_cache_layer_names,
+    lm_head_rows,
     rope_inv_freq,
     rotary_embeddings,
     target_attention,
@@ -150,7 +151,7 @@ __all__ = [
     "engine_index", "engine_indexes", "extend_rope", "has_option",
     "is_cpu_platform", "kv_block_bytes", "kv_cache_layer_names",
     "target_attention",
-    "layer_kv_cache", "live_req_ids", "load", "log_stats_interval", "logger",
+    "layer_kv_cache", "live_req_ids", "lm_head_rows", "load", "log_stats_interval", "logger",
     "max_num_batched_tokens", "max_num_seqs",
     "copies_kv_blocks", "model_input_buffers", "prefill_deferral_blocker",
     "samples_no_row",

@@ -88,3 +88,44 @@ def rope_inv_freq(rope) -> torch.Tensor:
     cos/sin table, scaling included.
     """
     return rope._compute_inv_freq(rope.base)
+
+
+def lm_head_rows(model, rows: int) -> torch.Tensor:
+    """``[rows, hidden]``: the first ``rows`` rows of ``model``'s output
+    projection, a view of its weight (``draft_vocab``). vLLM 0.26's
+    ``ParallelLMHead`` (tied or not) keeps a ``[vocab_padded, hidden]`` weight
+    on each TP rank, its logits are ``hidden @ weight.T`` for an unquantized
+    head, then cut to the vocabulary, soft-capped and scaled (each
+    order-preserving, so the argmax over these rows is the argmax over those
+    token ids)."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        UnquantizedEmbeddingMethod,
+    )
+
+    from vllm_specextend.config import SpecExtendConfigError
+
+    head = getattr(model, "lm_head", None)
+    weight = getattr(head, "weight", None)
+    if weight is None:
+        raise SpecExtendConfigError(
+            "spec_extend.draft_vocab: the drafter has no output projection "
+            "(lm_head) to cut; leave draft_vocab unset."
+        )
+    if getattr(head, "tp_size", 1) > 1:
+        raise SpecExtendConfigError(
+            "spec_extend.draft_vocab needs the drafter's lm_head on one GPU: "
+            f"it is split over {head.tp_size} tensor-parallel ranks; leave "
+            "draft_vocab unset."
+        )
+    if not isinstance(getattr(head, "quant_method", None), UnquantizedEmbeddingMethod):
+        raise SpecExtendConfigError(
+            "spec_extend.draft_vocab needs an unquantized lm_head "
+            f"({type(head.quant_method).__name__} here); leave draft_vocab unset."
+        )
+    vocab = getattr(head, "org_vocab_size", weight.shape[0])
+    if rows > vocab:
+        raise SpecExtendConfigError(
+            f"spec_extend.draft_vocab={rows} exceeds the drafter's vocabulary "
+            f"({vocab} tokens); use at most {vocab}."
+        )
+    return weight[:rows]
