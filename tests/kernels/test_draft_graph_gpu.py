@@ -91,3 +91,25 @@ def test_captured_routine_drafts_as_piecewise(models, method, batch):
     assert graph["stats"]["view_rows"] > 0
     assert graph["proposals"] == eager["proposals"], "the graph drafted otherwise"
     assert graph["outputs"] == eager["outputs"] == reference["outputs"]
+
+
+def test_captured_routine_keeps_the_draft_vocab_cut(models):
+    """``draft_vocab`` in the captured routine: the graph drafts what the
+    piecewise path drafts with the same cut, never an id past it, and the
+    target's verification keeps the output vLLM's own speculation's."""
+    cut = 256
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3, 500) for _ in range(n)] for n in (2000, 300, 1200)]
+    target = models["target"]
+    reference = _generate(target, "draft_model", target, prompts)
+    spec = {**CMR, "draft_vocab": cut}
+    eager = _generate(target, "draft_model", target, prompts, {**spec, "draft_graph": "off"})
+    graph = _generate(target, "draft_model", target, prompts, spec)
+    tokens = [t for steps in graph["proposals"] for step in steps for t in step]
+
+    assert graph["captured"] and graph["stats"]["graph_steps"] > 0
+    assert tokens and max(tokens) < cut
+    assert graph["proposals"] == eager["proposals"], "the graph drafted otherwise"
+    assert graph["outputs"] == eager["outputs"] == reference["outputs"]
+    # The cut mattered: the target writes ids past it.
+    assert any(t >= cut for out in reference["outputs"] for t in out)
