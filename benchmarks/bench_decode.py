@@ -63,10 +63,10 @@ from benchmarks.harness import drafter as access
 from benchmarks.harness import modes
 from benchmarks.harness.gpu_busy import GpuBusy
 from benchmarks.harness.measure import decode_throughput, spread
-from benchmarks.harness.meta import plugin_env, run_metadata
+from benchmarks.harness.meta import SPEED_SPEC_EXTEND, plugin_env, run_metadata
 from benchmarks.longinput.acceptance import counter_delta, spec_counters
 
-DEFAULT_SPEC_EXTEND = '{"top_k": 32, "recent_tokens": 256}'
+DEFAULT_SPEC_EXTEND = json.dumps(SPEED_SPEC_EXTEND)
 
 
 def model_dir(config_dir: str, root: Path) -> str:

@@ -79,7 +79,13 @@ from benchmarks import prompts
 from benchmarks.harness import modes
 from benchmarks.harness.gpu_busy import GpuBusy
 from benchmarks.harness.measure import decode_throughput, spread
-from benchmarks.harness.meta import device, plugin_env, run_metadata, tuning_switches
+from benchmarks.harness.meta import (
+    SPEED_SPEC_EXTEND,
+    device,
+    plugin_env,
+    run_metadata,
+    tuning_switches,
+)
 from benchmarks.harness.server import (
     log_errors,
     scrape,
@@ -534,7 +540,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--acceptance-length", type=float, default=0.0,
                    help="synthetic mean acceptance length (random weights); "
                    "0: real rejection sampling")
-    p.add_argument("--spec-extend", default='{"top_k": 32, "recent_tokens": 256}',
+    p.add_argument("--spec-extend", default=json.dumps(SPEED_SPEC_EXTEND),
                    metavar="JSON")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--startup-timeout", type=float, default=900.0)

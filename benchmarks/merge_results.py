@@ -7,8 +7,12 @@ file's, with the modes of all files, the earliest date, and ``meta.calls``
 keeping each call's modes, date and command. A merged ``benchmarks.bench_serve``
 result gets its ``summary.md`` and plots beside it; ``benchmarks.bench_decode``
 results go to ``benchmarks.summarize_decode`` / ``benchmarks.plot_decode``.
+``--pool`` (decode files) makes the cells that several calls ran one cell:
+their runs concatenated, the spreads recomputed, ``runs_from_calls`` beside
+them (an A/B alternating calls on one machine pools each side's calls).
 
     python -m benchmarks.merge_results OUT_DIR/results.json CALL1.json CALL2.json ...
+    python -m benchmarks.merge_results --pool OUT.json CALL1.json CALL3.json
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import argparse
 import importlib.util
 import json
 from pathlib import Path
+
+from benchmarks.harness.measure import spread
 
 
 def _lists(part: dict) -> list[str]:
@@ -37,13 +43,54 @@ def merge(parts: list[dict]) -> dict:
     return {"meta": meta, **{k: [item for p in parts for item in p[k]] for k in keys}}
 
 
+CELL = ("mode", "method", "draft", "context", "batch", "output_len",
+        "tensor_parallel_size")
+"""What makes two decode rows one cell."""
+
+
+def pool(parts: list[dict]) -> dict:
+    """``parts`` merged, each cell's decode rows as one row: runs in call
+    order. The calls must have run one config (modes and file aside)."""
+    if any(p["meta"].get("bench") != "decode" for p in parts):
+        raise ValueError("--pool is for bench_decode files")
+    configs = [{k: v for k, v in p["meta"]["config"].items() if k not in ("modes", "out")}
+               for p in parts]
+    if any(c != configs[0] for c in configs):
+        raise ValueError("--pool needs calls of one config: "
+                         + ", ".join(sorted({k for c in configs for k in c
+                                             if c.get(k) != configs[0].get(k)})) + " differ")
+    merged = merge(parts)
+    cells: dict[tuple, dict] = {}
+    for row in merged["results"]:
+        key = tuple(row.get(k) for k in CELL)
+        if key not in cells:
+            cells[key] = dict(row, runs=list(row.get("runs", [])), runs_from_calls=1)
+            continue
+        if "skipped" in row or "skipped" in cells[key]:
+            raise ValueError(f"cannot pool a skipped cell: {dict(zip(CELL, key))}")
+        cell = cells[key]
+        cell["runs"] += row["runs"]
+        cell["runs_from_calls"] += 1
+    for cell in cells.values():
+        runs = cell["runs"]
+        if not runs:
+            continue
+        for metric in ("decode_tok_s", "e2e_tok_s"):
+            cell[metric] = spread(run[metric] for run in runs)
+        cell["gpu_busy"] = [run.get("gpu_busy") for run in runs]
+    return dict(merged, results=list(cells.values()))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument("--pool", action="store_true",
+                        help="decode files: one cell of the runs of several calls")
     parser.add_argument("out", type=Path)
     parser.add_argument("parts", nargs="+", type=Path)
     args = parser.parse_args(argv)
-    merged = merge([json.loads(p.read_text()) for p in args.parts])
+    parts = [json.loads(p.read_text()) for p in args.parts]
+    merged = pool(parts) if args.pool else merge(parts)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(merged, indent=1))
     if merged["meta"].get("bench") == "serve":

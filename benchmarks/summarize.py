@@ -39,7 +39,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from benchmarks.harness.meta import device, tuning_switches
+from benchmarks.harness.meta import config_switches, device, tuning_switches
 from benchmarks.harness.modes import LABELS as MODE_ORDER
 from benchmarks.harness.modes import PLUGIN_MODES
 
@@ -65,17 +65,24 @@ def _busy(runs: list[dict]) -> list[float | None]:
 
 def _variant(result: dict, mode: str, row: dict | None = None) -> str | None:
     """The tuning switches a mode's engine or server ran with, e.g.
-    ``SPECEXTEND_DRAFT_AOT=0``; None where none was set (the defaults of the
-    file's commit). A serving row names its own server's (a merged file can
-    hold the same mode with and without a switch); older rows go by every
-    engine or server of the mode. Variant rows stay out of the headline tables."""
+    ``SPECEXTEND_DRAFT_AOT=0``, and what the file's plugin config set beyond
+    the speed benches' (``draft_vocab=32768``); None where neither (the
+    defaults of the file's commit). A serving row names its own server's
+    switches (a merged file can hold the same mode with and without one);
+    older rows go by every engine or server of the mode. The config names
+    every row of its file, the baselines' too (as a switch in the process's
+    environment does): an A/B's rows stay together, and its baselines do not
+    displace the headline's same-session ratios. Variant rows stay out of the
+    headline tables."""
     if row is not None and "plugin_env" in row:
-        return tuning_switches(row["plugin_env"])
-    env = {}
-    for e in result.get("engines", []) + result.get("servers", []):
-        if e.get("mode") == mode:
-            env.update(e.get("plugin_env") or {})
-    return tuning_switches(env)
+        env = row["plugin_env"]
+    else:
+        env = {}
+        for e in result.get("engines", []) + result.get("servers", []):
+            if e.get("mode") == mode:
+                env.update(e.get("plugin_env") or {})
+    config = config_switches((result["meta"].get("config") or {}).get("spec_extend"))
+    return " ".join(v for v in (tuning_switches(env), config) if v) or None
 
 
 def decode_rows(result: dict, file: str) -> list[dict]:

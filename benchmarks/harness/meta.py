@@ -9,6 +9,7 @@ the older blocks of committed result files.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import subprocess
@@ -73,6 +74,22 @@ def plugin_env() -> dict[str, str]:
 
 TUNING_PREFIXES = ("SPECEXTEND_DRAFT_", "SPECEXTEND_EARLY_")
 """The plugin's tuning switches (``proposer.DraftTuning``) among its variables."""
+
+
+SPEED_SPEC_EXTEND = {"top_k": 32, "recent_tokens": 256}
+"""The plugin config of the speed benches (``bench_decode``, ``bench_serve``):
+the headline tables hold runs with it; other keys make a variant row."""
+
+
+def config_switches(spec_extend: str | dict | None) -> str | None:
+    """What a run's plugin config (``--spec-extend``, as recorded) sets beyond
+    ``SPEED_SPEC_EXTEND``, e.g. ``draft_vocab=32768``; None where nothing is
+    (the speed config, or a file without the key)."""
+    if isinstance(spec_extend, str):
+        spec_extend = json.loads(spec_extend)
+    changed = {k: v for k, v in (spec_extend or {}).items()
+               if SPEED_SPEC_EXTEND.get(k, object()) != v}
+    return " ".join(f"{k}={json.dumps(v)}" for k, v in sorted(changed.items())) or None
 
 
 def tuning_switches(env: dict[str, str] | None) -> str | None:

@@ -82,3 +82,37 @@ def test_serve_parts_get_summary_and_plots(tmp_path):
     if importlib.util.find_spec("matplotlib"):
         png = out.parent / "serve_long_16384.png"
         assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def decode_part(date: str, cells: dict[str, list[float]], **config) -> dict:
+    """A bench_decode result: one 64K batch-1 row per mode with these runs."""
+    rows = [{"mode": mode, "draft": "d", "context": 65536, "batch": 1,
+             "decode_tok_s": {}, "e2e_tok_s": {}, "gpu_busy": [],
+             "runs": [{"decode_tok_s": t, "e2e_tok_s": t - 1, "gpu_busy": 0.9}
+                      for t in tok_s]} for mode, tok_s in cells.items()]
+    return {"meta": {"bench": "decode", "date_utc": date, "command": "c",
+                     "config": {"modes": list(cells), "out": date, **config}},
+            "engines": [], "results": rows}
+
+
+def test_pool_makes_one_cell_of_the_calls_runs():
+    pooled = merge_results.pool([
+        decode_part("b", {"spec_extend": [191, 190, 192], "draft_model": [133, 126, 136]}),
+        decode_part("a", {"draft_model": [114, 111, 135], "spec_extend": [191, 191, 190]})])
+    cells = {r["mode"]: r for r in pooled["results"]}
+    assert list(cells) == ["spec_extend", "draft_model"]
+    dm = cells["draft_model"]
+    assert [r["decode_tok_s"] for r in dm["runs"]] == [133, 126, 136, 114, 111, 135]
+    assert dm["decode_tok_s"] == {"min": 111, "median": 129.5, "max": 136, "n": 6}
+    assert dm["e2e_tok_s"]["median"] == 128.5 and dm["runs_from_calls"] == 2
+    assert dm["gpu_busy"] == [0.9] * 6
+    assert pooled["meta"]["date_utc"] == "a"
+
+
+def test_pool_refuses_calls_of_different_configs():
+    with pytest.raises(ValueError, match="spec_extend differ"):
+        merge_results.pool([decode_part("a", {"spec_extend": [1]}, spec_extend="{}"),
+                            decode_part("b", {"spec_extend": [2]},
+                                        spec_extend='{"draft_vocab": 8}')])
+    with pytest.raises(ValueError, match="bench_decode"):
+        merge_results.pool([part("results", "plain", "a")])

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import summarize
+from benchmarks.harness import meta
 
 RESULTS_README = summarize.RESULTS / "README.md"
 
@@ -281,3 +282,25 @@ def test_a_table_per_device_with_its_own_modes(results):
     assert two.startswith("| context | draft | batch | plain | spec_extend | ")
     assert "| 32K | d | 1 | 80 (1 run) | 90 (1 run) | – | 1.12 |" in two
     assert "*GPU*\n\n| workload | context |" in text
+
+
+def test_config_variants_stay_out_of_the_headline(results):
+    """A newer run whose plugin config sets more than the speed benches' (a
+    ``draft_vocab`` cut, say) gives variant rows named by what it sets, its
+    baselines' too: they stay with their A/B, out of the headline."""
+    ab = _decode("z", [_decode_row("spec_extend", [999.0, 998.0, 997.0]),
+                       _decode_row("draft_model", [555.0, 554.0, 553.0])])
+    ab["meta"]["config"]["spec_extend"] = (
+        '{"top_k": 32, "recent_tokens": 256, "draft_vocab": 32768}')
+    (results / "decode" / "20261209T0000Z_vocab.json").write_text(json.dumps(ab))
+    rows = summarize.summarize(results)
+    mine = {r["mode"]: r["variant"] for r in rows if r["file"].endswith("_vocab.json")}
+    assert mine == {"spec_extend": "draft_vocab=32768", "draft_model": "draft_vocab=32768"}
+    text = summarize.render(rows, results / "docs")
+    assert "999" not in text and "555" not in text and "[200 (180–210)]" in text
+
+
+def test_the_speed_config_alone_is_no_variant():
+    assert meta.config_switches(json.dumps(meta.SPEED_SPEC_EXTEND)) is None
+    assert meta.config_switches(None) is None
+    assert meta.config_switches({"top_k": 8, "recent_tokens": 256}) == "top_k=8"
