@@ -82,6 +82,18 @@ class SpecExtendConfig:
     draft); a draft whose token lies past the cut is rejected. None: the whole
     vocabulary. A draft model or ``self_draft`` (an EAGLE-3 head has its own
     draft vocabulary); sampled (non-greedy) drafts use the whole vocabulary."""
+    draft_prefill_window: int | None = None
+    """The draft's passes over a prompt attend to the sinks and the last
+    ``draft_prefill_window`` tokens before each chunk only, through the same
+    block-table view as its decode steps: the draft's attention over a
+    prompt grows linearly with it instead of quadratically. On an H100 the
+    1B draft's passes over a 16K prompt took a quarter of the target's time,
+    more than its share of the weights (docs/results.md; issue #22). Its KV of
+    the prompt then holds what each token saw of that window, which the draft
+    later reads through its working set. Lossless either way (the target
+    verifies every draft); the draft's acceptance may change. None: full
+    attention over the prompt, as vLLM's draft. A draft model only, at its
+    own positions (not with compacted positions or ``self_draft``)."""
 
     def __post_init__(self) -> None:
         _raise_if_unknown_policy(self)
@@ -89,6 +101,7 @@ class SpecExtendConfig:
         _raise_if_flags_not_bool(self)
         _raise_if_bad_score_layer(self)
         _raise_if_bad_draft_vocab(self)
+        _raise_if_bad_prefill_window(self)
         _raise_if_bad_compact_positions(self)
         _raise_if_bad_draft_graph(self)
         _raise_if_sinks_not_whole_chunks(self)
@@ -210,6 +223,7 @@ def validate_engine(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
     _raise_if_unsupported_method(facts)
     _raise_if_bad_self_draft(cfg, facts)
     _raise_if_draft_vocab_on_eagle(cfg, facts)
+    _raise_if_prefill_window_unsupported(cfg, facts)
     _raise_if_unpadded_drafter_batch(facts)
     _raise_if_chunk_not_block_multiple(cfg, facts)
     _raise_if_working_set_exceeds_draft(cfg, facts)
@@ -271,6 +285,17 @@ def _raise_if_bad_draft_vocab(cfg: SpecExtendConfig) -> None:
         raise SpecExtendConfigError(
             f"spec_extend.draft_vocab={value!r} must be a positive integer (the "
             "first token ids drafts may use) or null for the whole vocabulary."
+        )
+
+
+def _raise_if_bad_prefill_window(cfg: SpecExtendConfig) -> None:
+    value = cfg.draft_prefill_window
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 1):
+        raise SpecExtendConfigError(
+            f"spec_extend.draft_prefill_window={value!r} must be a positive "
+            "integer (tokens before each prompt chunk the draft attends to) or "
+            "null for full attention over the prompt."
         )
 
 
@@ -352,6 +377,27 @@ def _raise_if_draft_vocab_on_eagle(cfg: SpecExtendConfig, facts: EngineFacts) ->
             f"spec_extend.draft_vocab cuts a draft model's vocabulary; the "
             f"{facts.method} head drafts from its own (an EAGLE-3 head's "
             "draft_vocab_size). Leave draft_vocab unset."
+        )
+
+
+def _raise_if_prefill_window_unsupported(cfg: SpecExtendConfig,
+                                         facts: EngineFacts) -> None:
+    if cfg.draft_prefill_window is None:
+        return
+    if cfg.self_draft or facts.method != "draft_model":
+        what = "self_draft" if cfg.self_draft else f"the {facts.method} head"
+        raise SpecExtendConfigError(
+            "spec_extend.draft_prefill_window bounds a draft model's passes over "
+            f"a prompt; {what} writes no draft KV of its own there. Leave "
+            "draft_prefill_window unset."
+        )
+    if compaction_on(cfg, facts):
+        raise SpecExtendConfigError(
+            "spec_extend.draft_prefill_window reads the prompt at its own "
+            "positions, but the draft's working set is compacted (a draft with "
+            "fewer positions than the target, or compact_positions: true). "
+            "Leave draft_prefill_window unset, or use a draft with the target's "
+            "positions."
         )
 
 

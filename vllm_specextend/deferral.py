@@ -45,6 +45,11 @@ class KeptPass:
     positions: torch.Tensor  # [num_tokens]
     next_token_ids: torch.Tensor  # [num_reqs]
     common_attn_metadata: object  # vLLM's CommonAttentionMetadata, copied
+    view: object = None
+    """The pass's ``view.View`` (prompt chunks read through a window,
+    ``draft_prefill_window``), copied; applied where its step would apply
+    it, to the attention metadata of each forward, never to the slot
+    mapping vLLM derives from the real table."""
 
 
 class PrefillDeferral:
@@ -53,10 +58,12 @@ class PrefillDeferral:
     def __init__(self) -> None:
         self.passes: list[KeptPass] = []
 
-    def keep(self, req_ids, token_ids, positions, next_token_ids, cad) -> None:
+    def keep(self, req_ids, token_ids, positions, next_token_ids, cad,
+             view=None) -> None:
         self.passes.append(KeptPass(
             frozenset(req_ids), token_ids.clone(), positions.clone(),
             next_token_ids.clone(), copy_metadata(cad),
+            None if view is None else copy_metadata(view),
         ))
 
     def holds_any(self, req_ids) -> bool:
@@ -71,7 +78,8 @@ class PrefillDeferral:
 
 
 def copy_metadata(cad):
-    """A copy of a dataclass of tensors (vLLM's CommonAttentionMetadata) whose
+    """A copy of a dataclass of tensors (vLLM's CommonAttentionMetadata, a
+    view) whose
     tensors and arrays are copies: the runner's persistent buffers behind them
     are rewritten by the next step (on the device after this copy, in stream
     order; on the host at once)."""

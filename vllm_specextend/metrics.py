@@ -55,6 +55,8 @@ COUNTERS = {
     "graph_fallbacks": "Draft steps that drafted eagerly although graphs are captured.",
     "deferred_prefill_passes": "Draft passes over prompt chunks run after their step "
                                "(the step sampled nothing).",
+    "prefill_window_rows": "Draft rows over prompt chunks that attended to the sinks "
+                           "and a window only (draft_prefill_window).",
 }
 GAUGES = {
     "tracked_requests": "Requests holding SpecExtend selection state.",
@@ -84,6 +86,7 @@ class SpecExtendStats:
     graph_steps: int = 0
     graph_fallbacks: int = 0
     deferred_prefill_passes: int = 0
+    prefill_window_rows: int = 0
     tracked_requests: int = 0
     request_slots: int = 0
     _pending: list = field(default_factory=list, repr=False)

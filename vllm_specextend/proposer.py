@@ -243,8 +243,10 @@ class SpecExtendMixin:
                 step = self._plan_view(cad, token_indices_to_sample,
                                        num_rejected_tokens_gpu)
             if keep:
+                # Prompt chunks' windows (draft_prefill_window) go with the pass.
+                view = None if step is None else self._gather_view(step, cad)
                 return self._keep_pass(cad, target_token_ids, target_positions,
-                                       next_token_ids, num_speculative_tokens)
+                                       next_token_ids, num_speculative_tokens, view)
             if step is not None:
                 drafts = self._maybe_replay(
                     step, num_speculative_tokens, target_token_ids,
@@ -280,11 +282,11 @@ class SpecExtendMixin:
                 and compat.samples_no_row(self.runner))
 
     def _keep_pass(self, cad, token_ids, positions, next_token_ids,
-                   num_speculative_tokens) -> torch.Tensor:
+                   num_speculative_tokens, view=None) -> torch.Tensor:
         # The runner discards every row's drafts this step: zeros, as vLLM's
         # own when the drafter cannot run. [num_reqs, K]
         self.deferral.keep(compat.batch_req_ids(self.runner, cad.num_reqs),
-                           token_ids, positions, next_token_ids, cad)
+                           token_ids, positions, next_token_ids, cad, view)
         # The runner reads the drafter's draft probabilities after propose;
         # vLLM's propose clears them first, so must a step that skips it.
         self._last_draft_probs = None
@@ -304,6 +306,7 @@ class SpecExtendMixin:
         try:
             while passes:
                 kept = passes[0]
+                self._view = kept.view  # the funnel reads through it
                 self._base_propose(
                     0, kept.token_ids, kept.positions, None, kept.next_token_ids,
                     None, kept.common_attn_metadata, _GREEDY,
@@ -311,6 +314,7 @@ class SpecExtendMixin:
                 passes.pop(0)
                 self.stats.deferred_prefill_passes += 1
         finally:
+            self._view = None
             # A pass that raised stays kept, with those after it.
             self.deferral.passes[:0] = passes
             # vLLM's propose keeps the K it was last called with.
@@ -328,7 +332,7 @@ class SpecExtendMixin:
     ):
         # The funnel of every draft forward: read through the view, then super().
         if self._view is not None:
-            common_attn_metadata = self._apply_view(common_attn_metadata)
+            common_attn_metadata = self._apply_view(common_attn_metadata, self._view)
         per_group, per_layer = super().build_per_group_and_layer_attn_metadata(
             common_attn_metadata, draft_index
         )
@@ -383,8 +387,7 @@ class SpecExtendMixin:
             num_tokens, use_cudagraphs=use_cudagraphs
         )
 
-    def _apply_view(self, cad):
-        view = self._view
+    def _apply_view(self, cad, view: View):
         if view.offsets_cpu is None:
             # A graph's view: host values are baked in at capture, so the
             # bound on every row's view length replaces the host shadows.
@@ -433,7 +436,7 @@ class SpecExtendMixin:
                 num_rejected, self.stats,
             )
         drafting = self._drafting_rows(lens)
-        params = builder.params(seq, drafting, slots, self.stats)
+        params = builder.params(seq, drafting, slots, self.stats, lens.q_start)
         return _Step(lens, drafting, slots, slots_dev, params)
 
     def _view_builder(self) -> ViewBuilder:

@@ -148,11 +148,19 @@ class ViewParams:
     """The host half of a step's view, [num_reqs] each: which rows read
     through a selection, and where their prefix and window sit."""
 
-    on: np.ndarray  # bool, the row drafts through its selection
+    on: np.ndarray  # bool, the row reads through a view
     num_selected: np.ndarray  # int64, chunks kept (0 where off)
     window_block: np.ndarray  # int64, first logical block of the window
     offsets: np.ndarray  # int64, tokens dropped before the window (0 where off)
     prefix_blocks: np.ndarray  # int64, sink + selected blocks
+    prefill: np.ndarray | None = None
+    """bool, the ``on`` rows that are prompt chunks read through sinks and a
+    window (``draft_prefill_window``), not a selection; None: none are."""
+
+    @property
+    def selecting(self) -> np.ndarray:
+        """The ``on`` rows that read through their selection."""
+        return self.on if self.prefill is None else self.on & ~self.prefill
 
     def view_lens(self, seq: np.ndarray) -> np.ndarray:
         """Tokens each row's view holds for a context of ``seq`` tokens."""
@@ -185,16 +193,19 @@ class ViewBuilder:
                 f"of the draft's KV kernel block size {self.block_size}."
             )
 
-    def build(self, seq, drafting, slots, slots_dev, block_table, stats) -> View | None:
+    def build(self, seq, drafting, slots, slots_dev, block_table, stats,
+              q_start=None) -> View | None:
         """seq, drafting (rows whose draft forwards may read through a view),
         slots: [num_reqs] host; block_table: [num_reqs, max_blocks] device."""
-        params = self.params(seq, drafting, slots, stats)
+        params = self.params(seq, drafting, slots, stats, q_start)
         if not params.on.any():
             return None
         return self.gather(params, slots, slots_dev, block_table, stats)
 
-    def params(self, seq, drafting, slots, stats) -> ViewParams:
-        """The host half; counts the step's rows and context in ``stats``."""
+    def params(self, seq, drafting, slots, stats, q_start=None) -> ViewParams:
+        """The host half; counts the step's rows and context in ``stats``.
+        ``q_start`` ([num_reqs], the first position each row computes this
+        step) places the prompt-chunk rows' windows (``draft_prefill_window``)."""
         state, bs = self.state, self.block_size
         on = state.active[slots] & drafting  # [num_reqs]
         num_selected = np.where(on, state.num_selected[slots], 0)
@@ -208,7 +219,26 @@ class ViewBuilder:
         if on.any():
             state.steps_since_refresh[slots[on]] += 1
             stats.view_rows += int(on.sum())
-        return ViewParams(on, num_selected, window_block, offsets, prefix)
+        prefill = self._prefill_windows(drafting, q_start)
+        if prefill is not None:
+            # Sinks, then whole blocks from the window's start to the row's
+            # end: the chunk's queries are the row's last tokens, so
+            # bottom-right causal masking stays exact.
+            first = (q_start - self.cfg.draft_prefill_window) // bs
+            on = on | prefill
+            window_block = np.where(prefill, first, window_block)
+            offsets = np.where(prefill, (first - self.sink_blocks) * bs, offsets)
+            stats.prefill_window_rows += int(prefill.sum())
+        return ViewParams(on, num_selected, window_block, offsets, prefix, prefill)
+
+    def _prefill_windows(self, drafting, q_start) -> np.ndarray | None:
+        """Prompt-chunk rows whose window drops blocks past the sinks; None
+        where no row does (or the window is off)."""
+        window = self.cfg.draft_prefill_window
+        if window is None or q_start is None:
+            return None
+        prefill = ~drafting & ((q_start - window) // self.block_size > self.sink_blocks)
+        return prefill if prefill.any() else None
 
     def gather(self, params: ViewParams, slots, slots_dev, block_table, stats) -> View:
         """The device half: one gather of the real table for the whole batch."""
@@ -225,7 +255,7 @@ class ViewBuilder:
         )
         if self.compactor is not None:
             table = self.compactor.apply(
-                table, logical, params.on, slots, params.prefix_blocks,
+                table, logical, params.selecting, slots, params.prefix_blocks,
                 params.offsets, self.state, self.staging, self.block_size, stats,
             )
         return View(

@@ -263,9 +263,13 @@ PY
     mode=${SERVE_MODE:-plain}; wl=${SERVE_WORKLOAD:-long}; len=${SERVE_INPUT_LEN:-16384}
     draft=${SERVE_DRAFT:-llama32_1b}; method=${SERVE_METHOD:-draft_model}
     conc=${SERVE_CONCURRENCY:-1 4}
+    # SERVE_SPEC_EXTEND: the plugin's config (JSON) instead of the speed
+    # benches' (a variant: e.g. '{"top_k": 32, "recent_tokens": 256,
+    # "draft_prefill_window": 2048}'); SERVE_TAG then names the call's files.
+    spec=${SERVE_SPEC_EXTEND:-'{"top_k": 32, "recent_tokens": 256}'}
     # The method names the call's files unless it is draft_model (tags as
     # before), so an eagle3 call's results do not overwrite the 1B draft's.
-    tag=$(echo "$mode ${method#draft_model} $wl $len $conc" | tr -s ' ' -)
+    tag=$(echo "$mode ${method#draft_model} $wl $len $conc ${SERVE_TAG:-}" | tr -s ' ' - | sed 's/-$//')
     # SERVE_DETACH=1: a cell longer than a call (32K at concurrency 16: a
     # server start of 3-4 min and ~1 min a run) runs detached (detached.sh)
     # under SERVE_TIMEOUT (default then 1500 s); each call waits SERVE_WAIT_S
@@ -283,7 +287,7 @@ PY
       --draft $M/$draft --method $method --tokenizer .gpu/tokenizer --modes $mode
       --workloads $wl --input-lens $len --concurrency $conc
       --num-prompts ${SERVE_PROMPTS:-$conc}
-      --runs 3 --acceptance-length 3.0 --spec-extend '{"top_k": 32, "recent_tokens": 256}'
+      --runs 3 --acceptance-length 3.0 --spec-extend "$spec"
       --startup-timeout 300 --run-timeout 240 --out-dir "$res"
       -- --load-format dummy --max-model-len $((len + 1024 + 256)))
     if [ "$detach" = 1 ]; then

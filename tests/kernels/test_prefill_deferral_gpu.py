@@ -29,18 +29,24 @@ CHUNKED = dict(max_num_batched_tokens=1024, long_prefill_token_threshold=256,
                max_num_seqs=8)
 
 
-def test_kept_passes_draft_as_in_their_step(models):  # noqa: F811
+@pytest.mark.parametrize("window", [None, 512])
+def test_kept_passes_draft_as_in_their_step(models, window):  # noqa: F811
+    """With ``draft_prefill_window`` too: FlashAttention reads each prompt
+    chunk through its window (in its step or kept), and the outputs stay
+    vLLM's speculation's."""
     rng = random.Random(1)
     prompts = [[rng.randrange(3, 500) for _ in range(n)] for n in (3000, 2000, 1200)]
     target = models["target"]
+    spec = {**CMR, "draft_prefill_window": window}
     reference = _generate(target, "draft_model", target, prompts, **CHUNKED)
     off = _generate(target, "draft_model", target, prompts,
-                    {**CMR, "defer_prefill_draft": False}, **CHUNKED)
-    on = _generate(target, "draft_model", target, prompts, dict(CMR), **CHUNKED)
+                    {**spec, "defer_prefill_draft": False}, **CHUNKED)
+    on = _generate(target, "draft_model", target, prompts, spec, **CHUNKED)
 
     assert on["captured"] and on["async"]
     assert off["stats"]["deferred_prefill_passes"] == 0
     assert on["stats"]["deferred_prefill_passes"] > 0, "steps kept their pass"
     assert on["stats"]["graph_steps"] > 0
+    assert (on["stats"]["prefill_window_rows"] > 0) == (window is not None)
     assert on["proposals"] == off["proposals"], "kept passes drafted otherwise"
     assert on["outputs"] == off["outputs"] == reference["outputs"]

@@ -372,3 +372,32 @@ def test_validate_engine_rejects_draft_vocab_for_eagle_heads(method):
     with pytest.raises(SpecExtendConfigError, match="draft_vocab_size"):
         validate_engine(cfg, good_facts(method=method))
     validate_engine(cfg, good_facts(method="draft_model"))
+
+
+def test_draft_prefill_window_defaults_to_full_attention():
+    assert SpecExtendConfig().draft_prefill_window is None
+    assert SpecExtendConfig.from_json('{"draft_prefill_window": 4096}').draft_prefill_window == 4096
+
+
+@pytest.mark.parametrize("value", [0, -1, True, "4096", 4096.0])
+def test_draft_prefill_window_must_be_a_positive_integer(value):
+    with pytest.raises(SpecExtendConfigError,
+                       match=r"spec_extend\.draft_prefill_window=.* positive integer"):
+        SpecExtendConfig.from_dict({"draft_prefill_window": value})
+
+
+@pytest.mark.parametrize("cfg, facts, match", [
+    ({}, {"method": "eagle3"}, "the eagle3 head writes no draft KV"),
+    ({"self_draft": True}, {"model": "t", "draft_model": "t"}, "self_draft writes no draft KV"),
+    ({"compact_positions": True}, {}, "compacted"),
+    ({}, {"max_model_len": 65536, "draft_max_model_len": 2048}, "compacted"),
+])
+def test_validate_engine_refuses_a_prefill_window_it_cannot_serve(cfg, facts, match):
+    cfg = SpecExtendConfig(draft_prefill_window=1024, **cfg)
+    with pytest.raises(SpecExtendConfigError, match=match):
+        validate_engine(cfg, good_facts(**facts))
+
+
+def test_validate_engine_takes_a_prefill_window_for_a_draft_model():
+    validate_engine(SpecExtendConfig(draft_prefill_window=1024),
+                    good_facts(max_model_len=65536, draft_max_model_len=65536))

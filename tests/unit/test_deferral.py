@@ -112,3 +112,27 @@ def test_a_pass_that_fails_stays_kept_with_those_after_it():
     assert [p.token_ids.tolist() for p in proposer.deferral.passes] == [[1], [2]]
     assert proposer.stats.deferred_prefill_passes == 1
     assert proposer.num_speculative_tokens == 4
+
+
+def test_a_kept_pass_reads_through_its_own_view_copy_and_only_it():
+    """``draft_prefill_window``: a kept pass's view is copied with it (the
+    staging buffers behind it are reused) and is in force while that pass,
+    and no other, runs; the funnel applies it, not the kept metadata."""
+    from vllm_specextend.view import View
+
+    proposer, _ = _proposer_with_passes(0)
+    offsets = torch.tensor([32, 0], dtype=torch.int32)
+    view = View(torch.arange(8, dtype=torch.int32).view(2, 4), offsets,
+                torch.tensor([32, 0], dtype=torch.int32))
+    tokens = torch.tensor([7])
+    proposer.deferral.keep(["w"], tokens, tokens, tokens, _metadata(), view)
+    proposer.deferral.keep(["full"], tokens + 1, tokens, tokens, _metadata())
+    offsets.fill_(-1)  # the staging buffer, rewritten by a later step
+    seen = []
+    proposer._base_propose = lambda k, token_ids, *args: seen.append(
+        (int(token_ids[0]), None if proposer._view is None
+         else proposer._view.offsets.tolist()))
+    proposer._run_kept_passes()
+
+    assert seen == [(7, [32, 0]), (8, None)]
+    assert proposer._view is None

@@ -163,3 +163,54 @@ def test_compaction_equals_per_row_copies(seed):
     builder.build(seq, drafting, slots, slots_dev, table, stats)
     assert stats.compactions == copied
     assert all(torch.equal(a, b) for a, b in zip(snapshot, compactor._draft_kv))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_prompt_chunks_read_sinks_and_their_window(seed):
+    """``draft_prefill_window``: a prompt-chunk row reads the sinks, then whole
+    blocks from ``q_start - window`` to its end (its chunk's queries stay the
+    row's last tokens); chunks near the start keep the full table, and the
+    decoding rows' views are the ones they had without the window."""
+    window = 100
+    cfg = SpecExtendConfig(**{**CFG.to_dict(), "draft_prefill_window": window})
+    state, ids, slots, slots_dev, seq, drafting, table = _batch(seed)
+    rng = np.random.default_rng(seed)
+    drafting[:3] = False  # prompt chunks, the first with its window in the sinks
+    q_start = np.where(drafting, seq - 3, seq - rng.integers(1, 160, size=len(seq)))
+    q_start[0] = 40
+    stats, plain_stats = SpecExtendStats(), SpecExtendStats()
+    view = ViewBuilder(cfg, state, HostStaging(CPU), BS).build(
+        seq, drafting, slots, slots_dev, table, stats, q_start)
+    state.steps_since_refresh[:] = 0
+    plain = ViewBuilder(CFG, state, HostStaging(CPU), BS).build(
+        seq, drafting, slots, slots_dev, table, plain_stats, q_start)
+    sinks = CFG.sink_tokens // BS
+    windowed = 0
+    for r in range(len(ids)):
+        if drafting[r]:
+            assert int(view.offsets[r]) == (0 if plain is None else int(plain.offsets[r]))
+            continue
+        first = (q_start[r] - window) // BS
+        if first <= sinks:
+            assert view.offsets[r] == 0 and torch.equal(view.block_table[r], table[r])
+            continue
+        windowed += 1
+        offset = (first - sinks) * BS
+        assert int(view.offsets[r]) == offset == int(view.offsets_cpu[r])
+        n_blocks = -(-(seq[r] - offset) // BS)
+        want = torch.cat([table[r, :sinks], table[r, first:]])[:n_blocks]
+        assert torch.equal(view.block_table[r, :n_blocks], want)
+        # The window covers at least `window` tokens before the chunk.
+        assert first * BS <= q_start[r] - window
+    assert windowed > 0 and stats.prefill_window_rows == windowed
+    assert stats.decode_rows == plain_stats.decode_rows
+    assert stats.view_rows == plain_stats.view_rows, "chunk rows are no view rows"
+
+
+def test_no_prompt_windows_without_the_key():
+    state, ids, slots, slots_dev, seq, _, table = _batch(0)
+    stats = SpecExtendStats()
+    none = np.zeros(len(ids), bool)
+    builder = ViewBuilder(CFG, state, HostStaging(CPU), BS)
+    assert builder.build(seq, none, slots, slots_dev, table, stats, seq - 100) is None
+    assert stats.prefill_window_rows == 0

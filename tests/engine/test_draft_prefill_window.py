@@ -1,0 +1,75 @@
+"""``draft_prefill_window``: the draft's passes over prompt chunks attend to
+the sinks and a window before each chunk only (CPU, fp32, in-process engines).
+
+Prompts are computed in chunks of 128 tokens per request and step (as in
+``test_prefill_deferral.py``), so most of a prompt's draft passes read through
+a window of 256 tokens. Greedy output must stay plain decoding's; the window
+must change what the draft proposes (its KV of the prompt is computed from
+less), and a window longer than every prompt must change nothing. With
+deferral on and off the proposals must be equal: a kept pass keeps its window.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_lossless import CMR, generate, make_llm, shutdown
+from test_prefill_deferral import CHUNKED, LENGTHS, MAX_TOKENS
+
+from benchmarks.harness.drafter import DraftRecorder, drafter, stats
+
+pytestmark = pytest.mark.engine
+
+WINDOW = 256
+
+
+@pytest.fixture(scope="module")
+def prompts(long_prompts):
+    return long_prompts(LENGTHS)
+
+
+def _run(target, draft, prompts, window, defer=True):
+    llm = make_llm(target, draft, {**CMR, "draft_prefill_window": window,
+                                   "defer_prefill_draft": defer}, **CHUNKED)
+    recorder = DraftRecorder(llm)
+    recorder.enabled = True
+    outputs = generate(llm, prompts, max_tokens=MAX_TOKENS)
+    run = dict(outputs=outputs, proposals=list(recorder.proposals.values()),
+               stats=stats(drafter(llm)))
+    shutdown(llm)
+    return run
+
+
+@pytest.fixture(scope="module")
+def full(tiny_target, tiny_draft, prompts):
+    """The draft attending to the whole prompt (the key unset)."""
+    return _run(tiny_target, tiny_draft, prompts, None)
+
+
+def test_windowed_prompt_passes_stay_lossless_and_change_the_drafts(
+        tiny_target, tiny_draft, prompts, plain_outputs, full):
+    windowed = _run(tiny_target, tiny_draft, prompts, WINDOW)
+
+    assert full["stats"]["prefill_window_rows"] == 0
+    assert windowed["stats"]["prefill_window_rows"] > 0
+    assert windowed["stats"]["deferred_prefill_passes"] > 0, "kept passes too"
+    assert windowed["outputs"] == full["outputs"] == plain_outputs
+    # The draft's KV of the prompt is computed from less: it drafts otherwise.
+    assert windowed["proposals"] != full["proposals"]
+
+
+def test_a_window_past_every_prompt_changes_nothing(tiny_target, tiny_draft,
+                                                    prompts, full):
+    wide = _run(tiny_target, tiny_draft, prompts, max(LENGTHS) + 1)
+
+    assert wide["stats"]["prefill_window_rows"] == 0
+    assert wide["proposals"] == full["proposals"]
+
+
+def test_a_kept_pass_keeps_its_window(tiny_target, tiny_draft, prompts):
+    deferred = _run(tiny_target, tiny_draft, prompts, WINDOW, defer=True)
+    in_step = _run(tiny_target, tiny_draft, prompts, WINDOW, defer=False)
+
+    assert deferred["stats"]["deferred_prefill_passes"] > 0
+    assert in_step["stats"]["deferred_prefill_passes"] == 0
+    assert deferred["proposals"] == in_step["proposals"], "the same drafts, step by step"
+    assert deferred["outputs"] == in_step["outputs"]
