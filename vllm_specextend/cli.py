@@ -47,7 +47,8 @@ HELP = (
     "self_draft (true|false), draft_graph (auto|off|static), "
     "defer_prefill_draft (true|false), draft_vocab (greedy drafts from the "
     "first N token ids; null: all), draft_prefill_window (the draft's prompt "
-    "passes attend to the sinks and the last N tokens; null: all). "
+    "passes attend to the sinks, the N tokens before each chunk and the chunk; "
+    "null: all). "
     "Example: --spec-extend '{\"top_k\": 64, \"retrieve_every\": 4}'."
 )
 

@@ -83,8 +83,8 @@ class SpecExtendConfig:
     vocabulary. A draft model or ``self_draft`` (an EAGLE-3 head has its own
     draft vocabulary); sampled (non-greedy) drafts use the whole vocabulary."""
     draft_prefill_window: int | None = None
-    """The draft's passes over a prompt attend to the sinks and the last
-    ``draft_prefill_window`` tokens before each chunk only, through the same
+    """The draft's passes over a prompt attend to the sinks, the last
+    ``draft_prefill_window`` tokens before each chunk and the chunk, through the same
     block-table view as its decode steps: the draft's attention over a
     prompt grows linearly with it instead of quadratically. On an H100 the
     1B draft's passes over a 16K prompt took a quarter of the target's time,
