@@ -100,8 +100,7 @@ class SpecExtendConfig:
         _raise_if_out_of_range(self)
         _raise_if_flags_not_bool(self)
         _raise_if_bad_score_layer(self)
-        _raise_if_bad_draft_vocab(self)
-        _raise_if_bad_prefill_window(self)
+        _raise_if_bad_optional_counts(self)
         _raise_if_bad_compact_positions(self)
         _raise_if_bad_draft_graph(self)
         _raise_if_sinks_not_whole_chunks(self)
@@ -278,25 +277,23 @@ def _raise_if_bad_score_layer(cfg: SpecExtendConfig) -> None:
         )
 
 
-def _raise_if_bad_draft_vocab(cfg: SpecExtendConfig) -> None:
-    value = cfg.draft_vocab
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                              or value < 1):
-        raise SpecExtendConfigError(
-            f"spec_extend.draft_vocab={value!r} must be a positive integer (the "
-            "first token ids drafts may use) or null for the whole vocabulary."
-        )
+_OPTIONAL_COUNTS = (
+    ("draft_vocab", "the first token ids drafts may use",
+     "the whole vocabulary"),
+    ("draft_prefill_window", "tokens before each prompt chunk the draft "
+     "attends to", "full attention over the prompt"),
+)
 
 
-def _raise_if_bad_prefill_window(cfg: SpecExtendConfig) -> None:
-    value = cfg.draft_prefill_window
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                              or value < 1):
-        raise SpecExtendConfigError(
-            f"spec_extend.draft_prefill_window={value!r} must be a positive "
-            "integer (tokens before each prompt chunk the draft attends to) or "
-            "null for full attention over the prompt."
-        )
+def _raise_if_bad_optional_counts(cfg: SpecExtendConfig) -> None:
+    for name, meaning, unset in _OPTIONAL_COUNTS:
+        value = getattr(cfg, name)
+        if value is not None and (isinstance(value, bool)
+                                  or not isinstance(value, int) or value < 1):
+            raise SpecExtendConfigError(
+                f"spec_extend.{name}={value!r} must be a positive integer "
+                f"({meaning}) or null for {unset}."
+            )
 
 
 def score_layer_index(cfg: SpecExtendConfig, num_layers: int) -> int:
