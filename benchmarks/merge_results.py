@@ -23,16 +23,27 @@ import json
 from pathlib import Path
 
 from benchmarks.harness.measure import spread
+from benchmarks.harness.meta import config_switches, device, tuning_switches
 
 
 def _lists(part: dict) -> list[str]:
     return [k for k, v in part.items() if isinstance(v, list)]
 
 
+def _differ(values: list) -> bool:
+    return any(v != values[0] for v in values)
+
+
 def merge(parts: list[dict]) -> dict:
     keys = _lists(parts[0])
     if not keys or any(_lists(p) != keys for p in parts):
         raise ValueError("all files must come from the same benchmark")
+    # The merged meta keeps the first file's config, and summarize labels
+    # every row of a file by its plugin config: one config per merged file.
+    if _differ([config_switches((p["meta"].get("config") or {}).get("spec_extend"))
+                for p in parts]):
+        raise ValueError("the files ran different plugin configs (--spec-extend): "
+                         "merge a variant's calls on their own")
     meta = dict(parts[0]["meta"])
     modes = [m for p in parts for m in p["meta"]["config"]["modes"]]
     meta["config"] = dict(meta["config"], modes=list(dict.fromkeys(modes)))
@@ -55,10 +66,17 @@ def pool(parts: list[dict]) -> dict:
         raise ValueError("--pool is for bench_decode files")
     configs = [{k: v for k, v in p["meta"]["config"].items() if k not in ("modes", "out")}
                for p in parts]
-    if any(c != configs[0] for c in configs):
+    if _differ(configs):
         raise ValueError("--pool needs calls of one config: "
                          + ", ".join(sorted({k for c in configs for k in c
                                              if c.get(k) != configs[0].get(k)})) + " differ")
+    if _differ([device(p["meta"]) for p in parts]):
+        raise ValueError("--pool needs calls on one kind of device")
+    if _differ([tuning_switches({k: v for e in p.get("engines", [])
+                                 for k, v in (e.get("plugin_env") or {}).items()})
+                for p in parts]):
+        raise ValueError("--pool needs calls with the same tuning switches "
+                         "(SPECEXTEND_DRAFT_*, SPECEXTEND_EARLY_*)")
     merged = merge(parts)
     cells: dict[tuple, dict] = {}
     for row in merged["results"]:

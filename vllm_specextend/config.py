@@ -93,7 +93,9 @@ class SpecExtendConfig:
     later reads through its working set. Lossless either way (the target
     verifies every draft); the draft's acceptance may change. None: full
     attention over the prompt, as vLLM's draft. A draft model only, at its
-    own positions (not with compacted positions or ``self_draft``)."""
+    own positions (not with compacted positions or ``self_draft``), under the
+    ``cmr`` or ``streaming`` policy; a step whose K vLLM set to 0 drafts
+    nothing and writes its chunk's draft KV in full."""
 
     def __post_init__(self) -> None:
         _raise_if_unknown_policy(self)
@@ -222,7 +224,7 @@ def validate_engine(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
     _raise_if_unsupported_method(facts)
     _raise_if_bad_self_draft(cfg, facts)
     _raise_if_draft_vocab_on_eagle(cfg, facts)
-    _raise_if_prefill_window_unsupported(cfg, facts)
+    raise_if_prefill_window_unsupported(cfg, facts)
     _raise_if_unpadded_drafter_batch(facts)
     _raise_if_chunk_not_block_multiple(cfg, facts)
     _raise_if_working_set_exceeds_draft(cfg, facts)
@@ -377,10 +379,17 @@ def _raise_if_draft_vocab_on_eagle(cfg: SpecExtendConfig, facts: EngineFacts) ->
         )
 
 
-def _raise_if_prefill_window_unsupported(cfg: SpecExtendConfig,
-                                         facts: EngineFacts) -> None:
+def raise_if_prefill_window_unsupported(cfg: SpecExtendConfig,
+                                        facts: EngineFacts) -> None:
+    """At engine config, and when a benchmark reconfigures a live engine."""
     if cfg.draft_prefill_window is None:
         return
+    if cfg.policy == "full":
+        raise SpecExtendConfigError(
+            'spec_extend.draft_prefill_window reads prompts through the view, '
+            'which policy "full" never builds; use policy "cmr" or "streaming", '
+            "or leave draft_prefill_window unset."
+        )
     if cfg.self_draft or facts.method != "draft_model":
         what = "self_draft" if cfg.self_draft else f"the {facts.method} head"
         raise SpecExtendConfigError(

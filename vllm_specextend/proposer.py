@@ -46,6 +46,7 @@ from vllm_specextend.compactor import Compactor
 from vllm_specextend.config import (
     SpecExtendConfig,
     SpecExtendConfigError,
+    raise_if_prefill_window_unsupported,
     score_layer_index,
 )
 from vllm_specextend.deferral import PrefillDeferral
@@ -190,6 +191,7 @@ class SpecExtendMixin:
                 "query capture is recorded in the target's CUDA graphs); start "
                 "an engine per score_layer."
             )
+        raise_if_prefill_window_unsupported(cfg, self.settings.facts)
         if self.compactor is not None:
             self.compactor.check_budget(cfg, self.block_size)
         self._run_kept_passes()
@@ -709,9 +711,11 @@ class SeparateDraft:
         return self._draft_attn_layer_names
 
     def _drafting_rows(self, lens: BatchLens) -> np.ndarray:
-        """Rows whose draft forwards may read through a view: those past
-        prefill. A row that finishes its prompt this step drafts over it in
-        full, as the draft's own KV of the prompt is written by this pass."""
+        """Rows whose draft forwards may read through their selection: those
+        past prefill. A row that finishes its prompt this step drafts over it
+        in full, as the draft's own KV of the prompt is written by this pass
+        (with ``draft_prefill_window``: through the chunk's window, as every
+        prompt chunk, ``ViewBuilder.params``)."""
         return lens.decoding
 
 

@@ -267,6 +267,10 @@ PY
     # benches' (a variant: e.g. '{"top_k": 32, "recent_tokens": 256,
     # "draft_prefill_window": 2048}'); SERVE_TAG then names the call's files.
     spec=${SERVE_SPEC_EXTEND:-'{"top_k": 32, "recent_tokens": 256}'}
+    if [ -n "${SERVE_SPEC_EXTEND:-}" ] && [ -z "${SERVE_TAG:-}" ]; then
+      echo "SERVE_SPEC_EXTEND needs SERVE_TAG (else its files take the default run's names)" >&2
+      exit 2
+    fi
     # The method names the call's files unless it is draft_model (tags as
     # before), so an eagle3 call's results do not overwrite the 1B draft's.
     tag=$(echo "$mode ${method#draft_model} $wl $len $conc ${SERVE_TAG:-}" | tr -s ' ' - | sed 's/-$//')

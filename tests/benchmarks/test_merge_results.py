@@ -116,3 +116,32 @@ def test_pool_refuses_calls_of_different_configs():
                                         spec_extend='{"draft_vocab": 8}')])
     with pytest.raises(ValueError, match="bench_decode"):
         merge_results.pool([part("results", "plain", "a")])
+
+
+def test_merge_refuses_files_of_different_plugin_configs():
+    # summarize labels a merged file's rows by its first config: a variant's
+    # calls must not hide among the defaults' (nor the defaults among it).
+    a, b = part("results", "plain", "a"), part("results", "spec_extend", "b")
+    a["meta"]["config"]["spec_extend"] = '{"top_k": 32, "recent_tokens": 256}'
+    b["meta"]["config"]["spec_extend"] = (
+        '{"top_k": 32, "recent_tokens": 256, "draft_prefill_window": 2048}')
+    with pytest.raises(ValueError, match="different plugin configs"):
+        merge_results.merge([a, b])
+    b["meta"]["config"]["spec_extend"] = '{"recent_tokens": 256, "top_k": 32}'
+    assert len(merge_results.merge([a, b])["results"]) == 2
+
+
+def test_pool_refuses_calls_of_other_devices_or_switches():
+    a = decode_part("a", {"spec_extend": [1]})
+    b = decode_part("b", {"spec_extend": [2]})
+    a["meta"]["hardware"] = {"device": "NVIDIA H100 80GB HBM3"}
+    b["meta"]["hardware"] = {"device": "NVIDIA H200"}
+    with pytest.raises(ValueError, match="one kind of device"):
+        merge_results.pool([a, b])
+    b["meta"]["hardware"] = a["meta"]["hardware"]
+    b["engines"] = [{"mode": "spec_extend",
+                     "plugin_env": {"SPECEXTEND_DRAFT_AOT": "0"}}]
+    with pytest.raises(ValueError, match="same tuning switches"):
+        merge_results.pool([a, b])
+    b["engines"] = [{"mode": "spec_extend", "plugin_env": {"SPECEXTEND_DATA_DIR": "/x"}}]
+    assert merge_results.pool([a, b])["results"][0]["runs_from_calls"] == 2

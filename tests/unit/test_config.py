@@ -391,6 +391,7 @@ def test_draft_prefill_window_must_be_a_positive_integer(value):
     ({"self_draft": True}, {"model": "t", "draft_model": "t"}, "self_draft writes no draft KV"),
     ({"compact_positions": True}, {}, "compacted"),
     ({}, {"max_model_len": 65536, "draft_max_model_len": 2048}, "compacted"),
+    ({"policy": "full"}, {}, 'policy "full" never builds'),
 ])
 def test_validate_engine_refuses_a_prefill_window_it_cannot_serve(cfg, facts, match):
     cfg = SpecExtendConfig(draft_prefill_window=1024, **cfg)

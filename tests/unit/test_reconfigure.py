@@ -12,7 +12,8 @@ import torch
 from vllm_specextend.config import SpecExtendConfig, SpecExtendConfigError
 
 
-def _proposer(compactor=None):
+def _proposer(compactor=None, method="draft_model"):
+    from vllm_specextend.config import EngineFacts
     from vllm_specextend.deferral import PrefillDeferral
     from vllm_specextend.proposer import SpecExtendProposer
     from vllm_specextend.retriever import Retriever
@@ -29,6 +30,9 @@ def _proposer(compactor=None):
     proposer.compactor = compactor
     proposer.deferral = PrefillDeferral()
     proposer.block_size = 32
+    proposer.settings = types.SimpleNamespace(facts=EngineFacts(
+        has_speculative_config=True, method=method, block_size=32,
+        tensor_parallel_size=1, pipeline_parallel_size=1))
     proposer._min_context = 0
     proposer._num_score_layers = None
     proposer.retriever = Retriever(SpecExtendConfig(), None, proposer.staging,
@@ -81,3 +85,12 @@ def test_reconfigure_refuses_another_score_layer():
     # Past the layers it is refused, not wrapped around onto the final one.
     with pytest.raises(SpecExtendConfigError, match="outside the target's 30"):
         proposer.reconfigure(SpecExtendConfig(score_layer=59))
+
+
+def test_reconfigure_refuses_a_prefill_window_the_engine_cannot_serve():
+    # A benchmark switching configs on a live engine meets the start-up rules.
+    _proposer().reconfigure(SpecExtendConfig(draft_prefill_window=512))
+    proposer = _proposer(method="eagle3")
+    with pytest.raises(SpecExtendConfigError, match="eagle3 head writes no draft KV"):
+        proposer.reconfigure(SpecExtendConfig(draft_prefill_window=512))
+    assert proposer.cfg.draft_prefill_window is None
