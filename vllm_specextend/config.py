@@ -78,14 +78,15 @@ class SpecExtendConfig:
     follows frequency: the first quarter of SmolLM2's 49K ids holds 89-90%
     of the evaluation's document tokens (``benchmarks/vocab_coverage.py``;
     a 128K vocabulary is not measured yet). A 1B draft's ``lm_head`` is
-    0.53 GB of the 2.5 GB each draft token reads (docs/design.md). Lossless either way (the target verifies every
-    draft); a draft whose token lies past the cut is rejected. None: the whole
+    0.53 GB of the 2.5 GB each draft token reads (docs/design.md). Lossless
+    either way (the target verifies every draft); a draft whose token lies
+    past the cut is rejected. None: the whole
     vocabulary. A draft model or ``self_draft`` (an EAGLE-3 head has its own
     draft vocabulary); sampled (non-greedy) drafts use the whole vocabulary."""
     draft_prefill_window: int | None = None
     """The draft's passes over a prompt attend to the sinks, the last
-    ``draft_prefill_window`` tokens before each chunk and the chunk, through the same
-    block-table view as its decode steps: the draft's attention over a
+    ``draft_prefill_window`` tokens before each chunk and the chunk, through
+    the same block-table view as its decode steps: the draft's attention over a
     prompt grows linearly with it instead of quadratically. On an H100 the
     1B draft's passes over a 16K prompt took a quarter of the target's time,
     more than its share of the weights (docs/results.md; issue #22). Its KV of

@@ -79,10 +79,9 @@ class PrefillDeferral:
 
 def copy_metadata(cad):
     """A copy of a dataclass of tensors (vLLM's CommonAttentionMetadata, a
-    view) whose
-    tensors and arrays are copies: the runner's persistent buffers behind them
-    are rewritten by the next step (on the device after this copy, in stream
-    order; on the host at once)."""
+    ``view.View``) whose tensors and arrays are copies: the runner's
+    persistent buffers behind them are rewritten by the next step (on the
+    device after this copy, in stream order; on the host at once)."""
 
     def copy(value):
         if isinstance(value, torch.Tensor):

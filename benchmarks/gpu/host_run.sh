@@ -263,10 +263,10 @@ PY
     mode=${SERVE_MODE:-plain}; wl=${SERVE_WORKLOAD:-long}; len=${SERVE_INPUT_LEN:-16384}
     draft=${SERVE_DRAFT:-llama32_1b}; method=${SERVE_METHOD:-draft_model}
     conc=${SERVE_CONCURRENCY:-1 4}
-    # SERVE_SPEC_EXTEND: the plugin's config (JSON) instead of the speed
-    # benches' (a variant: e.g. '{"top_k": 32, "recent_tokens": 256,
-    # "draft_prefill_window": 2048}'); SERVE_TAG then names the call's files.
-    spec=${SERVE_SPEC_EXTEND:-'{"top_k": 32, "recent_tokens": 256}'}
+    # SERVE_SPEC_EXTEND: the plugin's config (JSON) instead of bench_serve's
+    # default, the speed benches' (a variant: e.g. '{"top_k": 32,
+    # "recent_tokens": 256, "draft_prefill_window": 2048}'); SERVE_TAG then
+    # names the call's files.
     if [ -n "${SERVE_SPEC_EXTEND:-}" ] && [ -z "${SERVE_TAG:-}" ]; then
       echo "SERVE_SPEC_EXTEND needs SERVE_TAG (else its files take the default run's names)" >&2
       exit 2
@@ -291,7 +291,7 @@ PY
       --draft $M/$draft --method $method --tokenizer .gpu/tokenizer --modes $mode
       --workloads $wl --input-lens $len --concurrency $conc
       --num-prompts ${SERVE_PROMPTS:-$conc}
-      --runs 3 --acceptance-length 3.0 --spec-extend "$spec"
+      --runs 3 --acceptance-length 3.0 ${SERVE_SPEC_EXTEND:+--spec-extend "$SERVE_SPEC_EXTEND"}
       --startup-timeout 300 --run-timeout 240 --out-dir "$res"
       -- --load-format dummy --max-model-len $((len + 1024 + 256)))
     if [ "$detach" = 1 ]; then
