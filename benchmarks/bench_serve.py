@@ -34,7 +34,9 @@ Per run, from ``vllm bench serve --save-result --save-detailed``: output
 tok/s, TTFT, TPOT and ITL (p50 / p99), completed and failed requests, and the
 decode-phase throughput (output tokens after each request's first token over
 the time after the first tokens, ``benchmarks.harness.measure``, from the
-per-request start times, TTFTs and ITLs); the GPU busy share over that same
+per-request start times, TTFTs and ITLs) and where its window goes
+(``burst_shape``: the spread of the first tokens, the last first token's
+request's decode time); the GPU busy share over that same
 decode phase (``gpu_busy``: NVML's ``utilization.gpu`` of device 0, sampled
 here while the client runs, stamped with the client's clock
 ``time.perf_counter``, ``benchmarks.harness.gpu_busy``; None without NVML);
@@ -78,7 +80,7 @@ from pathlib import Path
 from benchmarks import prompts
 from benchmarks.harness import modes
 from benchmarks.harness.gpu_busy import GpuBusy
-from benchmarks.harness.measure import decode_throughput, spread
+from benchmarks.harness.measure import burst_shape, decode_throughput, spread
 from benchmarks.harness.meta import (
     SPEED_SPEC_EXTEND,
     device,
@@ -113,6 +115,8 @@ FIGURES = (
     ("ttft_p50_ms", "median_ttft_ms"), ("ttft_p99_ms", "p99_ttft_ms"),
     ("tpot_p50_ms", "median_tpot_ms"), ("tpot_p99_ms", "p99_tpot_ms"),
     ("itl_p50_ms", "median_itl_ms"), ("itl_p99_ms", "p99_itl_ms"),
+    ("first_token_spread_s", "first_token_spread_s"),
+    ("last_request_decode_s", "last_request_decode_s"),
 )
 
 
@@ -308,7 +312,7 @@ def decode_phase(bench: dict, busy: GpuBusy) -> dict:
                     bench["start_times"], bench["ttfts"], bench["itls"],
                     bench["output_lens"], bench["errors"], strict=True)
                 if not error and n]
-    return {**decode_throughput(requests),
+    return {**decode_throughput(requests), **burst_shape(requests),
             "gpu_busy": busy.share((first, last) for first, last, _ in requests)}
 
 
@@ -460,8 +464,9 @@ def table(result: dict) -> str:
                 "",
                 "| mode | concurrency | runs | failed requests | output tok/s "
                 "| decode tok/s | GPU busy % | TTFT ms p50 / p99 | TPOT ms p50 / p99 "
-                "| ITL ms p50 / p99 | acceptance length | draft context |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                "| ITL ms p50 / p99 | first tokens over s / last one's decode s "
+                "| acceptance length | draft context |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         rows = [r for r in result["results"]
                 if (r["workload"], r["input_len"]) == (workload, input_len)]
         rows.sort(key=lambda r: (series_key(r), r["concurrency"]))
@@ -480,6 +485,8 @@ def table(result: dict) -> str:
                 f"| {_s(r['ttft_p50_ms'])} / {_s(r['ttft_p99_ms'])} "
                 f"| {_s(r['tpot_p50_ms'], 1)} / {_s(r['tpot_p99_ms'], 1)} "
                 f"| {_s(r['itl_p50_ms'], 1)} / {_s(r['itl_p99_ms'], 1)} "
+                f"| {_s(r.get('first_token_spread_s'), 1)} / "
+                f"{_s(r.get('last_request_decode_s'), 1)} "
                 f"| {'–' if length is None else f'{length:.2f}'} "
                 f"| {f'{100 * draft / full:.1f}%' if full else '–'} |")
         out.append("")

@@ -45,6 +45,24 @@ def decode_throughput(requests: Iterable[tuple[float, float, int]]) -> dict:
             "decode_tok_s": tokens / seconds if seconds > 0 else None}
 
 
+def burst_shape(requests: Iterable[tuple[float, float, int]]) -> dict:
+    """Where a serving run's decode window goes, from (first token time, last
+    token time, output tokens) per request: ``first_token_spread_s``, from the
+    first request's first token to the last one's (prompts still being
+    prefilled: the target's prefill, the same work in every mode, and any
+    draft pass over the prompts), and ``last_request_decode_s``, the decode
+    time of the request whose first token came last. For a burst the decode
+    window (``decode_throughput``) is about their sum, so the decode-phase
+    gain of a faster decode is bounded by the spread."""
+    requests = list(requests)
+    if not requests:
+        return {"first_token_spread_s": None, "last_request_decode_s": None}
+    firsts = [first for first, _, _ in requests]
+    first, last, _ = max(requests, key=lambda r: r[0])
+    return {"first_token_spread_s": first - min(firsts),
+            "last_request_decode_s": last - first}
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-th percentile (0-100), linear between ranks (numpy's default)."""
     values = sorted(values)

@@ -35,6 +35,16 @@ def test_decode_throughput_leaves_out_first_tokens_and_waits():
     assert measure.decode_throughput([(1.0, 1.0, 1)])["decode_tok_s"] is None
 
 
+def test_burst_shape_splits_the_window_at_the_last_first_token():
+    # Three requests of a burst: first tokens at 1, 2 and 5 (the spread, 4 s),
+    # the last of them decodes for 3 s; the first one ends latest.
+    requests = [(1.0, 9.0, 10), (2.0, 4.0, 10), (5.0, 8.0, 10)]
+    assert measure.burst_shape(requests) == {
+        "first_token_spread_s": 4.0, "last_request_decode_s": 3.0}
+    assert measure.burst_shape([]) == {
+        "first_token_spread_s": None, "last_request_decode_s": None}
+
+
 def test_gpu_busy_share_counts_the_samples_inside_the_intervals():
     busy = GpuBusy()
     busy.samples = [(0.0, 0.1), (1.0, 0.9), (2.0, 0.7), (3.0, 0.2), (4.0, 1.0),

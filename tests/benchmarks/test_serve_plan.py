@@ -243,6 +243,7 @@ def test_decode_phase_from_per_request_data():
     busy.samples = [(1.2, 0.0), (2.0, 0.9), (3.8, 0.7), (4.5, 0.0), (6.1, 0.0)]
     assert bench_serve.decode_phase(bench, busy) == {
         "decode_s": 2.5, "decode_tokens": 4, "decode_tok_s": 4 / 2.5,
+        "first_token_spread_s": 1.5, "last_request_decode_s": 1.0,
         "gpu_busy": pytest.approx(0.8)}
     busy.samples = []  # no NVML
     assert bench_serve.decode_phase(bench, busy)["gpu_busy"] is None
