@@ -80,7 +80,8 @@ class SpecExtendConfig:
     a 128K vocabulary is not measured yet). A 1B draft's ``lm_head`` is
     0.53 GB of the 2.5 GB each draft token reads (docs/design.md). Lossless
     either way (the target verifies every draft); a draft whose token lies
-    past the cut is rejected. None: the whole
+    past the cut is rejected, which cost a quarter cut 9-11% of the accepted
+    length with real weights (docs/evaluation.md). None: the whole
     vocabulary. A draft model or ``self_draft`` (an EAGLE-3 head has its own
     draft vocabulary); sampled (non-greedy) drafts use the whole vocabulary."""
     draft_prefill_window: int | None = None
@@ -92,7 +93,8 @@ class SpecExtendConfig:
     more than its share of the weights (docs/results.md; issue #22). Its KV of
     the prompt then holds what each token saw of that window, which the draft
     later reads through its working set. Lossless either way (the target
-    verifies every draft); the draft's acceptance may change. None: full
+    verifies every draft); the draft's acceptance may change (about 1% for
+    a window of 2,048 at 8K with real weights, docs/evaluation.md). None: full
     attention over the prompt, as vLLM's draft. A draft model only, at its
     own positions (not with compacted positions or ``self_draft``), under the
     ``cmr`` or ``streaming`` policy; a step whose K vLLM set to 0 drafts
