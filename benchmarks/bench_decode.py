@@ -117,8 +117,7 @@ def engine_args(args, mode: str, target: str, draft: str | None) -> dict:
     spec = modes.Speculation(draft=draft, method=args.method,
                              num_spec_tokens=args.num_spec_tokens,
                              acceptance_length=args.acceptance_length,
-                             spec_extend=json.loads(args.spec_extend),
-                             draft_quantization=args.draft_quantization)
+                             spec_extend=json.loads(args.spec_extend))
     kwargs.update(modes.engine_settings(mode, spec))
     return kwargs
 
@@ -320,9 +319,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="synthetic mean acceptance length; 0: real rejection sampling")
     p.add_argument("--spec-extend", default=DEFAULT_SPEC_EXTEND, metavar="JSON",
                    help="the plugin's config in the spec_extend and self_draft modes")
-    p.add_argument("--draft-quantization", metavar="METHOD",
-                   help="vLLM's quantization of the draft model (e.g. fp8), for "
-                   "draft_model and spec_extend alike; a variant in summaries")
     p.add_argument("--load-format", default="dummy",
                    help="'auto': the config dirs are checkpoints")
     p.add_argument("--eagle-v1-baseline", action="store_true",

@@ -65,9 +65,8 @@ def _busy(runs: list[dict]) -> list[float | None]:
 
 def _variant(result: dict, mode: str, row: dict | None = None) -> str | None:
     """The tuning switches a mode's engine or server ran with, e.g.
-    ``SPECEXTEND_DRAFT_AOT=0``, what the file's plugin config set beyond
-    the speed benches' (``draft_vocab=32768``) and a quantized draft
-    (``draft_quantization=fp8``); None where none is (the
+    ``SPECEXTEND_DRAFT_AOT=0``, and what the file's plugin config set beyond
+    the speed benches' (``draft_vocab=32768``); None where neither (the
     defaults of the file's commit). A serving row names its own server's
     switches (a merged file can hold the same mode with and without one);
     older rows go by every engine or server of the mode. The config names
@@ -82,10 +81,8 @@ def _variant(result: dict, mode: str, row: dict | None = None) -> str | None:
         for e in result.get("engines", []) + result.get("servers", []):
             if e.get("mode") == mode:
                 env.update(e.get("plugin_env") or {})
-    config = result["meta"].get("config") or {}
-    quantized = config.get("draft_quantization")
-    return " ".join(v for v in (tuning_switches(env), config_switches(config.get("spec_extend")),
-                                quantized and f"draft_quantization={quantized}") if v) or None
+    config = config_switches((result["meta"].get("config") or {}).get("spec_extend"))
+    return " ".join(v for v in (tuning_switches(env), config) if v) or None
 
 
 def decode_rows(result: dict, file: str) -> list[dict]:

@@ -34,9 +34,6 @@ class Speculation:
     num_spec_tokens: int = 4
     acceptance_length: float = 0.0
     spec_extend: dict = field(default_factory=dict)
-    draft_quantization: str | None = None
-    """vLLM's ``speculative_config.quantization`` for the draft (e.g. fp8:
-    its bf16 weights quantized at load), in every mode with a draft model."""
 
 
 def needs_draft(mode: str) -> bool:
@@ -61,8 +58,6 @@ def engine_settings(mode: str, spec: Speculation) -> dict:
         speculative = {"num_speculative_tokens": spec.num_spec_tokens}
         if needs_draft(mode):
             speculative.update(method=spec.method, model=spec.draft)
-            if spec.draft_quantization:
-                speculative["quantization"] = spec.draft_quantization
         if spec.acceptance_length > 0:
             speculative.update(rejection_sample_method="synthetic",
                                synthetic_acceptance_length=spec.acceptance_length)

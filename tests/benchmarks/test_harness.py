@@ -103,11 +103,6 @@ def test_each_mode_adds_only_its_settings():
         "additional_config": {"spec_extend": {"top_k": 8, "self_draft": True}}}
     assert modes.serve_flags(modes.engine_settings("spec_extend", spec))[2:] == [
         "--spec-extend", '{"top_k": 8}']
-    # A quantized draft: vLLM's own key, for every mode with a draft model.
-    fp8 = modes.Speculation(draft="D", draft_quantization="fp8")
-    for mode in ("draft_model", "spec_extend"):
-        assert modes.engine_settings(mode, fp8)["speculative_config"]["quantization"] == "fp8"
-    assert "quantization" not in modes.engine_settings("draft_model", spec)["speculative_config"]
     assert modes.label("draft_model", modes.Speculation(method="eagle3")) == "eagle3"
     with pytest.raises(ValueError, match="needs a draft model"):
         modes.engine_settings("draft_model", modes.Speculation())

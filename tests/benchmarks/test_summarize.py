@@ -179,18 +179,6 @@ def test_tuning_variants_stay_out_of_the_headline(results):
     assert "999" not in text and "[200 (180–210)]" in text
 
 
-def test_a_quantized_draft_is_a_variant(results):
-    """A file whose draft ran quantized (``--draft-quantization``) names it in
-    every row, baselines too, and stays out of the headline."""
-    ab = _decode("z", [_decode_row("spec_extend", [999.0, 998.0, 997.0])])
-    ab["meta"]["config"]["draft_quantization"] = "fp8"
-    (results / "decode" / "20261209T0000Z_fp8.json").write_text(json.dumps(ab))
-    rows = summarize.summarize(results)
-    assert [r["variant"] for r in rows if r["file"].endswith("_fp8.json")] == [
-        "draft_quantization=fp8"]
-    assert "999" not in summarize.render(rows, results / "docs")
-
-
 def test_serving_variants_stay_out_of_the_headline(results):
     """A server started with a tuning switch set (an A/B of
     SPECEXTEND_EARLY_OUTPUT_COPY, say) gives variant rows."""
