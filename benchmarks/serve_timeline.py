@@ -27,7 +27,7 @@ FIGURES = ("decode_s", "decode_tok_s", "first_token_spread_s", "last_request_dec
 def run_timeline(bench: dict) -> dict:
     """One run's figures (``bench_serve.decode_phase``, without GPU samples)
     and its requests, timed from the first request's start."""
-    t0 = min(bench["start_times"])
+    t0 = min(bench["start_times"], default=0.0)
     figures = decode_phase(bench, GpuBusy())
     requests = [[round(start + ttft - t0, 4), round(start + ttft + sum(itls) - t0, 4), n]
                 for start, ttft, itls, n, error in zip(

@@ -80,8 +80,8 @@ class SpecExtendConfig:
     a 128K vocabulary is not measured yet). A 1B draft's ``lm_head`` is
     0.53 GB of the 2.5 GB each draft token reads (docs/design.md). Lossless
     either way (the target verifies every draft); a draft whose token lies
-    past the cut is rejected, which cost a quarter cut 9-11% of the accepted
-    length with real weights (docs/evaluation.md). None: the whole
+    past the cut is rejected: with real weights a cut to a quarter of the
+    ids lost 9-11% of the accepted length (docs/evaluation.md). None: the whole
     vocabulary. A draft model or ``self_draft`` (an EAGLE-3 head has its own
     draft vocabulary); sampled (non-greedy) drafts use the whole vocabulary."""
     draft_prefill_window: int | None = None

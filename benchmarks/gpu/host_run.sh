@@ -396,8 +396,9 @@ PY
     # key alone, plain decoding beside each for the greedy check; prompts
     # in 2048-token chunks so the window has earlier chunks to leave out.
     # One process per config and dataset, side by side (six); their files come
-    # back as options.tgz. The GGUF travels first (`gguf`). OPTIONS_LENGTH,
-    # OPTIONS_DATASET, OPTIONS_ARGS (e.g. --num-prompts) narrow or widen it.
+    # back as options.tgz (the tables are in the call's output too). The GGUF
+    # travels first (`gguf`). OPTIONS_LENGTH, OPTIONS_DATASET, OPTIONS_ARGS
+    # (e.g. --num-prompts) narrow or widen it.
     [ -d /root/pair/target ] || PYTHONPATH=/root/vsite:/root/gguf timeout 300 \
       python3 -c "from benchmarks.models.builders import build_smollm2 as b; b('/root/pair/target')" \
       > "$OUT/options_target.log" 2>&1 || { echo "options: no target"; tail -5 "$OUT/options_target.log"; exit 1; }
@@ -412,7 +413,10 @@ PY
     done
     for one in "${pids[@]}"; do wait "$one" || rc=$?; done
     cat "$OUT"/options_*.txt
-    (cd "$OUT" && tar -czf options.tgz options_*.{json,md,log,txt} && rm -f options_*.{json,log,txt})
+    # Everything in one archive, whatever a failed process left: a call brings
+    # back 8 files at most.
+    (cd "$OUT" && shopt -s nullglob && files=(options_*.{json,md,log,txt}) \
+      && tar -czf options.tgz "${files[@]}"; rm -f "${files[@]}")
     echo "options rc=$rc"; exit $rc ;;
   grid23)
     # Issue #23's grid: SmolLM2-135M-Instruct drafting for itself (self_full,

@@ -9,7 +9,7 @@
 #   .gpu/wheel/                 this plugin as a wheel (its vllm.general_plugins entry
 #                               point; the code itself comes from the checkout)
 #   .gpu/models/                model shapes for dummy weights (config.json only;
-#                               shared ones and benchmarks/models/configs)
+#                               the shared ones and llama32_1b_fp8)
 #   .gpu/data/                  the long-input prompts (serving workloads, evaluation)
 #   .gpu/tokenizer/             a tokenizer for vllm serve and its client (SmolLM2's,
 #                               converted once as scripts/demo.sh does): its ids stay
@@ -32,9 +32,10 @@ rm -rf .gpu/wheel && mkdir -p .gpu/wheel
 python3 -m pip wheel --no-deps -q -w .gpu/wheel . 2>&1 | grep -v '^WARNING' || true
 rm -rf .gpu/models .gpu/data && mkdir -p .gpu/models .gpu/data
 cp -r "$SHARED"/gpu/models/* .gpu/models/
-# The project's own shapes (an fp8 checkpoint of the 1B draft's shape: vLLM
-# 0.26 quantizes no draft at load, since a draft's hf_overrides is a callable).
-cp -r benchmarks/models/configs/* .gpu/models/
+# An fp8 checkpoint of the 1B draft's shape (vLLM 0.26 quantizes no draft at
+# load: a draft's hf_overrides is a callable). Only it: the project's
+# llama31_8b_eagle3 (2,048 positions) must not replace the shared one (64K).
+cp -r benchmarks/models/configs/llama32_1b_fp8 .gpu/models/
 cp -r "$SHARED"/data/govreport "$SHARED"/data/pg19 .gpu/data/
 # chat_template.jinja: without it every chat request of the soak answers 400.
 if [ ! -f .gpu/tokenizer/tokenizer.json ] || [ ! -f .gpu/tokenizer/chat_template.jinja ]; then

@@ -51,9 +51,12 @@ def burst_shape(requests: Iterable[tuple[float, float, int]]) -> dict:
     first request's first token to the last one's (prompts still being
     prefilled: the target's prefill, the same work in every mode, and any
     draft pass over the prompts), and ``last_request_decode_s``, the decode
-    time of the request whose first token came last. For a burst the decode
-    window (``decode_throughput``) is about their sum, so the decode-phase
-    gain of a faster decode is bounded by the spread."""
+    time of the request whose first token came last (the first of them in
+    the list on a tie). For one burst (a request per slot) whose last first
+    token's request also ends last, the decode window (``decode_throughput``)
+    is their sum, so the decode-phase gain of a faster decode is bounded by
+    the spread; with more requests than slots the spread also holds the
+    first wave's decoding."""
     requests = list(requests)
     if not requests:
         return {"first_token_spread_s": None, "last_request_decode_s": None}
