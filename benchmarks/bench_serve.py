@@ -302,16 +302,22 @@ def acceptance(bench: dict, delta: dict) -> tuple[float | None, float | None]:
     return accepted / drafted, 1 + accepted / drafts
 
 
+def request_spans(bench: dict) -> list[tuple[float, float, int]]:
+    """(first token, last token, output tokens) of each request that produced
+    tokens, from the per-request data of ``--save-detailed`` (start time, TTFT
+    and ITLs), in the client's ``time.perf_counter`` seconds."""
+    return [(start + ttft, start + ttft + sum(itls), n)
+            for start, ttft, itls, n, error in zip(
+                bench["start_times"], bench["ttfts"], bench["itls"],
+                bench["output_lens"], bench["errors"], strict=True)
+            if not error and n]
+
+
 def decode_phase(bench: dict, busy: GpuBusy) -> dict:
-    """Decode throughput and GPU busy share from the per-request data of
-    ``--save-detailed``: each request's [first token, last token], in the
-    client's ``time.perf_counter`` seconds (its start time, TTFT and ITLs), the
-    clock ``busy`` must stamp its samples with."""
-    requests = [(start + ttft, start + ttft + sum(itls), n)
-                for start, ttft, itls, n, error in zip(
-                    bench["start_times"], bench["ttfts"], bench["itls"],
-                    bench["output_lens"], bench["errors"], strict=True)
-                if not error and n]
+    """Decode throughput, where its window goes and GPU busy share over each
+    request's [first token, last token] (``request_spans``: the clock ``busy``
+    must stamp its samples with)."""
+    requests = request_spans(bench)
     return {**decode_throughput(requests), **burst_shape(requests),
             "gpu_busy": busy.share((first, last) for first, last, _ in requests)}
 

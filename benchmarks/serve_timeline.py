@@ -17,24 +17,21 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.bench_serve import decode_phase
-from benchmarks.harness.gpu_busy import GpuBusy
-from benchmarks.harness.measure import spread
+from benchmarks.bench_serve import _s, request_spans
+from benchmarks.harness.measure import burst_shape, decode_throughput, spread
 
 FIGURES = ("decode_s", "decode_tok_s", "first_token_spread_s", "last_request_decode_s")
 
 
 def run_timeline(bench: dict) -> dict:
-    """One run's figures (``bench_serve.decode_phase``, without GPU samples)
+    """One run's figures (``bench_serve.decode_phase``'s, without GPU busy)
     and its requests, timed from the first request's start."""
     t0 = min(bench["start_times"], default=0.0)
-    figures = decode_phase(bench, GpuBusy())
-    requests = [[round(start + ttft - t0, 4), round(start + ttft + sum(itls) - t0, 4), n]
-                for start, ttft, itls, n, error in zip(
-                    bench["start_times"], bench["ttfts"], bench["itls"],
-                    bench["output_lens"], bench["errors"], strict=True)
-                if not error and n]
-    return {**{k: figures[k] for k in FIGURES}, "requests": requests}
+    requests = request_spans(bench)
+    figures = {**decode_throughput(requests), **burst_shape(requests)}
+    return {**{k: figures[k] for k in FIGURES},
+            "requests": [[round(first - t0, 4), round(last - t0, 4), n]
+                         for first, last, n in requests]}
 
 
 def timeline(dirs: list[Path]) -> dict:
@@ -58,11 +55,8 @@ def table(result: dict) -> str:
            "| last first token's request: decode s |",
            "|---|---|---|---|---|---|"]
     for (d, name), runs in groups.items():
-        cells = []
-        for key in FIGURES:
-            s = spread([r[key] for r in runs if r[key] is not None])
-            cells.append("–" if s["median"] is None else
-                         f"{s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f})")
+        cells = [_s(spread([r[key] for r in runs if r[key] is not None]), 1)
+                 for key in FIGURES]
         out.append(f"| {d}/{name} | {len(runs)} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
