@@ -97,6 +97,39 @@ side_by_side() {
   fi
   return $rc
 }
+# SmolLM2-135M-Instruct as an HF checkpoint in /root/pair/target, built once
+# per machine from the GGUF the `gguf` phase brought (TAG names its log).
+smollm2_target() {
+  [ -d /root/pair/target ] && return 0
+  PYTHONPATH=/root/vsite:/root/gguf timeout 300 python3 -c \
+    "from benchmarks.models.builders import build_smollm2 as b; b('/root/pair/target')" \
+    > "$OUT/$1_target.log" 2>&1 && return 0
+  echo "$1: no target"; tail -5 "$OUT/$1_target.log"; return 1
+}
+# Configurations side by side, each a side_by_side set over OPTIONS_DATASET at
+# OPTIONS_LENGTH (8192), all running at once: SmolLM2 as the target,
+# prompts in 2048-token chunks (so a prompt window has earlier chunks to leave
+# out), CMR at a 512-token working set, OPTIONS_ARGS last.
+#   configs_side_by_side TAG "MODES" "NAME|DRAFT|PLUGIN_CONFIG_JSON"...
+# Their tables go to the call's output, every file into $OUT/TAG.tgz
+# (whatever a failed process left: a call brings back 8 files at most).
+configs_side_by_side() {
+  local tag=$1 modes=$2 one rest pids=() rc=0
+  shift 2
+  for one in "$@"; do
+    rest=${one#*|}
+    side_by_side "${tag}_${one%%|*}" "${OPTIONS_DATASET:-govreport pg19}" \
+      "${OPTIONS_LENGTH:-8192}" --target /root/pair/target --draft "${rest%%|*}" \
+      --modes $modes --working-sets 512 --max-num-batched-tokens 2048 \
+      --spec-extend "${rest#*|}" ${OPTIONS_ARGS:-} > "$OUT/${tag}_${one%%|*}.txt" 2>&1 &
+    pids+=($!)
+  done
+  for one in "${pids[@]}"; do wait "$one" || rc=$?; done
+  cat "$OUT/${tag}"_*.txt
+  (cd "$OUT" && shopt -s nullglob && files=("${tag}"_*.{json,md,log,txt,tgz}) \
+    && tar -czf "$tag.tgz" "${files[@]}"; rm -f "${files[@]}")
+  return $rc
+}
 case "$1" in
   kernels)
     timeout 200 python3 -m pytest tests/kernels -q -p no:cacheprovider \
@@ -393,31 +426,31 @@ PY
     # (issue #26's draft_vocab, #22's draft_prefill_window): SmolLM2-135M-
     # Instruct drafts for itself, so a token a key loses is its approximation's,
     # not the draft's. CMR at a 512-token working set with no key, then each
-    # key alone, plain decoding beside each for the greedy check; prompts
-    # in 2048-token chunks so the window has earlier chunks to leave out.
-    # One process per config and dataset, side by side (six); their files come
-    # back as options.tgz (the tables are in the call's output too). The GGUF
+    # key alone, plain decoding beside each for the greedy check. The GGUF
     # travels first (`gguf`). OPTIONS_LENGTH, OPTIONS_DATASET, OPTIONS_ARGS
     # (e.g. --num-prompts) narrow or widen it.
-    [ -d /root/pair/target ] || PYTHONPATH=/root/vsite:/root/gguf timeout 300 \
-      python3 -c "from benchmarks.models.builders import build_smollm2 as b; b('/root/pair/target')" \
-      > "$OUT/options_target.log" 2>&1 || { echo "options: no target"; tail -5 "$OUT/options_target.log"; exit 1; }
-    pids=(); rc=0
-    for one in 'none|{}' 'vocab-12288|{"draft_vocab": 12288}' \
-        'window-2048|{"draft_prefill_window": 2048}'; do
-      side_by_side "options_${one%%|*}" "${OPTIONS_DATASET:-govreport pg19}" \
-        "${OPTIONS_LENGTH:-8192}" --target /root/pair/target --draft /root/pair/target \
-        --modes none cmr --working-sets 512 --max-num-batched-tokens 2048 \
-        --spec-extend "${one#*|}" ${OPTIONS_ARGS:-} > "$OUT/options_${one%%|*}.txt" 2>&1 &
-      pids+=($!)
-    done
-    for one in "${pids[@]}"; do wait "$one" || rc=$?; done
-    cat "$OUT"/options_*.txt
-    # Everything in one archive, whatever a failed process left: a call brings
-    # back 8 files at most.
-    (cd "$OUT" && shopt -s nullglob && files=(options_*.{json,md,log,txt}) \
-      && tar -czf options.tgz "${files[@]}"; rm -f "${files[@]}")
-    echo "options rc=$rc"; exit $rc ;;
+    smollm2_target options || exit 1
+    configs_side_by_side options "none cmr" \
+      'none|/root/pair/target|{}' \
+      'vocab-12288|/root/pair/target|{"draft_vocab": 12288}' \
+      'window-2048|/root/pair/target|{"draft_prefill_window": 2048}'
+    rc=$?; echo "options rc=$rc"; exit $rc ;;
+  fp8draft)
+    # What an fp8 draft costs in accepted tokens with real weights (issue
+    # #26: +6.8% at 64K, batch 1, with the 1B shape): SmolLM2-135M-Instruct
+    # drafts for itself as it is (bf16) and as an fp8 copy (builders.build_fp8:
+    # per-tensor e4m3 weights of the decoder's linears, activations quantized
+    # per token), under vLLM's own speculation (whole KV) and CMR at a
+    # 512-token working set, plain decoding beside them; otherwise as
+    # `options` (four processes, files back as fp8draft.tgz).
+    smollm2_target fp8draft || exit 1
+    [ -d /root/pair/target_fp8 ] || PYTHONPATH=/root/vsite timeout 300 python3 -m \
+      benchmarks.models.builders fp8 /root/pair/target /root/pair/target_fp8 \
+      > "$OUT/fp8draft_build.log" 2>&1 \
+      || { echo "fp8draft: no fp8 copy"; tail -5 "$OUT/fp8draft_build.log"; exit 1; }
+    configs_side_by_side fp8draft "none draft_model cmr" \
+      'bf16|/root/pair/target|{}' 'fp8|/root/pair/target_fp8|{}'
+    rc=$?; echo "fp8draft rc=$rc"; exit $rc ;;
   grid23)
     # Issue #23's grid: SmolLM2-135M-Instruct drafting for itself (self_full,
     # and self_streaming / self_cmr at working sets of 256, 512 and 1024
@@ -431,14 +464,12 @@ PY
     # overrides flags (passkeys: --tasks needle --needle-lengths 4096 8192;
     # many haystacks for the few the target answers: --needle-prompts 40
     # --needle-screen). Merge the files with `report`.
-    [ -d /root/pair/target ] || PYTHONPATH=/root/vsite:/root/gguf timeout 300 \
-      python3 -c "from benchmarks.models.builders import build_smollm2 as b; b('/root/pair/target')" \
-      > "$OUT/grid23_target.log" 2>&1 || { echo "grid23: no target"; tail -5 "$OUT/grid23_target.log"; exit 1; }
+    smollm2_target grid23 || exit 1
     side_by_side grid23 "${GRID_DATASET:-govreport}" "${GRID_LENGTH:-8192}" \
       --target /root/pair/target \
       --modes none self_full self_streaming self_cmr --working-sets 256 512 1024 \
       --num-prompts 20 --max-new-tokens 256 --batch-size 1 \
       --coverage ${GRID_ARGS:-}
     rc=$?; echo "grid23 rc=$rc"; exit $rc ;;
-  *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|serve12|soak21|gguf|pair|eval|analyses|needle|grid23|options" >&2; exit 2 ;;
+  *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|serve12|soak21|gguf|pair|eval|analyses|needle|grid23|options|fp8draft" >&2; exit 2 ;;
 esac

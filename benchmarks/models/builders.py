@@ -7,6 +7,8 @@
   with a small BPE tokenizer trained on a built-in English corpus.
 * :func:`build_tiny_eagle` / :func:`build_tiny_eagle3` write random EAGLE-1 /
   EAGLE-3 heads for such a Llama.
+* :func:`build_fp8` writes an fp8 copy of a built Llama checkpoint, the form
+  vLLM loads as a pre-quantized draft (vLLM 0.26 quantizes no draft at load).
 
 This module imports only the standard library at import time; torch,
 transformers and tokenizers are imported lazily inside the functions.  It does
@@ -16,6 +18,7 @@ CLI::
 
     python -m benchmarks.models.builders smollm2 OUT_DIR [--dtype bfloat16]
     python -m benchmarks.models.builders tiny OUT_DIR [--seed 0] [--num-layers 2] ...
+    python -m benchmarks.models.builders fp8 SRC_DIR OUT_DIR
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ import tempfile
 from pathlib import Path
 
 __all__ = [
+    "FP8_LINEARS",
     "SMOLLM2_PACKAGE",
+    "build_fp8",
     "build_smollm2",
     "build_tiny_eagle",
     "build_tiny_eagle3",
@@ -205,6 +210,68 @@ def build_smollm2(out_dir: str | os.PathLike, dtype: str = "bfloat16") -> Path:
         tokenizer.save_pretrained(tmp)
         gen.save_pretrained(tmp)
     del src, model
+    return out
+
+
+# --------------------------------------------------------------------------- #
+# fp8 copy of a Llama checkpoint
+# --------------------------------------------------------------------------- #
+# The decoder's linear layers, the ones vLLM's Fp8Config quantizes (LinearBase);
+# embeddings, norms and the (often tied) head stay in the source dtype.
+FP8_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj",
+               "gate_proj", "up_proj", "down_proj")
+
+
+def build_fp8(src_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+    """Write an fp8 copy of the Llama checkpoint in ``src_dir`` (a built one).
+
+    Every weight of the decoder's linear layers (:data:`FP8_LINEARS`) becomes
+    ``float8_e4m3fn`` with one float32 ``weight_scale`` per tensor (its
+    absolute maximum over 448, e4m3's largest value), and ``config.json``
+    gains ``quantization_config = {"quant_method": "fp8", "activation_scheme":
+    "dynamic"}``: what vLLM's ``Fp8Config`` reads as a serialized fp8
+    checkpoint (activations quantized per token at run time). Everything else
+    is copied as it is. vLLM 0.26 cannot quantize a draft at load
+    (``speculative_config.quantization`` stops at start-up: a draft's
+    ``hf_overrides`` is a callable), so an fp8 draft has to be a checkpoint.
+
+    Idempotent: returns immediately if ``out_dir`` is already built.
+    """
+    out, src = Path(out_dir), Path(src_dir)
+    if is_built(out):
+        return out
+    if not is_built(src):
+        raise FileNotFoundError(f"{src} is no built checkpoint (config.json, "
+                                "model.safetensors and a tokenizer)")
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    fp8_max = torch.finfo(torch.float8_e4m3fn).max
+    tensors = {}
+    for name, t in load_file(str(src / "model.safetensors")).items():
+        parts = name.split(".")
+        if (len(parts) >= 2 and parts[-1] == "weight"
+                and parts[-2] in FP8_LINEARS and t.dim() == 2):
+            w = t.to(torch.float32)
+            # A tensor of zeros keeps scale 1 (any scale maps it to zeros).
+            scale = (w.abs().max() / fp8_max).clamp(min=torch.finfo(torch.float32).tiny)
+            tensors[name] = (w / scale).clamp(-fp8_max, fp8_max).to(torch.float8_e4m3fn)
+            tensors[name[:-len("weight")] + "weight_scale"] = scale.reshape(())
+        else:
+            tensors[name] = t
+    if not any(t.dtype == torch.float8_e4m3fn for t in tensors.values()):
+        raise ValueError(f"{src}: no weight of {FP8_LINEARS} found to quantize")
+
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8",
+                                     "activation_scheme": "dynamic"}
+    with _AtomicDir(out) as tmp:
+        for f in src.iterdir():
+            if f.is_file() and f.name not in ("model.safetensors", "config.json"):
+                shutil.copy2(f, tmp / f.name)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     return out
 
 
@@ -627,6 +694,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="bfloat16",
                    choices=["bfloat16", "float16", "float32"])
 
+    p = sub.add_parser("fp8", help="write an fp8 copy of a built Llama checkpoint")
+    p.add_argument("src_dir")
+    p.add_argument("out_dir")
+
     p = sub.add_parser("tiny", help="build a tiny random Llama + BPE tokenizer")
     p.add_argument("out_dir")
     p.add_argument("--seed", type=int, default=0)
@@ -646,6 +717,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cmd == "smollm2":
         path = build_smollm2(args.out_dir, dtype=args.dtype)
+    elif args.cmd == "fp8":
+        path = build_fp8(args.src_dir, args.out_dir)
     else:
         path = build_tiny_llama(
             args.out_dir,

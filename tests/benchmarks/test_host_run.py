@@ -1,6 +1,7 @@
 """benchmarks/gpu/host_run.sh's side_by_side: one evaluation process per
 dataset (and length, where it names lengths), all at once, and the call fails
-when any of them does."""
+when any of them does; configs_side_by_side: such a set per configuration,
+all at once, packed into one archive."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ FAKE_PYTHON = textwrap.dedent("""\
       case $1 in --datasets) ds=$2; shift ;; --lengths) len=$2; shift ;;
         --out) out=$2; shift ;; esac; shift
     done
-    touch "$MARKS/$ds${len:-}"
+    touch "$MARKS/$(basename "$out")"
     for _ in $(seq 100); do
       [ "$(ls "$MARKS" | wc -l)" -ge "$EXPECT" ] && break; sleep 0.1
     done
@@ -31,9 +32,13 @@ FAKE_PYTHON = textwrap.dedent("""\
     """)
 
 
-def side_by_side_source() -> str:
+def function_source(name: str) -> str:
     text = (REPO_ROOT / "benchmarks/gpu/host_run.sh").read_text()
-    return re.search(r"^side_by_side\(\) \{\n.*?^\}\n", text, re.S | re.M).group(0)
+    return re.search(rf"^{name}\(\) \{{\n.*?^\}}\n", text, re.S | re.M).group(0)
+
+
+def side_by_side_source() -> str:
+    return function_source("side_by_side")
 
 
 def run(tmp_path, env_extra: dict, datasets: str = "govreport pg19",
@@ -144,3 +149,61 @@ def test_blank_lists_run_nothing(tmp_path):
     done = run(tmp_path, {}, datasets="\t")
     assert done.stdout.strip().endswith("rc=2")
     assert "no datasets" in done.stderr
+
+
+def run_configs(tmp_path, env_extra: dict, configs: list[str],
+                datasets: str = "govreport pg19") -> subprocess.CompletedProcess:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    fake = bin_dir / "python3"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    (tmp_path / "marks").mkdir(exist_ok=True)
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    quoted = " ".join(f"'{c}'" for c in configs)
+    script = (side_by_side_source() + function_source("configs_side_by_side")
+              + f'configs_side_by_side fp8draft "none draft_model cmr" {quoted}\n'
+              + 'echo "rc=$?"\n')
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(out),
+           "MARKS": str(tmp_path / "marks"), "OPTIONS_DATASET": datasets,
+           "EXPECT": str(len(datasets.split()) * len(configs)), **env_extra}
+    return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_configs_run_at_once_each_with_its_draft_and_config(tmp_path):
+    """Two configurations over two datasets are four processes at once (one
+    waits for all four), each with its own draft and plugin config, and their
+    files come back as one archive, nothing loose beside it."""
+    import tarfile
+
+    done = run_configs(tmp_path, {}, ["bf16|/m/target|{}",
+                                      'fp8|/m/target_fp8|{"top_k": 8}'])
+    assert done.stdout.strip().endswith("rc=0"), done.stdout + done.stderr
+    tables = [line for line in done.stdout.splitlines() if line.startswith("table of")]
+    assert len(tables) == 4
+    fp8 = [t for t in tables if "--draft /m/target_fp8 " in t]
+    assert len(fp8) == 2 and all('--spec-extend {"top_k": 8}' in t for t in fp8)
+    assert all("--modes none draft_model cmr --working-sets 512" in t for t in tables)
+    assert all("--lengths 8192" in t for t in tables)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["fp8draft.tgz"]
+    with tarfile.open(tmp_path / "out" / "fp8draft.tgz") as tar:
+        names = set(tar.getnames())
+    for cfg in ("bf16", "fp8"):
+        assert f"fp8draft_{cfg}.txt" in names
+        for ds in ("govreport", "pg19"):
+            assert {f"fp8draft_{cfg}_8192_{ds}.{ext}" for ext in ("json", "md", "log")} <= names
+
+
+def test_a_failing_configuration_fails_the_call_and_is_packed(tmp_path):
+    import tarfile
+
+    done = run_configs(tmp_path, {"CRASH_pg19": "1"},
+                       ["bf16|/m/target|{}", "fp8|/m/target_fp8|{}"])
+    assert done.stdout.strip().endswith("rc=7"), done.stdout + done.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["fp8draft.tgz"]
+    with tarfile.open(tmp_path / "out" / "fp8draft.tgz") as tar:
+        names = set(tar.getnames())
+    assert "fp8draft_fp8_8192_pg19.log" in names
+    assert "fp8draft_fp8_8192_pg19.json" not in names

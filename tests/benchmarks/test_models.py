@@ -133,3 +133,50 @@ def test_tiny_eagle_head_layout(tiny_dir, tmp_path):
     expected = {layer + p for p in projections}
     expected |= {"fc", layer + "post_attention_layernorm"}
     assert names == {f"{name}.weight" for name in expected}
+
+
+def test_fp8_copy_quantizes_the_linears_and_keeps_the_rest(tiny_dir, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from benchmarks.models.builders import FP8_LINEARS, build_fp8
+
+    out = build_fp8(tiny_dir, tmp_path / "fp8")
+    assert is_built(out)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["quantization_config"] == {"quant_method": "fp8",
+                                          "activation_scheme": "dynamic"}
+    src = load_file(str(tiny_dir / "model.safetensors"))
+    got = load_file(str(out / "model.safetensors"))
+    linears = [n for n in src if n.split(".")[-2] in FP8_LINEARS]
+    # two layers of seven linears each
+    assert len(linears) == 7 * cfg["num_hidden_layers"]
+    for name, t in src.items():
+        if name not in linears:
+            assert torch.equal(got[name], t), name
+            continue
+        q, scale = got[name], got[name[:-len("weight")] + "weight_scale"]
+        assert q.dtype == torch.float8_e4m3fn and q.shape == t.shape
+        assert scale.dtype == torch.float32 and scale.dim() == 0
+        # the largest magnitude maps to e4m3's largest value, 448
+        assert q.to(torch.float32).abs().max().item() == 448.0
+        back = q.to(torch.float32) * scale
+        # e4m3 keeps 3 mantissa bits: half a step is 1/16 of a value, and
+        # values below e4m3's smallest normal (2^-6 of the scale) round on a
+        # fixed grid of 2^-9 of the scale
+        err = (back - t.float()).abs()
+        bound = torch.maximum(t.float().abs() / 16, scale * 2.0 ** -10)
+        assert (err <= bound * 1.0001).all(), name
+    assert len(got) == len(src) + len(linears)  # one scale per linear
+    # built once: a second call leaves the files alone
+    before = (out / "model.safetensors").stat().st_mtime_ns
+    assert build_fp8(tiny_dir, out) == out
+    assert (out / "model.safetensors").stat().st_mtime_ns == before
+
+
+def test_fp8_copy_needs_a_built_checkpoint(tmp_path):
+    from benchmarks.models.builders import build_fp8
+
+    with pytest.raises(FileNotFoundError, match="no built checkpoint"):
+        build_fp8(tmp_path / "missing", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
