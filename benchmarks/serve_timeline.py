@@ -47,7 +47,8 @@ def timeline(dirs: list[Path]) -> dict:
 
 def table(result: dict) -> str:
     """A line per run group (a directory and the file name before ``_run``):
-    median (min–max) of each figure over its runs."""
+    median (min–max) of each figure over its runs that produced tokens (a
+    run whose requests all failed has no decode window, not one of 0 s)."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for run in result["runs"]:
         groups.setdefault((run["dir"], run["file"].rsplit("_run", 1)[0]), []).append(run)
@@ -55,9 +56,12 @@ def table(result: dict) -> str:
            "| last first token's request: decode s |",
            "|---|---|---|---|---|---|"]
     for (d, name), runs in groups.items():
-        cells = [_s(spread([r[key] for r in runs if r[key] is not None]), 1)
+        timed = [r for r in runs if r["requests"]]
+        cells = [_s(spread([r[key] for r in timed if r[key] is not None]), 1)
                  for key in FIGURES]
-        out.append(f"| {d}/{name} | {len(runs)} | " + " | ".join(cells) + " |")
+        count = (str(len(runs)) if len(timed) == len(runs)
+                 else f"{len(runs)} ({len(runs) - len(timed)} without tokens)")
+        out.append(f"| {d}/{name} | {count} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 

@@ -38,6 +38,21 @@ def test_a_burst_splits_into_first_token_spread_and_last_decode(tmp_path):
     assert text.rstrip().endswith("| 2.0 (1.0–3.0) |")
 
 
+def test_a_run_without_tokens_counts_in_no_figure(tmp_path):
+    # Run 1's requests all failed: it has no decode window (not one of 0 s,
+    # which would pull the median down) and the table says so.
+    run = tmp_path / "plain"
+    write_run(run, "plain_long_c2_run0.json", [0.0] * 2, [1.0, 2.0], [[1.0], [2.0]])
+    write_run(run, "plain_long_c2_run1.json", [0.0] * 2, [1.0, 1.0], [[1.0], [1.0]],
+              errors=["boom", "boom"])
+    write_run(run, "plain_long_c2_run2.json", [0.0] * 2, [1.0, 2.0], [[3.0], [4.0]])
+    result = serve_timeline.timeline([run])
+    assert result["runs"][1]["requests"] == []
+    text = serve_timeline.table(result)
+    # decode windows 3 s and 5 s: median 4.0 over the two runs with tokens
+    assert "| plain/plain_long_c2 | 3 (1 without tokens) | 4.0 (3.0–5.0) |" in text
+
+
 def test_no_runs_is_an_error_that_names_the_directory(tmp_path):
     with pytest.raises(SystemExit, match=str(tmp_path)):
         serve_timeline.timeline([tmp_path])
