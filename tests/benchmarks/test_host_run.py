@@ -41,25 +41,30 @@ def side_by_side_source() -> str:
     return function_source("side_by_side")
 
 
-def run(tmp_path, env_extra: dict, datasets: str = "govreport pg19",
-        args: str = "--target T --lengths 4096", lengths: str = "",
-        tag: str = "grid23_4096") -> subprocess.CompletedProcess:
+def run_script(tmp_path, script: str, processes: int,
+               env_extra: dict) -> subprocess.CompletedProcess:
+    """Run SCRIPT (host_run.sh functions and a call of one) with the fake
+    python3 first on PATH, expecting PROCESSES evaluations at once."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     fake = bin_dir / "python3"
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
-    marks = tmp_path / "marks"
-    marks.mkdir(exist_ok=True)
-    out = tmp_path / "out"
-    out.mkdir(exist_ok=True)
+    for name in ("marks", "out"):
+        (tmp_path / name).mkdir(exist_ok=True)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(tmp_path / "out"),
+           "MARKS": str(tmp_path / "marks"), "EXPECT": str(processes), **env_extra}
+    return subprocess.run(["bash", "-c", script + 'echo "rc=$?"\n'], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def run(tmp_path, env_extra: dict, datasets: str = "govreport pg19",
+        args: str = "--target T --lengths 4096", lengths: str = "",
+        tag: str = "grid23_4096") -> subprocess.CompletedProcess:
     script = (side_by_side_source()
-              + f'side_by_side {tag} "{datasets}" "{lengths}" {args}\n'
-              + 'echo "rc=$?"\n')
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(out), "MARKS": str(marks),
-           "EXPECT": str(len(datasets.split()) * max(1, len(lengths.split()))), **env_extra}
-    return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
-                          timeout=60)
+              + f'side_by_side {tag} "{datasets}" "{lengths}" {args}\n')
+    return run_script(tmp_path, script,
+                      len(datasets.split()) * max(1, len(lengths.split())), env_extra)
 
 
 def test_datasets_run_at_once_each_to_its_own_files(tmp_path):
@@ -153,23 +158,11 @@ def test_blank_lists_run_nothing(tmp_path):
 
 def run_configs(tmp_path, env_extra: dict, configs: list[str],
                 datasets: str = "govreport pg19") -> subprocess.CompletedProcess:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    fake = bin_dir / "python3"
-    fake.write_text(FAKE_PYTHON)
-    fake.chmod(0o755)
-    (tmp_path / "marks").mkdir(exist_ok=True)
-    out = tmp_path / "out"
-    out.mkdir(exist_ok=True)
     quoted = " ".join(f"'{c}'" for c in configs)
     script = (side_by_side_source() + function_source("configs_side_by_side")
-              + f'configs_side_by_side fp8draft "none draft_model cmr" {quoted}\n'
-              + 'echo "rc=$?"\n')
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(out),
-           "MARKS": str(tmp_path / "marks"), "OPTIONS_DATASET": datasets,
-           "EXPECT": str(len(datasets.split()) * len(configs)), **env_extra}
-    return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
-                          timeout=60)
+              + f'configs_side_by_side fp8draft "none draft_model cmr" {quoted}\n')
+    return run_script(tmp_path, script, len(datasets.split()) * len(configs),
+                      {"OPTIONS_DATASET": datasets, **env_extra})
 
 
 def test_configs_run_at_once_each_with_its_draft_and_config(tmp_path):
