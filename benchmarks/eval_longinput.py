@@ -412,6 +412,9 @@ def model_info(path: str) -> dict:
     config = json.loads((Path(path) / "config.json").read_text())
     info = {"path": path, **{k: config.get(k) for k in (
         "num_hidden_layers", "hidden_size", "max_position_embeddings", "dtype")}}
+    # "dtype" is the unquantized layers'; a quantized checkpoint says so here.
+    if config.get("quantization_config"):
+        info["quantization_config"] = config["quantization_config"]
     recipe = Path(path) / "recipe.json"
     if recipe.is_file():
         info["recipe"] = json.loads(recipe.read_text())

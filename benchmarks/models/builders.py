@@ -234,12 +234,20 @@ def build_fp8(src_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     is copied as it is. vLLM 0.26 cannot quantize a draft at load
     (``speculative_config.quantization`` stops at start-up: a draft's
     ``hf_overrides`` is a callable), so an fp8 draft has to be a checkpoint.
+    On loading, vLLM merges q/k/v and gate/up into one layer each and
+    re-quantizes its parts to the group's largest scale
+    (``requantize_with_max_scale``), as for any per-tensor fp8 checkpoint:
+    a part with a smaller scale is rounded a second time there.
 
+    A single-file checkpoint only (``model.safetensors``; a 1B Llama is one).
     Idempotent: returns immediately if ``out_dir`` is already built.
     """
     out, src = Path(out_dir), Path(src_dir)
     if is_built(out):
         return out
+    if (src / "model.safetensors.index.json").is_file():
+        raise ValueError(f"{src} is a sharded checkpoint; build_fp8 reads one "
+                         "model.safetensors (merge the shards first)")
     if not is_built(src):
         raise FileNotFoundError(f"{src} is no built checkpoint (config.json, "
                                 "model.safetensors and a tokenizer)")
@@ -254,7 +262,8 @@ def build_fp8(src_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
         if (len(parts) >= 2 and parts[-1] == "weight"
                 and parts[-2] in FP8_LINEARS and t.dim() == 2):
             w = t.to(torch.float32)
-            # A tensor of zeros keeps scale 1 (any scale maps it to zeros).
+            # A tensor of zeros gets the smallest positive scale (any scale
+            # maps it to zeros; zero would divide by zero).
             scale = (w.abs().max() / fp8_max).clamp(min=torch.finfo(torch.float32).tiny)
             tensors[name] = (w / scale).clamp(-fp8_max, fp8_max).to(torch.float8_e4m3fn)
             tensors[name[:-len("weight")] + "weight_scale"] = scale.reshape(())

@@ -16,7 +16,7 @@ from benchmarks.harness.meta import REPO_ROOT
 # processes run one after another would time out), writes its --out files.
 FAKE_PYTHON = textwrap.dedent("""\
     #!/bin/bash
-    argv="$*"
+    argv=$(printf '<%s>' "$@")
     while [ $# -gt 0 ]; do
       case $1 in --datasets) ds=$2; shift ;; --lengths) len=$2; shift ;;
         --out) out=$2; shift ;; esac; shift
@@ -76,8 +76,8 @@ def test_datasets_run_at_once_each_to_its_own_files(tmp_path):
         # Each process gets the call's arguments, its dataset, and is told
         # that it shares the GPU (its tok/s are no speed results).
         line = next(x for x in done.stdout.splitlines() if x.startswith(f"table of {ds}:"))
-        assert "--target T --lengths 4096 --shared-gpu" in line
-        assert f"--datasets {ds} " in line
+        assert "<--target><T><--lengths><4096><--shared-gpu>" in line
+        assert f"<--datasets><{ds}>" in line
 
 
 def test_one_dataset_has_the_gpu_to_itself(tmp_path):
@@ -116,8 +116,8 @@ def test_each_length_of_each_dataset_runs_at_once_each_to_its_own_files(tmp_path
         for length in ("2048", "4096"):
             assert (tmp_path / "out" / f"grid23_{length}_{ds}.json").exists()
             line = next(x for x in done.stdout.splitlines()
-                        if x.startswith(f"table of {ds}:") and f"--lengths {length} " in x)
-            assert "--target T --shared-gpu" in line
+                        if x.startswith(f"table of {ds}:") and f"<--lengths><{length}>" in x)
+            assert "<--target><T><--shared-gpu>" in line
 
 
 def test_one_length_of_one_dataset_has_the_gpu_to_itself(tmp_path):
@@ -171,18 +171,24 @@ def test_configs_run_at_once_each_with_its_draft_and_config(tmp_path):
     files come back as one archive, nothing loose beside it."""
     import tarfile
 
+    # what the phase wrote before (its builds' logs) goes into the archive too
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "fp8draft_build.log").write_text("built\n")
     done = run_configs(tmp_path, {}, ["bf16|/m/target|{}",
                                       'fp8|/m/target_fp8|{"top_k": 8}'])
     assert done.stdout.strip().endswith("rc=0"), done.stdout + done.stderr
     tables = [line for line in done.stdout.splitlines() if line.startswith("table of")]
     assert len(tables) == 4
-    fp8 = [t for t in tables if "--draft /m/target_fp8 " in t]
-    assert len(fp8) == 2 and all('--spec-extend {"top_k": 8}' in t for t in fp8)
-    assert all("--modes none draft_model cmr --working-sets 512" in t for t in tables)
-    assert all("--lengths 8192" in t for t in tables)
+    # each argument whole: the modes apart, the JSON config in one piece
+    fp8 = [t for t in tables if "<--draft></m/target_fp8>" in t]
+    assert len(fp8) == 2 and all('<--spec-extend><{"top_k": 8}>' in t for t in fp8)
+    assert all("<--modes><none><draft_model><cmr><--working-sets><512>" in t
+               for t in tables)
+    assert all("<--lengths><8192>" in t for t in tables)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["fp8draft.tgz"]
     with tarfile.open(tmp_path / "out" / "fp8draft.tgz") as tar:
         names = set(tar.getnames())
+    assert "fp8draft_build.log" in names
     for cfg in ("bf16", "fp8"):
         assert f"fp8draft_{cfg}.txt" in names
         for ds in ("govreport", "pg19"):

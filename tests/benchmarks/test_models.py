@@ -180,3 +180,24 @@ def test_fp8_copy_needs_a_built_checkpoint(tmp_path):
     with pytest.raises(FileNotFoundError, match="no built checkpoint"):
         build_fp8(tmp_path / "missing", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_fp8_copy_refuses_a_sharded_checkpoint(tiny_dir, tmp_path):
+    import shutil
+
+    from benchmarks.models.builders import build_fp8
+
+    sharded = tmp_path / "sharded"
+    shutil.copytree(tiny_dir, sharded)
+    (sharded / "model.safetensors.index.json").write_text("{}")
+    with pytest.raises(ValueError, match="sharded checkpoint"):
+        build_fp8(sharded, tmp_path / "out")
+
+
+def test_evaluation_metadata_says_a_draft_is_fp8(tiny_dir, tmp_path):
+    from benchmarks.eval_longinput import model_info
+    from benchmarks.models.builders import build_fp8
+
+    fp8 = model_info(str(build_fp8(tiny_dir, tmp_path / "fp8")))
+    assert fp8["quantization_config"]["quant_method"] == "fp8"
+    assert "quantization_config" not in model_info(str(tiny_dir))
