@@ -131,6 +131,13 @@ configs_side_by_side() {
   return $rc
 }
 case "$1" in
+  viewattn)
+    # Issue #26: the draft's attention over its view, FA3 against the one-launch
+    # Triton prototype, as CUDA-graph replays (view_attention_bench.py); only
+    # torch, Triton and vLLM's FA3, no engine: about a minute.
+    timeout 400 python3 -m benchmarks.gpu.view_attention_bench \
+      --out "$OUT/view_attention.json" ${VIEWATTN_ARGS:-} > "$OUT/view_attention.log" 2>&1
+    rc=$?; grep -E "^reqs|Error" "$OUT/view_attention.log"; echo "viewattn rc=$rc"; exit $rc ;;
   kernels)
     timeout 200 python3 -m pytest tests/kernels -q -p no:cacheprovider \
       > "$OUT/kernels.txt" 2>&1; tail -3 "$OUT/kernels.txt"
@@ -471,5 +478,5 @@ PY
       --num-prompts 20 --max-new-tokens 256 --batch-size 1 \
       --coverage ${GRID_ARGS:-}
     rc=$?; echo "grid23 rc=$rc"; exit $rc ;;
-  *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|serve12|soak21|gguf|pair|eval|analyses|needle|grid23|options|fp8draft" >&2; exit 2 ;;
+  *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|serve12|soak21|gguf|pair|eval|analyses|needle|grid23|options|fp8draft|viewattn" >&2; exit 2 ;;
 esac
