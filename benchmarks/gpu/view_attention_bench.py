@@ -10,7 +10,14 @@ Why it exists: a profile of one 64K, batch-1 step
 puts the draft's attention at about 0.9 ms of 16 ms: per layer pass FA3's
 main kernel (8.8 µs) and its split combine (3 µs) over a view of about 1.4K
 tokens whose bytes take about 1 µs. Before the prototype goes into the plugin,
-this measures whether one launch is faster at all.
+this measures whether one launch is faster at all. Answer on an H100
+(``benchmarks/results/decode/20261127T0027Z_h100_view-attention-microbench.json``):
+barely. FA3 runs both kernels in 9.2 µs over 1,408 tokens at batch 1 (the
+profile's 8.8 + 3 µs included its gaps), 11.4 µs for 3 new tokens; the
+prototype's best (16 splits, 64-token tiles) 9.0 and 8.9 µs: about 50 µs of
+a 15.7 ms step. More at 512 tokens (5.7 against 8.2 µs; about 0.2 ms a
+step) and at batch 8 (5-22% of the attention, about 70 µs a step at 1,408
+tokens).
 
 Shapes are the 1B draft's (32 query heads over 8 KV heads of 64, block size
 16); each timing replays a graph of 16 calls over 16 distinct caches (a layer

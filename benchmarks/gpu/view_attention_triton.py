@@ -3,8 +3,11 @@ kernel launch (split over the KV, the splits combined by the last program of
 each KV head), against FA3's main kernel plus its split combine, which a
 profile of one 64K step put at 8.8 + 3 µs a layer pass, 0.75 ms a step
 (`docs/design.md`). Not wired into the plugin: `view_attention_bench.py`
-times both as CUDA-graph replays first, and only a measured gain would move
-it there.
+times both as CUDA-graph replays, and the answer on an H100
+(``benchmarks/results/decode/20261127T0027Z_h100_view-attention-microbench.json``)
+is that it does not pay: over a 1,408-token view at batch 1 FA3 takes 9.2 µs a
+layer pass (main kernel and combine; 11.4 µs for 3 new tokens) and this
+kernel 9.0 (8.9), about 50 µs of a 15.7 ms step.
 
 Layout as vLLM's FlashAttention backend reads it: queries [num_tokens,
 num_heads, head_dim] packed by request (``query_start_loc``), a paged cache
