@@ -5,13 +5,21 @@ under the plugin: ``benchmarks.bench_serve.series``), error bars from the runs
 ``benchmarks.bench_serve`` result. Needs matplotlib (the ``bench``
 extra); ``bench_serve`` calls it itself where matplotlib is installed.
 
+With ``--summary``, the same plots over the README's serving table instead:
+per device, workload and input length measured at two concurrencies or more,
+every cell from the newest result file that holds it, variants left out
+(``benchmarks.summarize``'s rule), so a line may join cells of several
+sessions (each cell's modes come from one; the title counts the files).
+
     python -m benchmarks.plot_serve DIR/results.json [--out-dir DIR]
+    python -m benchmarks.plot_serve --summary benchmarks/results/summary.json --out-dir DIR
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 from benchmarks.bench_serve import inputs, series, series_key
@@ -58,10 +66,14 @@ def figure(result: dict, workload: str, input_len: int):
     meta, cfg = result["meta"], result["meta"]["config"]
     out_len, shown = ((cells[0]["output_len"], inputs(cells[0])) if cells
                       else ("?", f"{input_len}-token inputs"))
-    fig.suptitle(f"{workload}: {Path(cfg['target']).name} / "
-                 f"{Path(cfg['draft'] or '-').name}, {shown}, "
-                 f"{out_len} output tokens; {device(meta)}, vLLM {meta['vllm']}, "
-                 f"median and min–max of {cfg['runs']} runs", fontsize=10)
+    drafts = Path(cfg["draft"] or "-").name
+    sources = ""
+    if len(meta.get("files", ())) > 1:  # from_summary: cells of several files
+        drafts = ", ".join(sorted({r["draft"] for r in cells if r["draft"]})) or "-"
+        sources = f"; cells from {len(meta['files'])} result files"
+    fig.suptitle(f"{workload}: {Path(cfg['target']).name} / {drafts}, {shown}, "
+                 f"{out_len} output tokens\n{device(meta)}, vLLM {meta['vllm']}, "
+                 f"median and min–max of {cfg['runs']} runs{sources}", fontsize=10)
     return fig
 
 
@@ -81,12 +93,54 @@ def plot_all(result: dict, out_dir: Path) -> list[Path]:
             for w, n in groups]
 
 
+def from_summary(rows: list[dict], results_dir: Path) -> dict[tuple, dict]:
+    """Per (device, workload, input length) with cells at two concurrencies or
+    more: a result holding the summary's headline cells, each the newest
+    file's row for its draft, concurrency and mode, variants left out.
+    ``meta`` is the newest file's, with ``files`` listing every file used."""
+    from benchmarks.summarize import _newest, _variant
+
+    rows = [r for r in rows if r.get("bench") == "serve" and r["tok_s"]
+            and not r.get("variant")]
+    groups: dict[tuple, dict] = {}
+    for key in dict.fromkeys((r["device"], r["workload"], r["context"]) for r in rows):
+        mine = [r for r in rows if (r["device"], r["workload"], r["context"]) == key]
+        cells = _newest(mine, lambda r: (r["draft"], r["concurrency"], r["mode"]))
+        if len({r["concurrency"] for r in cells.values()}) < 2:
+            continue
+        files = sorted({r["file"] for r in cells.values()}, key=lambda f: Path(f).name)
+        loaded = {f: json.loads((results_dir / f).read_text()) for f in files}
+        results = [x for (draft, conc, mode), r in cells.items()
+                   for x in loaded[r["file"]]["results"]
+                   if (x["workload"], x["input_len"], x["concurrency"], x["mode"], x["draft"])
+                   == (key[1], key[2], conc, mode, draft)
+                   and _variant(loaded[r["file"]], mode, x) is None]
+        groups[key] = {"meta": {**loaded[files[-1]]["meta"], "files": files},
+                       "results": results}
+    return groups
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(
         description=" ".join(__doc__.split("\n\n")[0].split()))
-    parser.add_argument("results", type=Path)
+    parser.add_argument("results", type=Path, nargs="?")
+    parser.add_argument("--summary", type=Path,
+                        help="plot the README's serving cells from this summary.json")
     parser.add_argument("--out-dir", type=Path, help="default: beside RESULTS")
     args = parser.parse_args(argv)
+    if (args.results is None) == (args.summary is None):
+        parser.error("give a RESULTS file or --summary, not both")
+    if args.summary:
+        if args.out_dir is None:
+            parser.error("--summary needs --out-dir")
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        groups = from_summary(json.loads(args.summary.read_text()), args.summary.parent)
+        for (dev, workload, length), result in groups.items():
+            # "NVIDIA H100 80GB HBM3" -> h100
+            gpu = re.split(r"[^a-z0-9]+", dev.lower().removeprefix("nvidia "))[0]
+            name = f"serve_{gpu}_{workload}_{length}.png"
+            print(plot(result, workload, length, args.out_dir / name))  # noqa: T201
+        return
     out_dir = args.out_dir or args.results.parent
     for path in plot_all(json.loads(args.results.read_text()), out_dir):
         print(path)  # noqa: T201

@@ -260,3 +260,51 @@ def test_async_scheduling_is_the_engine_cores_decision(tmp_path):
     assert bench_serve.async_scheduling(log) is True
     log.write_text("no such line\n")
     assert bench_serve.async_scheduling(log) is None
+
+
+def _serve_file(root, name, cells, spec_extend=None):
+    """A bench_serve result of (mode, concurrency, decode tok/s) cells."""
+    from benchmarks.harness.measure import spread
+
+    results = [{"workload": "long", "input_len": 256, "short_input_len": None,
+                "output_len": 16, "mode": mode, "method": None if mode == "plain" else
+                "draft_model", "draft": None if mode == "plain" else "d",
+                "concurrency": c, "decode_tok_s": spread([tok_s] * 3),
+                "tpot_p50_ms": spread([1.0] * 3), "tpot_p99_ms": spread([2.0] * 3),
+                "runs": [{"decode_tok_s": tok_s, "output_throughput": tok_s}] * 3}
+               for mode, c, tok_s in cells]
+    meta = {"bench": "serve", "date_utc": name, "vllm": "0.26.0",
+            "hardware": {"device": "GPU X"},
+            "config": {"target": "t", "draft": "d", "runs": 3, "acceptance_length": 3.0,
+                       "modes": sorted({m for m, _, _ in cells}),
+                       "spec_extend": spec_extend}}
+    path = root / "serve" / name / "results.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"meta": meta, "servers": [], "results": results}))
+    return path
+
+
+def test_summary_plots_join_the_headline_cells(tmp_path):
+    """Per device, workload and length: the newest file's cell for each mode
+    and concurrency, a variant's never, and only where two concurrencies or
+    more were measured."""
+    from benchmarks import plot_serve, summarize
+
+    _serve_file(tmp_path, "20260101T0000Z_a", [("plain", 4, 10.0), ("spec_extend", 4, 20.0),
+                                               ("plain", 16, 30.0), ("spec_extend", 16, 40.0)])
+    _serve_file(tmp_path, "20260102T0000Z_b", [("spec_extend", 16, 50.0)])
+    _serve_file(tmp_path, "20260103T0000Z_variant", [("spec_extend", 16, 99.0)],
+                spec_extend='{"draft_prefill_window": 2048}')
+    rows = summarize.summarize(tmp_path)
+    groups = plot_serve.from_summary(rows, tmp_path)
+    assert list(groups) == [("GPU X", "long", 256)]
+    result = groups[("GPU X", "long", 256)]
+    cells = {(r["mode"], r["concurrency"]): r["decode_tok_s"]["median"]
+             for r in result["results"]}
+    assert cells == {("plain", 4): 10.0, ("spec_extend", 4): 20.0,
+                     ("plain", 16): 30.0, ("spec_extend", 16): 50.0}
+    assert result["meta"]["files"] == ["serve/20260101T0000Z_a/results.json",
+                                       "serve/20260102T0000Z_b/results.json"]
+    pytest.importorskip("matplotlib")
+    title = plot_serve.figure(result, "long", 256)._suptitle.get_text()
+    assert "cells from 2 result files" in title and "/ d," in title
