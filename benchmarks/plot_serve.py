@@ -108,7 +108,9 @@ def from_summary(rows: list[dict], results_dir: Path) -> dict[tuple, dict]:
         cells = _newest(mine, lambda r: (r["draft"], r["concurrency"], r["mode"]))
         if len({r["concurrency"] for r in cells.values()}) < 2:
             continue
-        files = sorted({r["file"] for r in cells.values()}, key=lambda f: Path(f).name)
+        # oldest first, as summarize._newest orders them (stamped names, then
+        # the stamped folders of files all named results.json)
+        files = sorted({r["file"] for r in cells.values()}, key=lambda f: (Path(f).name, f))
         loaded = {f: json.loads((results_dir / f).read_text()) for f in files}
         results = [x for (draft, conc, mode), r in cells.items()
                    for x in loaded[r["file"]]["results"]
