@@ -98,25 +98,23 @@ def from_summary(rows: list[dict], results_dir: Path) -> dict[tuple, dict]:
     more: a result holding the summary's headline cells, each the newest
     file's row for its draft, concurrency and mode, variants left out.
     ``meta`` is the newest file's, with ``files`` listing every file used."""
-    from benchmarks.summarize import _newest, _variant
+    from benchmarks.summarize import file_age, newest, variant
 
     rows = [r for r in rows if r.get("bench") == "serve" and r["tok_s"]
             and not r.get("variant")]
     groups: dict[tuple, dict] = {}
     for key in dict.fromkeys((r["device"], r["workload"], r["context"]) for r in rows):
         mine = [r for r in rows if (r["device"], r["workload"], r["context"]) == key]
-        cells = _newest(mine, lambda r: (r["draft"], r["concurrency"], r["mode"]))
+        cells = newest(mine, lambda r: (r["draft"], r["concurrency"], r["mode"]))
         if len({r["concurrency"] for r in cells.values()}) < 2:
             continue
-        # oldest first, as summarize._newest orders them (stamped names, then
-        # the stamped folders of files all named results.json)
-        files = sorted({r["file"] for r in cells.values()}, key=lambda f: (Path(f).name, f))
+        files = sorted({r["file"] for r in cells.values()}, key=file_age)
         loaded = {f: json.loads((results_dir / f).read_text()) for f in files}
         results = [x for (draft, conc, mode), r in cells.items()
                    for x in loaded[r["file"]]["results"]
                    if (x["workload"], x["input_len"], x["concurrency"], x["mode"], x["draft"])
                    == (key[1], key[2], conc, mode, draft)
-                   and _variant(loaded[r["file"]], mode, x) is None]
+                   and variant(loaded[r["file"]], mode, x) is None]
         groups[key] = {"meta": {**loaded[files[-1]]["meta"], "files": files},
                        "results": results}
     return groups

@@ -63,7 +63,7 @@ def _busy(runs: list[dict]) -> list[float | None]:
     return [run.get("gpu_busy") for run in runs]
 
 
-def _variant(result: dict, mode: str, row: dict | None = None) -> str | None:
+def variant(result: dict, mode: str, row: dict | None = None) -> str | None:
     """The tuning switches a mode's engine or server ran with, e.g.
     ``SPECEXTEND_DRAFT_AOT=0``, and what the file's plugin config set beyond
     the speed benches' (``draft_vocab=32768``); None where neither (the
@@ -93,7 +93,7 @@ def decode_rows(result: dict, file: str) -> list[dict]:
             continue
         runs = r.get("runs") or [r]  # older files: the row is its one run
         rows.append({"bench": "decode", "device": device(meta), "mode": r["mode"],
-                     "variant": _variant(result, r["mode"]),
+                     "variant": variant(result, r["mode"]),
                      "draft": r["draft"], "context": r["context"], "batch": r["batch"],
                      "tok_s": [run["decode_tok_s"] for run in runs],
                      "gpu_busy": _busy(runs), "file": file,
@@ -112,7 +112,7 @@ def serve_rows(result: dict, file: str) -> list[dict]:
                 continue
             decode = [run.get("decode_tok_s") for run in ok]
             rows.append({"bench": "serve", "device": device(meta), "mode": r["mode"],
-                         "variant": _variant(result, r["mode"], r),
+                         "variant": variant(result, r["mode"], r),
                          "draft": r["draft"], "workload": r["workload"],
                          "context": r["input_len"], "concurrency": r["concurrency"],
                          "tok_s": decode if None not in decode else [],
@@ -177,10 +177,16 @@ def dumps(rows: list[dict]) -> str:
 # --------------------------------------------------------------------------- #
 # headline tables
 # --------------------------------------------------------------------------- #
-def _newest(rows: list[dict], key) -> dict:
-    """Per key, the row of the newest file (stamped names sort by time)."""
+def file_age(file: str) -> tuple[str, str]:
+    """Sort key of result files, oldest first: stamped names sort by time, and
+    files all named results.json by their stamped folders."""
+    return Path(file).name, file
+
+
+def newest(rows: list[dict], key) -> dict:
+    """Per key, the row of the newest file (``file_age``)."""
     out: dict = {}
-    for r in sorted(rows, key=lambda r: (Path(r["file"]).name, r["file"])):
+    for r in sorted(rows, key=lambda r: file_age(r["file"])):
         out[key(r)] = r
     return out
 
@@ -219,11 +225,11 @@ def _table(rows: list[dict], key_cols: list[str], x: str, link_base: Path | None
     """Rows keyed by ``key_cols`` + draft + ``x``; a column per mode; plain rows
     (no draft) serve every draft of their key; the last columns: SpecExtend over
     vLLM's own speculation and over plain decoding (and self_draft over plain)."""
-    newest = _newest(rows, lambda r: (*[r.get(c) for c in key_cols], r["draft"],
+    latest = newest(rows, lambda r: (*[r.get(c) for c in key_cols], r["draft"],
                                       r[x], r["mode"]))
-    modes = [m for m in MODE_ORDER if any(r["mode"] == m for r in newest.values())]
+    modes = [m for m in MODE_ORDER if any(r["mode"] == m for r in latest.values())]
     vllm_spec = [m for m in modes if m not in ("plain", *PLUGIN_MODES)]
-    lines_keys = sorted({(*k[:-1],) for k, r in newest.items() if r["mode"] != "plain"},
+    lines_keys = sorted({(*k[:-1],) for k, r in latest.items() if r["mode"] != "plain"},
                         key=lambda k: tuple((v is None, v) for v in k))
     head = [*key_cols, "draft", x, *modes,
             "spec_extend / " + (" or ".join(vllm_spec) or "draft_model"),
@@ -234,7 +240,7 @@ def _table(rows: list[dict], key_cols: list[str], x: str, link_base: Path | None
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for k in lines_keys:
         *keys, draft, xv = k
-        cells = {m: newest.get((*keys, draft, xv, m)) for m in modes}
+        cells = {m: latest.get((*keys, draft, xv, m)) for m in modes}
         # Plain from the file of the row's speculative cells where it has one,
         # spec_extend's first: the ratios divide only within one file.
         spec = cells.get("spec_extend")
@@ -244,7 +250,7 @@ def _table(rows: list[dict], key_cols: list[str], x: str, link_base: Path | None
                  and (*[r.get(c) for c in key_cols], r[x]) == (*keys, xv)]
         cells["plain"] = next(
             (r for f in files for r in plain if r["file"] == f),
-            newest.get((*keys, None, xv, "plain")))
+            latest.get((*keys, None, xv, "plain")))
         base = next((cells[m] for m in vllm_spec if cells.get(m)), None)
         line = [*map(_fmt, keys), draft or "– (target)", str(xv),
                 *(_cell(cells.get(m), link_base, metric) for m in modes),
