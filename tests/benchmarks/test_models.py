@@ -194,6 +194,42 @@ def test_fp8_copy_refuses_a_sharded_checkpoint(tiny_dir, tmp_path):
         build_fp8(sharded, tmp_path / "out")
 
 
+def test_padded_tokenizer_knows_every_id_and_encodes_as_before(tiny_dir, tmp_path):
+    """Dummy weights of a larger vocabulary emit ids past the tokenizer's:
+    padded, each decodes to text through vLLM's incremental path (instead of
+    stalling the API server), and no text encodes differently."""
+    import tokenizers
+    from tokenizers import Tokenizer
+
+    from benchmarks.models.builders import pad_tokenizer
+
+    out = pad_tokenizer(tiny_dir, tmp_path / "padded", 700)
+    before = Tokenizer.from_file(str(tiny_dir / "tokenizer.json"))
+    after = Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert (before.get_vocab_size(), after.get_vocab_size()) == (512, 700)
+    assert (out / "tokenizer_config.json").read_bytes() == \
+        (tiny_dir / "tokenizer_config.json").read_bytes()
+    text = "It was the best of times.\n  Tabs\tand ünïcödé, <id600> 2019 😀"
+    assert after.encode(text).ids == before.encode(text).ids
+    assert after.decode([512, 699]) == " <id512> <id699>"
+    stream = tokenizers.decoders.DecodeStream(ids=before.encode(text).ids,
+                                              skip_special_tokens=True)
+    assert [stream.step(after, i) for i in (600, 5, 699)][::2] == [" <id600>", " <id699>"]
+    # in place, once padded: the file is left as it is
+    stamp = (out / "tokenizer.json").stat().st_mtime_ns
+    assert pad_tokenizer(out, out, 700) == out
+    assert (out / "tokenizer.json").stat().st_mtime_ns == stamp
+
+
+def test_pad_tokenizer_refuses_what_it_cannot_pad(tmp_path):
+    from benchmarks.models.builders import pad_tokenizer
+
+    (tmp_path / "tokenizer.json").write_text(json.dumps(
+        {"model": {"type": "Unigram", "vocab": []}, "decoder": None}))
+    with pytest.raises(ValueError, match="byte-level BPE"):
+        pad_tokenizer(tmp_path, tmp_path / "out", 100)
+
+
 def test_evaluation_metadata_says_a_draft_is_fp8(tiny_dir, tmp_path):
     from benchmarks.eval_longinput import model_info
     from benchmarks.models.builders import build_fp8
