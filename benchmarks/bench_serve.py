@@ -36,7 +36,9 @@ decode-phase throughput (output tokens after each request's first token over
 the time after the first tokens, ``benchmarks.harness.measure``, from the
 per-request start times, TTFTs and ITLs) and where its window goes
 (``burst_shape``: the spread of the first tokens, the last first token's
-request's decode time); the GPU busy share over that same
+request's decode time) and the tokens per streamed chunk (``tokens_per_chunk``:
+above the mode's tokens per step, the API server fell behind the engine); the
+GPU busy share over that same
 decode phase (``gpu_busy``: NVML's ``utilization.gpu`` of device 0, sampled
 here while the client runs, stamped with the client's clock
 ``time.perf_counter``, ``benchmarks.harness.gpu_busy``; None without NVML);
@@ -70,6 +72,7 @@ import json
 import re
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -313,13 +316,28 @@ def request_spans(bench: dict) -> list[tuple[float, float, int]]:
             if not error and n]
 
 
+def tokens_per_chunk(bench: dict) -> float | None:
+    """Median over the requests that produced tokens of output tokens per
+    streamed chunk. An API server that keeps up sends one chunk per engine
+    step (1 token for plain decoding, about the acceptance length under
+    speculation); more means it fell behind and merged steps, and then the
+    client's ITL and decode figures time the server, not the engine (seen
+    2026-11-27 with a tokenizer that lacked ids the model emitted)."""
+    ratios = [n / (1 + len(itls))
+              for itls, n, error in zip(bench["itls"], bench["output_lens"],
+                                        bench["errors"], strict=True)
+              if not error and n]
+    return statistics.median(ratios) if ratios else None
+
+
 def decode_phase(bench: dict, busy: GpuBusy) -> dict:
     """Decode throughput, where its window goes and GPU busy share over each
     request's [first token, last token] (``request_spans``: the clock ``busy``
-    must stamp its samples with)."""
+    must stamp its samples with), and how the tokens were streamed."""
     requests = request_spans(bench)
     return {**decode_throughput(requests), **burst_shape(requests),
-            "gpu_busy": busy.share((first, last) for first, last, _ in requests)}
+            "gpu_busy": busy.share((first, last) for first, last, _ in requests),
+            "tokens_per_chunk": tokens_per_chunk(bench)}
 
 
 def run_figures(bench: dict, delta: dict, busy: GpuBusy) -> dict:

@@ -7,7 +7,7 @@ per run since ``burst_shape`` (earlier result files lack them).
     python -m benchmarks.serve_timeline OUT.json DIR [DIR ...]
 
 Writes OUT.json (per run: decode window, first-token spread, the last first
-token's request's decode time, and per request its [first token, last token]
+token's request's decode time, tokens per streamed chunk, and per request its [first token, last token]
 in seconds from the run's first request start, and output tokens) and OUT.md.
 """
 
@@ -17,10 +17,11 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.bench_serve import _s, request_spans
+from benchmarks.bench_serve import _s, request_spans, tokens_per_chunk
 from benchmarks.harness.measure import burst_shape, decode_throughput, spread
 
-FIGURES = ("decode_s", "decode_tok_s", "first_token_spread_s", "last_request_decode_s")
+FIGURES = ("decode_s", "decode_tok_s", "first_token_spread_s", "last_request_decode_s",
+           "tokens_per_chunk")
 
 
 def run_timeline(bench: dict) -> dict:
@@ -28,7 +29,8 @@ def run_timeline(bench: dict) -> dict:
     and its requests, timed from the first request's start."""
     t0 = min(bench["start_times"], default=0.0)
     requests = request_spans(bench)
-    figures = {**decode_throughput(requests), **burst_shape(requests)}
+    figures = {**decode_throughput(requests), **burst_shape(requests),
+               "tokens_per_chunk": tokens_per_chunk(bench)}
     return {**{k: figures[k] for k in FIGURES},
             "requests": [[round(first - t0, 4), round(last - t0, 4), n]
                          for first, last, n in requests]}
@@ -53,8 +55,8 @@ def table(result: dict) -> str:
     for run in result["runs"]:
         groups.setdefault((run["dir"], run["file"].rsplit("_run", 1)[0]), []).append(run)
     out = ["| directory | runs | decode window s | decode tok/s | first tokens over s "
-           "| last first token's request: decode s |",
-           "|---|---|---|---|---|---|"]
+           "| last first token's request: decode s | tokens per streamed chunk |",
+           "|---|---|---|---|---|---|---|"]
     for (d, name), runs in groups.items():
         timed = [r for r in runs if r["requests"]]
         cells = [_s(spread([r[key] for r in timed if r[key] is not None]), 1)

@@ -244,9 +244,22 @@ def test_decode_phase_from_per_request_data():
     assert bench_serve.decode_phase(bench, busy) == {
         "decode_s": 2.5, "decode_tokens": 4, "decode_tok_s": 4 / 2.5,
         "first_token_spread_s": 1.5, "last_request_decode_s": 1.0,
-        "gpu_busy": pytest.approx(0.8)}
+        "gpu_busy": pytest.approx(0.8), "tokens_per_chunk": 1.0}
     busy.samples = []  # no NVML
     assert bench_serve.decode_phase(bench, busy)["gpu_busy"] is None
+
+
+def test_tokens_per_chunk_shows_a_server_that_merged_steps():
+    """A request whose 9 tokens came in 2 chunks (the server merged steps)
+    beside two of one token a chunk: the median says 1; then most requests
+    bunched; failed and empty requests never count."""
+    bench = {"itls": [[0.1, 0.1], [0.3], [0.1, 0.1, 0.1], [], []],
+             "output_lens": [3, 9, 4, 0, 5], "errors": ["", "", "", "", "boom"]}
+    assert bench_serve.tokens_per_chunk(bench) == 1.0
+    bench["itls"][0] = [0.3]
+    assert bench_serve.tokens_per_chunk(bench) == 1.5
+    assert bench_serve.tokens_per_chunk(
+        {"itls": [[]], "output_lens": [0], "errors": [""]}) is None
 
 
 def test_async_scheduling_is_the_engine_cores_decision(tmp_path):

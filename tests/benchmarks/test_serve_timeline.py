@@ -35,7 +35,7 @@ def test_a_burst_splits_into_first_token_spread_and_last_decode(tmp_path):
     assert second["first_token_spread_s"] == 2.0
     text = serve_timeline.table(result)
     assert "| spec_extend/spec_extend_long_c3 | 2 | 5.5 (3.0–8.0) |" in text
-    assert text.rstrip().endswith("| 2.0 (1.0–3.0) |")
+    assert text.rstrip().endswith("| 2.0 (1.0–3.0) | 1.0 (1.0–1.0) |")
 
 
 def test_a_run_without_tokens_counts_in_no_figure(tmp_path):
