@@ -38,10 +38,10 @@ per-request start times, TTFTs and ITLs) and where its window goes
 (``burst_shape``: the spread of the first tokens, the last first token's
 request's decode time) and the tokens per streamed chunk (``tokens_per_chunk``:
 above the mode's tokens per step, the API server fell behind the engine); the
-GPU busy share over that same
-decode phase (``gpu_busy``: NVML's ``utilization.gpu`` of device 0, sampled
-here while the client runs, stamped with the client's clock
-``time.perf_counter``, ``benchmarks.harness.gpu_busy``; None without NVML);
+GPU busy share over that same decode phase (``gpu_busy``: NVML's
+``utilization.gpu`` of device 0, sampled here while the client runs, stamped
+with the client's clock ``time.perf_counter``, ``benchmarks.harness.gpu_busy``;
+None without NVML);
 from ``/metrics``: acceptance and the deltas of the ``vllm:spec_decode_*`` /
 ``vllm:spec_extend_*`` counters; a digest of the generated texts (equal across
 modes with real rejection sampling). Per cell: min / median / max over the

@@ -7,8 +7,9 @@ per run since ``burst_shape`` (earlier result files lack them).
     python -m benchmarks.serve_timeline OUT.json DIR [DIR ...]
 
 Writes OUT.json (per run: decode window, first-token spread, the last first
-token's request's decode time, tokens per streamed chunk, and per request its [first token, last token]
-in seconds from the run's first request start, and output tokens) and OUT.md.
+token's request's decode time, tokens per streamed chunk, and per request its
+[first token, last token] in seconds from the run's first request start, and
+output tokens) and OUT.md.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ def table(result: dict) -> str:
     groups: dict[tuple[str, str], list[dict]] = {}
     for run in result["runs"]:
         groups.setdefault((run["dir"], run["file"].rsplit("_run", 1)[0]), []).append(run)
-    out = ["| directory | runs | decode window s | decode tok/s | first tokens over s "
-           "| last first token's request: decode s | tokens per streamed chunk |",
+    out = ["| directory | runs | decode window s | decode tok/s "
+           "| first tokens over s | last first token's request: decode s "
+           "| tokens per streamed chunk |",
            "|---|---|---|---|---|---|---|"]
     for (d, name), runs in groups.items():
         timed = [r for r in runs if r["requests"]]

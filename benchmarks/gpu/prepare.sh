@@ -49,7 +49,7 @@ fi
 # Filled up to the largest vocabulary of the model shapes (Llama 3's 128,256):
 # dummy weights emit ids past SmolLM2's 49,152, and each of those stalls the
 # API server's detokenizer (builders.pad_tokenizer says how much).
-vocab=$(python3 -c 'import json,sys; print(max(json.load(open(f))["vocab_size"] for f in sys.argv[1:]))' .gpu/models/*/config.json)
+vocab=$("$VENV/bin/python" -c 'import json,sys; print(max(json.load(open(f))["vocab_size"] for f in sys.argv[1:]))' .gpu/models/*/config.json)
 PYTHONPATH="$ROOT" "$VENV/bin/python" -m benchmarks.models.builders pad-tokenizer \
   .gpu/tokenizer .gpu/tokenizer --vocab-size "$vocab" >/dev/null
 # GGUF=1: SmolLM2's real weights for the acceptance runs (host_run.sh gguf),

@@ -71,6 +71,8 @@ _TOKENIZER_COPY_FILES = (
     "added_tokens.json", "chat_template.jinja", "chat_template.json",
     "vocab.json", "merges.txt", "tokenizer.model",
 )
+# A slow tokenizer's vocabulary files, which a padded tokenizer.json outgrows.
+_SLOW_VOCAB_FILES = ("vocab.json", "merges.txt", "tokenizer.model")
 
 
 # --------------------------------------------------------------------------- #
@@ -290,50 +292,66 @@ def build_fp8(src_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
 
 def pad_tokenizer(src_dir: str | os.PathLike, out_dir: str | os.PathLike,
                   vocab_size: int) -> Path:
-    """Write the byte-level BPE tokenizer of ``src_dir`` with its vocabulary
-    filled up to ``vocab_size`` ids (``out_dir`` may be ``src_dir``; a
-    tokenizer already that large is copied as it is).
+    """Write the byte-level BPE tokenizer of ``src_dir`` with every id below
+    ``vocab_size`` known (``out_dir`` may be ``src_dir``; a tokenizer that
+    knows them all already is copied as it is).
 
     Why: the dummy-weight serving runs pair SmolLM2's tokenizer (49,152 ids)
     with model shapes of larger vocabularies (Llama 3's 128,256), and such a
     model emits ids the tokenizer lacks. vLLM's incremental detokenizer
     (``tokenizers.decoders.DecodeStream``, primed with the prompt) then spends
-    about 12 ms of the API server's one thread on each such id after a 32K
-    prompt (12 s for 1,024 of them, against 34 ms for ids it knows), so the
-    server falls behind the engine, streamed tokens arrive late and in
-    bunches, and the client's TPOT, ITL and decode-phase figures measure the
-    API server (seen 2026-11-27 on an H200: up to 4 s behind at the end of a
-    run with three such requests). A real checkpoint's tokenizer knows every
+    about 8-12 ms of the API server's one thread on each such id after a 32K
+    prompt (8.0 s for 1,024 of them, against 0.03 s for ids it knows), so
+    the server falls behind the engine, streamed tokens arrive late and in
+    bunches, and the client's TPOT, ITL and decode-phase figures time the
+    API server (seen 2026-11-27 on an H200: 4 s behind the engine at the end
+    of a run; ``docs/results.md``). A real checkpoint's tokenizer knows every
     id its model emits; this makes the stand-in do the same.
 
-    Each new id gets a vocabulary entry of its own, ``Ġ<idN>`` (byte-level
+    Each missing id gets a vocabulary entry of its own, ``Ġ<idN>`` (byte-level
     for " <idN>"): no merge builds it, so every text encodes to the ids it did
-    before, and the id decodes to that text.
+    before, and the id decodes to that text. Slow-tokenizer files
+    (``vocab.json``, ``merges.txt``, ``tokenizer.model``) would describe the
+    vocabulary before padding: they are not copied, and removed from
+    ``out_dir``.
     """
     src, out = Path(src_dir), Path(out_dir)
-    data = json.loads((src / "tokenizer.json").read_text())
+    data = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
     model = data.get("model") or {}
-    if model.get("type") != "BPE" or (data.get("decoder") or {}).get("type") != "ByteLevel":
-        raise ValueError(f"{src}: pad_tokenizer handles byte-level BPE tokenizers only")
+    decoder = data.get("decoder") or {}
+    if model.get("type") != "BPE" or decoder.get("type") != "ByteLevel":
+        raise ValueError(f"{src}: pad_tokenizer handles byte-level BPE "
+                         "tokenizers only")
     vocab = model["vocab"]
-    taken = set(vocab.values()) | {t["id"] for t in data.get("added_tokens", [])}
-    size = max(taken) + 1
-    for i in range(size, vocab_size):
+    added = {t["content"]: t["id"] for t in data.get("added_tokens", [])}
+    taken = set(vocab.values()) | set(added.values())
+    if max(taken) >= vocab_size:
+        raise ValueError(f"{src}: the tokenizer has ids up to {max(taken)}, "
+                         f"more than a vocabulary of {vocab_size}")
+    missing = sorted(set(range(vocab_size)) - taken)
+    past = sorted(i for c, i in added.items() if c not in vocab)
+    if missing and past:
+        # tokenizers numbers such added tokens after the model's vocabulary
+        # when it loads them: entries added to the vocabulary would move them.
+        raise ValueError(f"{src}: added tokens past the vocabulary (ids {past[0]}–"
+                         f"{past[-1]}): filling the vocabulary would move them")
+    for i in missing:
         token = f"\u0120<id{i}>"
-        if token in vocab:
-            raise ValueError(f"{src}: {token!r} is already id {vocab[token]}")
+        if token in vocab or token in added:
+            raise ValueError(f"{src}: {token!r} is already a token")
         vocab[token] = i
     out.mkdir(parents=True, exist_ok=True)
-    if src.resolve() != out.resolve():
-        for name in _TOKENIZER_COPY_FILES:
-            # vocab.json / merges.txt / tokenizer.model would describe the
-            # vocabulary before padding.
-            if (src / name).is_file() and name not in (
-                    "tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model"):
+    same = src.resolve() == out.resolve()
+    if not same:
+        kept = set(_TOKENIZER_COPY_FILES) - {"tokenizer.json", *_SLOW_VOCAB_FILES}
+        for name in kept:
+            if (src / name).is_file():
                 shutil.copy2(src / name, out / name)
-    if vocab_size > size or src.resolve() != out.resolve():
+    for name in _SLOW_VOCAB_FILES:
+        (out / name).unlink(missing_ok=True)
+    if missing or not same:
         tmp = out / "tokenizer.json.tmp"
-        tmp.write_text(json.dumps(data, ensure_ascii=False))
+        tmp.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
         os.replace(tmp, out / "tokenizer.json")
     return out
 

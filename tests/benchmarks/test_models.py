@@ -197,33 +197,72 @@ def test_fp8_copy_refuses_a_sharded_checkpoint(tiny_dir, tmp_path):
 def test_padded_tokenizer_knows_every_id_and_encodes_as_before(tiny_dir, tmp_path):
     """Dummy weights of a larger vocabulary emit ids past the tokenizer's:
     padded, each decodes to text through vLLM's incremental path (instead of
-    stalling the API server), and no text encodes differently."""
+    stalling the API server), and no text encodes differently. A gap in the
+    vocabulary is filled too, and a slow tokenizer's vocabulary file (which
+    would disagree) is dropped."""
+    import shutil
+
     import tokenizers
     from tokenizers import Tokenizer
 
     from benchmarks.models.builders import pad_tokenizer
 
-    out = pad_tokenizer(tiny_dir, tmp_path / "padded", 700)
-    before = Tokenizer.from_file(str(tiny_dir / "tokenizer.json"))
+    src = tmp_path / "src"
+    shutil.copytree(tiny_dir, src)
+    data = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
+    gap = max(data["model"]["vocab"], key=data["model"]["vocab"].get)
+    data["model"]["vocab"][gap] = 600  # ids 511 and 512-599 unknown
+    (src / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    (src / "vocab.json").write_text("{}")
+
+    out = pad_tokenizer(src, tmp_path / "padded", 700)
+    before = Tokenizer.from_file(str(src / "tokenizer.json"))
     after = Tokenizer.from_file(str(out / "tokenizer.json"))
-    assert (before.get_vocab_size(), after.get_vocab_size()) == (512, 700)
+    assert after.get_vocab_size() == 700
+    assert sorted(after.get_vocab(with_added_tokens=True).values()) == list(range(700))
+    assert after.token_to_id(gap) == 600
+    assert not (out / "vocab.json").exists()
     assert (out / "tokenizer_config.json").read_bytes() == \
         (tiny_dir / "tokenizer_config.json").read_bytes()
-    text = "It was the best of times.\n  Tabs\tand ünïcödé, <id600> 2019 😀"
+    text = "It was the best of times.\n  Tabs\tand ünïcödé, <id650> 2019 😀"
     assert after.encode(text).ids == before.encode(text).ids
-    assert after.decode([512, 699]) == " <id512> <id699>"
+    assert after.decode([511, 599, 699]) == " <id511> <id599> <id699>"
     stream = tokenizers.decoders.DecodeStream(ids=before.encode(text).ids,
                                               skip_special_tokens=True)
-    assert [stream.step(after, i) for i in (600, 5, 699)][::2] == [" <id600>", " <id699>"]
-    # in place, once padded: the file is left as it is
-    stamp = (out / "tokenizer.json").stat().st_mtime_ns
+    steps = [stream.step(after, i) for i in (650, 5, 699)]
+    assert (steps[0], steps[2]) == (" <id650>", " <id699>")
+    # in place, once padded: the file is left as it is (os.replace would
+    # give it a new inode)
+    inode = (out / "tokenizer.json").stat().st_ino
     assert pad_tokenizer(out, out, 700) == out
-    assert (out / "tokenizer.json").stat().st_mtime_ns == stamp
+    assert (out / "tokenizer.json").stat().st_ino == inode
 
 
-def test_pad_tokenizer_refuses_what_it_cannot_pad(tmp_path):
+def test_pad_tokenizer_pads_in_place_and_refuses_what_it_cannot_pad(tiny_dir,
+                                                                    tmp_path):
+    import shutil
+
+    from tokenizers import Tokenizer
+
     from benchmarks.models.builders import pad_tokenizer
 
+    here = tmp_path / "here"
+    shutil.copytree(tiny_dir, here)
+    assert pad_tokenizer(here, here, 520) == here
+    assert Tokenizer.from_file(str(here / "tokenizer.json")).get_vocab_size() == 520
+    with pytest.raises(ValueError, match="ids up to 519, more than a vocabulary of 3"):
+        pad_tokenizer(here, tmp_path / "small", 300)
+    # An added token past the vocabulary (as Llama 3's are): tokenizers
+    # numbers it after the vocabulary on loading, so filling would move it.
+    data = json.loads((here / "tokenizer.json").read_text(encoding="utf-8"))
+    data["added_tokens"].append({**data["added_tokens"][0], "id": 520,
+                                 "content": "<|late|>"})
+    (here / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    late = Tokenizer.from_file(str(here / "tokenizer.json"))
+    assert late.token_to_id("<|late|>") == 520
+    with pytest.raises(ValueError, match=r"past the vocabulary \(ids 520–520\)"):
+        pad_tokenizer(here, tmp_path / "late", 600)
+    assert pad_tokenizer(here, tmp_path / "late", 521) == tmp_path / "late"
     (tmp_path / "tokenizer.json").write_text(json.dumps(
         {"model": {"type": "Unigram", "vocab": []}, "decoder": None}))
     with pytest.raises(ValueError, match="byte-level BPE"):
