@@ -92,11 +92,13 @@ from benchmarks.harness.meta import (
     tuning_switches,
 )
 from benchmarks.harness.server import (
+    loads_dummy_weights,
     log_errors,
     scrape,
     serve,
     serve_args_parser,
     tail,
+    tokenizer_gap,
     vllm_command,
 )
 
@@ -593,6 +595,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--mixed-short-len must be shorter than every --input-lens")
     if args.draft is None and any(map(modes.needs_draft, args.modes)):
         p.error("--draft is needed by the draft_model and spec_extend modes")
+    if loads_dummy_weights(args.serve_args) and (
+            gap := tokenizer_gap(args.target, args.tokenizer)):
+        p.error(gap)
     return args
 
 

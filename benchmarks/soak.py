@@ -65,7 +65,14 @@ from benchmarks import prompts
 from benchmarks.bench_serve import async_scheduling, counter_deltas, serve_args
 from benchmarks.harness import modes, traffic
 from benchmarks.harness.meta import run_metadata
-from benchmarks.harness.server import log_errors, scrape, serve, serve_args_parser
+from benchmarks.harness.server import (
+    loads_dummy_weights,
+    log_errors,
+    scrape,
+    serve,
+    serve_args_parser,
+    tokenizer_gap,
+)
 
 PROBES = 8
 COUNTERS = ("vllm:num_preemptions_total", "vllm:request_success_total",
@@ -392,6 +399,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.seeded_probes = args.acceptance_length > 0
     if not 0 < args.min_input_len <= args.max_input_len:
         p.error("need 0 < --min-input-len <= --max-input-len")
+    if loads_dummy_weights(args.serve_args) and (
+            gap := tokenizer_gap(args.target, args.tokenizer)):
+        p.error(gap)
     return args
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import shlex
@@ -54,6 +55,36 @@ def serve_args_parser(doc: str, argv: list[str] | None = None
         description=" ".join(doc.split("\n\n")[0].split()),
         usage="%(prog)s [options] [-- VLLM_SERVE_ARGS...]")
     return parser, argv[:cut], argv[cut + 1:]
+
+
+def loads_dummy_weights(serve_args: list[str]) -> bool:
+    """Whether these ``vllm serve`` arguments load dummy weights."""
+    pairs = zip(serve_args, [*serve_args[1:], None])
+    return any(a == "--load-format=dummy" or (a, b) == ("--load-format", "dummy")
+               for a, b in pairs)
+
+
+def tokenizer_gap(target: str | Path, tokenizer: str | Path) -> str | None:
+    """Why ``tokenizer`` cannot stand in for dummy weights of ``target``: it
+    knows fewer ids than the model's vocabulary (``config.json``'s
+    ``vocab_size``), so the model emits ids it lacks, and vLLM's detokenizer
+    spends about 10 ms of the API server's thread on each (seen 2026-11-27:
+    the server fell seconds behind the engine, and the client timed the
+    server). None where it knows them all, or where either is not a local
+    folder to read. (Real weights never emit a checkpoint's padding ids.)"""
+    config = Path(target) / "config.json"
+    tok_file = Path(tokenizer) / "tokenizer.json"
+    if not (config.is_file() and tok_file.is_file()):
+        return None
+    from tokenizers import Tokenizer
+
+    vocab = json.loads(config.read_text()).get("vocab_size")
+    known = Tokenizer.from_file(str(tok_file)).get_vocab_size(with_added_tokens=True)
+    if vocab is None or known >= vocab:
+        return None
+    return (f"the tokenizer {tokenizer} knows {known} ids, the model {target} "
+            f"emits up to {vocab}: fill it with `python -m benchmarks.models."
+            f"builders pad-tokenizer {tokenizer} OUT --vocab-size {vocab}`")
 
 
 def free_port(host: str = HOST) -> int:

@@ -92,6 +92,41 @@ def test_mixed_needs_a_shorter_short_len(tmp_path):
     assert args.mixed_short_len == 1024
 
 
+def test_dummy_weights_need_a_tokenizer_that_knows_every_id(tiny_target, tmp_path,
+                                                           capsys):
+    """A stand-in tokenizer smaller than the model's vocabulary makes the API
+    server's detokenizer the bottleneck under dummy weights: refused, with
+    the fix named; real weights, or a tokenizer that knows every id, pass."""
+    import shutil
+
+    from benchmarks import soak
+    from benchmarks.harness.server import loads_dummy_weights
+    from benchmarks.models.builders import pad_tokenizer
+
+    assert loads_dummy_weights(["--load-format", "dummy"])
+    assert loads_dummy_weights(["--seed", "0", "--load-format=dummy"])
+    assert not loads_dummy_weights(["--load-format", "auto", "dummy"])
+    assert not loads_dummy_weights(["--load-format"])
+
+    big = tmp_path / "big"  # the tiny model's shape with a larger vocabulary
+    big.mkdir()
+    config = json.loads((Path(tiny_target) / "config.json").read_text())
+    (big / "config.json").write_text(json.dumps({**config, "vocab_size": 600}))
+    shutil.copy(Path(tiny_target) / "tokenizer.json", big / "tokenizer.json")
+    common = ["--target", str(big), "--out-dir", str(tmp_path)]
+    for parse, argv in ((bench_serve.parse_args, [*common, "--modes", "plain"]),
+                        (soak.parse_args, [*common, "--draft", str(big)])):
+        with pytest.raises(SystemExit):
+            parse([*argv, "--", "--load-format", "dummy"])
+        err = capsys.readouterr().err
+        assert "knows 512 ids, the model" in err and "emits up to 600" in err
+        assert f"pad-tokenizer {big} OUT --vocab-size 600" in err
+        parse([*argv, "--", "--load-format", "auto"])
+    pad_tokenizer(big, big, 600)
+    bench_serve.parse_args([*common, "--modes", "plain",
+                            "--", "--load-format", "dummy"])
+
+
 def test_eagle3_method(tmp_path):
     """``--method eagle3``: vLLM's speculation and the plugin's server run the
     head; vLLM's own rows say eagle3, the plugin's keep their mode."""
