@@ -547,7 +547,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--draft",
                    help="draft model of the draft_model and spec_extend modes")
     p.add_argument("--tokenizer", help="for the servers, the client and the "
-                   "datasets (default: --target)")
+                   "datasets (default: --target); with dummy weights it must know "
+                   "every id of the model's vocabulary (builders pad-tokenizer)")
     p.add_argument("--modes", nargs="+", choices=modes.MODES,
                    default=["plain", "draft_model", "spec_extend"])
     p.add_argument("--method", choices=modes.METHODS, default="draft_model",

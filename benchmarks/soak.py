@@ -357,7 +357,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p, argv, serve_extra = serve_args_parser(__doc__, argv)
     p.add_argument("--target", required=True)
     p.add_argument("--draft", required=True)
-    p.add_argument("--tokenizer", help="default: --target")
+    p.add_argument("--tokenizer", help="default: --target; with dummy weights it "
+                   "must know every id of the model's vocabulary "
+                   "(builders pad-tokenizer)")
     p.add_argument("--duration-s", type=float, default=600.0)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--min-input-len", type=int, default=1024)
