@@ -18,7 +18,9 @@
 #
 # Then, on the device: one call per part (`bash .gpu/host-setup.sh stage .gpu/pI`,
 # carry .gpu/pI and .gpu/host-setup.sh), the last one also `install` and a phase
-# (carry .gpu/wheel .gpu/models, and .gpu/data .gpu/tokenizer for serving).
+# (carry .gpu/wheel .gpu/models, and .gpu/data .gpu/tokenizer for serving). For
+# serving, stage the last part alone and install in the next call: the last
+# part, the data, the tokenizer and the repository pass a call's 64 MiB.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
