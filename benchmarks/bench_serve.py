@@ -92,7 +92,6 @@ from benchmarks.harness.meta import (
     tuning_switches,
 )
 from benchmarks.harness.server import (
-    loads_dummy_weights,
     log_errors,
     scrape,
     serve,
@@ -332,14 +331,21 @@ def tokens_per_chunk(bench: dict) -> float | None:
     return statistics.median(ratios) if ratios else None
 
 
-def decode_phase(bench: dict, busy: GpuBusy) -> dict:
-    """Decode throughput, where its window goes and GPU busy share over each
-    request's [first token, last token] (``request_spans``: the clock ``busy``
-    must stamp its samples with), and how the tokens were streamed."""
-    requests = request_spans(bench)
+def stream_figures(bench: dict, requests: list[tuple[float, float, int]]) -> dict:
+    """What a run's per-request records tell without the GPU: decode
+    throughput, where its window goes and the tokens per streamed chunk
+    (``requests``: the run's ``request_spans``)."""
     return {**decode_throughput(requests), **burst_shape(requests),
-            "gpu_busy": busy.share((first, last) for first, last, _ in requests),
             "tokens_per_chunk": tokens_per_chunk(bench)}
+
+
+def decode_phase(bench: dict, busy: GpuBusy) -> dict:
+    """``stream_figures`` and the GPU busy share over each request's [first
+    token, last token] (``request_spans``: the clock ``busy`` must stamp its
+    samples with)."""
+    requests = request_spans(bench)
+    return {**stream_figures(bench, requests),
+            "gpu_busy": busy.share((first, last) for first, last, _ in requests)}
 
 
 def run_figures(bench: dict, delta: dict, busy: GpuBusy) -> dict:
@@ -596,8 +602,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--mixed-short-len must be shorter than every --input-lens")
     if args.draft is None and any(map(modes.needs_draft, args.modes)):
         p.error("--draft is needed by the draft_model and spec_extend modes")
-    if loads_dummy_weights(args.serve_args) and (
-            gap := tokenizer_gap(args.target, args.tokenizer)):
+    if gap := tokenizer_gap(args.target, args.tokenizer, args.serve_args):
         p.error(gap)
     return args
 

@@ -18,20 +18,19 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.bench_serve import _s, request_spans, tokens_per_chunk
-from benchmarks.harness.measure import burst_shape, decode_throughput, spread
+from benchmarks.bench_serve import _s, request_spans, stream_figures
+from benchmarks.harness.measure import spread
 
 FIGURES = ("decode_s", "decode_tok_s", "first_token_spread_s", "last_request_decode_s",
            "tokens_per_chunk")
 
 
 def run_timeline(bench: dict) -> dict:
-    """One run's figures (``bench_serve.decode_phase``'s, without GPU busy)
-    and its requests, timed from the first request's start."""
+    """One run's figures (``bench_serve.stream_figures``: ``decode_phase``'s
+    without GPU busy) and its requests, timed from the first request's start."""
     t0 = min(bench["start_times"], default=0.0)
     requests = request_spans(bench)
-    figures = {**decode_throughput(requests), **burst_shape(requests),
-               "tokens_per_chunk": tokens_per_chunk(bench)}
+    figures = stream_figures(bench, requests)
     return {**{k: figures[k] for k in FIGURES},
             "requests": [[round(first - t0, 4), round(last - t0, 4), n]
                          for first, last, n in requests]}

@@ -66,7 +66,6 @@ from benchmarks.bench_serve import async_scheduling, counter_deltas, serve_args
 from benchmarks.harness import modes, traffic
 from benchmarks.harness.meta import run_metadata
 from benchmarks.harness.server import (
-    loads_dummy_weights,
     log_errors,
     scrape,
     serve,
@@ -401,8 +400,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.seeded_probes = args.acceptance_length > 0
     if not 0 < args.min_input_len <= args.max_input_len:
         p.error("need 0 < --min-input-len <= --max-input-len")
-    if loads_dummy_weights(args.serve_args) and (
-            gap := tokenizer_gap(args.target, args.tokenizer)):
+    if gap := tokenizer_gap(args.target, args.tokenizer, args.serve_args):
         p.error(gap)
     return args
 

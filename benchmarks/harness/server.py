@@ -64,14 +64,18 @@ def loads_dummy_weights(serve_args: list[str]) -> bool:
                for a, b in pairs)
 
 
-def tokenizer_gap(target: str | Path, tokenizer: str | Path) -> str | None:
-    """Why ``tokenizer`` cannot stand in for dummy weights of ``target``: it
-    knows fewer ids than the model's vocabulary (``config.json``'s
-    ``vocab_size``), so the model emits ids it lacks, and vLLM's detokenizer
-    spends about 10 ms of the API server's thread on each (seen 2026-11-27:
-    the server fell seconds behind the engine, and the client timed the
-    server). None where it knows them all, or where either is not a local
-    folder to read. (Real weights never emit a checkpoint's padding ids.)"""
+def tokenizer_gap(target: str | Path, tokenizer: str | Path,
+                  serve_args: list[str]) -> str | None:
+    """Why ``tokenizer`` cannot stand in for ``target`` served with these
+    arguments: they load dummy weights, and it knows fewer ids than the
+    model's vocabulary (``config.json``'s ``vocab_size``), so the model emits
+    ids it lacks, and vLLM's detokenizer spends about 10 ms of the API
+    server's thread on each (seen 2026-11-27: the server fell seconds behind
+    the engine, and the client timed the server). None with real weights
+    (they never emit a checkpoint's padding ids), where it knows them all, or
+    where either is not a local folder to read."""
+    if not loads_dummy_weights(serve_args):
+        return None
     config = Path(target) / "config.json"
     tok_file = Path(tokenizer) / "tokenizer.json"
     if not (config.is_file() and tok_file.is_file()):
