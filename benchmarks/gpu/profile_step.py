@@ -8,13 +8,14 @@ warmed up at the cell's shape, then ``--tokens`` new tokens under
 and writes the table and a Chrome trace under ``--out-dir``. For profiling
 only: a hand-held in-process engine, no speed claim.
 
+vLLM's own scopes are on (``VLLM_CUSTOM_SCOPES_FOR_PROFILING``), so the
+summary has the host and device ms of ``gpu_model_runner: draft`` beside the
+model forward, sampling and the rest.
+
 ``--prefill`` profiles a request's prompt instead (issue #22's time to first
 token): a fresh prompt of ``--context`` tokens (another seed, so no prefix is
-cached) with one new token, every chunk of it, with vLLM's own scopes on
-(``VLLM_CUSTOM_SCOPES_FOR_PROFILING``), so the device time of
-``gpu_model_runner: draft`` (the drafter's pass over each chunk) stands beside
-the model forward, sampling and the rest. Its summary has the request's wall
-time and the host and device ms per scope.
+cached) with one new token, every chunk of it; its summary has the request's
+wall time.
 
     python -m benchmarks.gpu.profile_step --mode spec_extend --context 65536 \\
         --target-config .gpu/models/llama31_8b --draft-config .gpu/models/llama32_1b
@@ -62,9 +63,9 @@ def main(argv=None) -> int:
     p.add_argument("--out-dir", type=Path, required=True)
     # Other flags (--block-size, --dtype, ...) are bench_decode's engine settings.
     args, engine_flags = p.parse_known_args(argv)
-    if args.prefill:
-        # Read when vLLM's runner first opens a scope: before the engine.
-        os.environ["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"
+    # vLLM's runner scopes (model forward, draft, sample, ...), read when the
+    # runner first opens one: before the engine.
+    os.environ["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"
 
     import torch
     from vllm import LLM
@@ -123,9 +124,9 @@ def main(argv=None) -> int:
     }
     if args.prefill:
         summary["ttft_s_median"] = run.get("ttft_s_median")
-        summary["runner_scopes"] = runner_scopes(prof.key_averages())
     else:
         summary["decode_tok_s"] = run["decode_tok_s"]
+    summary["runner_scopes"] = runner_scopes(prof.key_averages())
     (args.out_dir / f"profile_{name}.json").write_text(json.dumps(summary, indent=1))
     print(table)  # noqa: T201
     print(json.dumps(summary, indent=1))  # noqa: T201
