@@ -36,6 +36,17 @@ def _errorbar(ax, rows: list[dict], key: str, style: str, label: str, color=None
     return line.lines[0].get_color()
 
 
+def _line(row: dict, cells: list[dict]) -> tuple[int, str]:
+    """``series_key``, the draft added to the name where the plot's cells of
+    that series hold several drafts (a summary plot: a line per draft, not one
+    line joining two drafts' cells)."""
+    order, name = series_key(row)
+    drafts = {r.get("draft") for r in cells if series(r) == name}
+    if len(drafts) > 1:
+        name = f"{name}, {row.get('draft')}"
+    return order, name
+
+
 def figure(result: dict, workload: str, input_len: int):
     """The figure of one workload and input length (``plot`` saves it)."""
     import matplotlib
@@ -48,8 +59,8 @@ def figure(result: dict, workload: str, input_len: int):
     # also carries the prompt pass, which the draft lengthens.
     cells = [r for r in result["results"] if (r["workload"], r["input_len"])
              == (workload, input_len) and r["decode_tok_s"]["n"]]
-    for _, name in sorted({series_key(r) for r in cells}):
-        rows = sorted((r for r in cells if series(r) == name),
+    for _, name in sorted({_line(r, cells) for r in cells}):
+        rows = sorted((r for r in cells if _line(r, cells)[1] == name),
                       key=lambda r: r["concurrency"])
         color = _errorbar(tput, rows, "decode_tok_s", "o-", name)
         _errorbar(tpot, rows, "tpot_p50_ms", "o-", f"{name} p50", color)

@@ -24,8 +24,10 @@ wall time.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
+import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -71,6 +73,7 @@ def main(argv=None) -> int:
     from vllm import LLM
 
     from benchmarks import bench_decode
+    from benchmarks.harness.meta import run_metadata
     from benchmarks.longinput.acceptance import counter_delta, spec_counters
 
     bench_argv = ["--target-config", args.target_config, "--modes", args.mode,
@@ -105,22 +108,22 @@ def main(argv=None) -> int:
     else:
         steps = spec["drafts"] // args.batch if spec["drafts"] else args.tokens
 
-    events = [e for e in prof.key_averages() if e.device_time_total > 0]
-    by_cat: dict[str, float] = defaultdict(float)
-    for e in events:
-        if e.device_type.name == "CUDA":
-            by_cat[category(e.key)] += e.self_device_time_total / 1000.0
-    total_ms = sum(by_cat.values())
     args.out_dir.mkdir(parents=True, exist_ok=True)
     name = f"{args.mode}_{args.context}_b{args.batch}{'_prefill' if args.prefill else ''}"
     table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=45)
     (args.out_dir / f"profile_{name}.txt").write_text(table)
-    prof.export_chrome_trace(str(args.out_dir / f"trace_{name}.json"))
+    trace = args.out_dir / f"trace_{name}.json"
+    prof.export_chrome_trace(str(trace))
+    trace_events = json.loads(trace.read_text())["traceEvents"]
+    by_cat = kernel_ms_by_category(trace_events)
     summary = {
+        "meta": run_metadata(args, engine_flags=engine_flags),
         "mode": args.mode, "context": args.context, "batch": args.batch,
         "prefill": args.prefill, "steps": steps,
-        "gpu_ms_per_step": total_ms / steps, "wall_ms_per_step": 1000 * wall / steps,
+        "gpu_ms_per_step": sum(by_cat.values()) / steps,
+        "wall_ms_per_step": 1000 * wall / steps,
         "gpu_ms_per_step_by_category": {k: v / steps for k, v in sorted(by_cat.items())},
+        "scope_spans": scope_spans(trace_events),
     }
     if args.prefill:
         summary["ttft_s_median"] = run.get("ttft_s_median")
@@ -132,6 +135,51 @@ def main(argv=None) -> int:
     print(json.dumps(summary, indent=1))  # noqa: T201
     llm.llm_engine.engine_core.shutdown()
     return 0
+
+
+KERNEL_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")
+"""The trace's categories of work on the GPU (annotations are spans, not work)."""
+
+
+def kernel_ms_by_category(trace_events: list[dict]) -> dict[str, float]:
+    """GPU ms per ``category`` from a Chrome trace's kernels, copies and sets
+    (torch's GPU annotations of vLLM's scopes cover kernels, and counting them
+    would count those kernels twice)."""
+    by_cat: dict[str, float] = defaultdict(float)
+    for e in trace_events:
+        if e.get("cat") in KERNEL_EVENTS:
+            by_cat[category(e["name"])] += e["dur"] / 1000.0
+    return dict(by_cat)
+
+
+def scope_spans(trace_events: list[dict], min_us: float = 10.0) -> dict[str, dict]:
+    """Per vLLM runner scope, from a Chrome trace: its GPU spans' median and
+    the median GPU busy ms inside them (kernels, copies), over the spans of at
+    least ``min_us`` (vLLM opens some scopes twice a step, once empty). The
+    median keeps a profiled stretch's first steps, which also hold a fresh
+    request's work, out of a step's figure."""
+    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for e in trace_events:
+        if (e.get("cat") == "gpu_user_annotation" and e["name"].startswith(SCOPE)
+                and e["dur"] >= min_us):
+            spans[e["name"][len(SCOPE):]].append((e["ts"], e["ts"] + e["dur"]))
+    work = sorted((e["ts"], e["ts"] + e["dur"]) for e in trace_events
+                  if e.get("cat") in KERNEL_EVENTS)
+    starts = [w[0] for w in work]
+    out = {}
+    for scope, found in spans.items():
+        busy = []
+        for begin, end in found:
+            i = bisect.bisect_left(starts, begin)
+            total = 0.0
+            while i < len(work) and work[i][0] < end:
+                total += min(work[i][1], end) - work[i][0]
+                i += 1
+            busy.append(total / 1000.0)
+        out[scope] = {"calls": len(found),
+                      "median_span_ms": statistics.median(e - b for b, e in found) / 1000.0,
+                      "median_busy_ms": statistics.median(busy)}
+    return out
 
 
 def runner_scopes(events) -> dict[str, dict[str, float]]:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from benchmarks.gpu.profile_step import category, runner_scopes
+from benchmarks.gpu.profile_step import (
+    category,
+    kernel_ms_by_category,
+    runner_scopes,
+    scope_spans,
+)
 
 
 def test_runner_scopes_keep_only_vllms_scopes_with_host_and_device_ms():
@@ -32,3 +37,39 @@ def test_kernel_categories():
     assert category("Memcpy DtoH") == "copy"
     assert category("triton_poi_fused_mul_silu") == "triton"
     assert category("rms_norm_kernel") == "other"
+
+
+def _ev(cat, name, ts, dur):
+    return {"cat": cat, "name": name, "ts": ts, "dur": dur}
+
+
+TRACE = [
+    # Step 1: a draft span with a fresh request's extra work, then an empty one.
+    _ev("gpu_user_annotation", "gpu_model_runner: draft", 0.0, 9000.0),
+    _ev("kernel", "nvjet_sm90_tst_64x8", 0.0, 8000.0),
+    _ev("gpu_user_annotation", "gpu_model_runner: draft", 9500.0, 1.0),
+    # Steps 2 and 3: 5 ms spans with 4 ms of kernels (one straddles the end).
+    _ev("gpu_user_annotation", "gpu_model_runner: draft", 10000.0, 5000.0),
+    _ev("kernel", "flash_fwd_kernel", 10000.0, 3000.0),
+    _ev("gpu_memcpy", "Memcpy DtoD", 14000.0, 2000.0),
+    _ev("gpu_user_annotation", "gpu_model_runner: draft", 20000.0, 5000.0),
+    _ev("kernel", "flash_fwd_kernel", 20500.0, 4000.0),
+    _ev("gpu_user_annotation", "gpu_model_runner: forward", 30000.0, 20000.0),
+    _ev("kernel", "nvjet_sm90_tst_128x16", 30000.0, 20000.0),
+    # Host events and annotations outside vLLM's scopes count for nothing.
+    _ev("cpu_op", "aten::mm", 0.0, 50000.0),
+    _ev("gpu_user_annotation", "llm_engine step: get_output", 0.0, 50000.0),
+]
+
+
+def test_scope_spans_take_medians_and_leave_out_empty_spans():
+    spans = scope_spans(TRACE)
+    assert spans["draft"] == {"calls": 3, "median_span_ms": 5.0, "median_busy_ms": 4.0}
+    assert spans["forward"] == {"calls": 1, "median_span_ms": 20.0,
+                                "median_busy_ms": 20.0}
+    assert set(spans) == {"draft", "forward"}
+
+
+def test_kernel_ms_count_work_not_annotations():
+    assert kernel_ms_by_category(TRACE) == {"matmul": 28.0, "attention": 7.0,
+                                            "copy": 2.0}

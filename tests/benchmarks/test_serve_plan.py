@@ -356,3 +356,27 @@ def test_summary_plots_join_the_headline_cells(tmp_path):
     pytest.importorskip("matplotlib")
     title = plot_serve.figure(result, "long", 256)._suptitle.get_text()
     assert "cells from 2 result files" in title and "/ d," in title
+
+
+def test_summary_plot_draws_a_line_per_draft(tmp_path):
+    """A cell measured with another draft gets a line of its own, not a
+    vertical jump on the first draft's line."""
+    pytest.importorskip("matplotlib")
+    from benchmarks import plot_serve, summarize
+
+    _serve_file(tmp_path, "20260101T0000Z_a", [("plain", 4, 10.0), ("spec_extend", 4, 20.0),
+                                               ("plain", 16, 30.0), ("spec_extend", 16, 40.0)])
+    other = _serve_file(tmp_path, "20260102T0000Z_small", [("plain", 16, 31.0),
+                                                           ("spec_extend", 16, 60.0)])
+    data = json.loads(other.read_text())
+    for r in data["results"]:
+        r["draft"] = r["draft"] and "small"
+    other.write_text(json.dumps(data))
+    result = plot_serve.from_summary(summarize.summarize(tmp_path), tmp_path)[
+        ("GPU X", "long", 256)]
+    fig = plot_serve.figure(result, "long", 256)
+    lines = {t.get_text(): c.lines[0].get_ydata().tolist()
+             for t, c in zip(fig.axes[0].get_legend().get_texts(),
+                             fig.axes[0].containers, strict=True)}
+    assert lines == {"plain": [10.0, 31.0], "spec_extend, d": [20.0, 40.0],
+                     "spec_extend, small": [60.0]}
