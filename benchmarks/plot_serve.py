@@ -43,7 +43,7 @@ def _line(row: dict, cells: list[dict]) -> tuple[int, str]:
     order, name = series_key(row)
     drafts = {r.get("draft") for r in cells if series(r) == name}
     if len(drafts) > 1:
-        name = f"{name}, {row.get('draft')}"
+        name = f"{name}, {row.get('draft') or 'no draft'}"
     return order, name
 
 

@@ -10,7 +10,9 @@ only: a hand-held in-process engine, no speed claim.
 
 vLLM's own scopes are on (``VLLM_CUSTOM_SCOPES_FOR_PROFILING``), so the
 summary has the host and device ms of ``gpu_model_runner: draft`` beside the
-model forward, sampling and the rest.
+model forward, sampling and the rest, and each scope's median GPU span (a
+steady step's). Only vLLM's V1 runner opens these scopes: a mode on its V2
+runner (plain decoding, by vLLM's default) has none, only the kernel sums.
 
 ``--prefill`` profiles a request's prompt instead (issue #22's time to first
 token): a fresh prompt of ``--context`` tokens (another seed, so no prefix is
@@ -120,6 +122,8 @@ def main(argv=None) -> int:
         "meta": run_metadata(args, engine_flags=engine_flags),
         "mode": args.mode, "context": args.context, "batch": args.batch,
         "prefill": args.prefill, "steps": steps,
+        # All profiled kernels over the verifications: the stretch's first
+        # steps (the prompt's cached remainder) count in it too.
         "gpu_ms_per_step": sum(by_cat.values()) / steps,
         "wall_ms_per_step": 1000 * wall / steps,
         "gpu_ms_per_step_by_category": {k: v / steps for k, v in sorted(by_cat.items())},
@@ -154,7 +158,8 @@ def kernel_ms_by_category(trace_events: list[dict]) -> dict[str, float]:
 
 def scope_spans(trace_events: list[dict], min_us: float = 10.0) -> dict[str, dict]:
     """Per vLLM runner scope, from a Chrome trace: its GPU spans' median and
-    the median GPU busy ms inside them (kernels, copies), over the spans of at
+    the median GPU busy ms inside them (time in which a kernel or copy ran,
+    on any stream), over the spans of at
     least ``min_us`` (vLLM opens some scopes twice a step, once empty). The
     median keeps a profiled stretch's first steps, which also hold a fresh
     request's work, out of a step's figure."""
@@ -163,23 +168,36 @@ def scope_spans(trace_events: list[dict], min_us: float = 10.0) -> dict[str, dic
         if (e.get("cat") == "gpu_user_annotation" and e["name"].startswith(SCOPE)
                 and e["dur"] >= min_us):
             spans[e["name"][len(SCOPE):]].append((e["ts"], e["ts"] + e["dur"]))
-    work = sorted((e["ts"], e["ts"] + e["dur"]) for e in trace_events
-                  if e.get("cat") in KERNEL_EVENTS)
-    starts = [w[0] for w in work]
+    work = union(sorted((e["ts"], e["ts"] + e["dur"]) for e in trace_events
+                        if e.get("cat") in KERNEL_EVENTS))
+    starts = [begin for begin, _ in work]
     out = {}
     for scope, found in spans.items():
         busy = []
         for begin, end in found:
-            i = bisect.bisect_left(starts, begin)
+            # From the last interval starting before the span: it may run into it.
+            i = max(bisect.bisect_right(starts, begin) - 1, 0)
             total = 0.0
             while i < len(work) and work[i][0] < end:
-                total += min(work[i][1], end) - work[i][0]
+                total += max(0.0, min(work[i][1], end) - max(work[i][0], begin))
                 i += 1
             busy.append(total / 1000.0)
         out[scope] = {"calls": len(found),
                       "median_span_ms": statistics.median(e - b for b, e in found) / 1000.0,
                       "median_busy_ms": statistics.median(busy)}
     return out
+
+
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted intervals merged where they overlap (kernels of several streams
+    that run at once count once)."""
+    merged: list[tuple[float, float]] = []
+    for begin, end in intervals:
+        if merged and begin <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((begin, end))
+    return merged
 
 
 def runner_scopes(events) -> dict[str, dict[str, float]]:

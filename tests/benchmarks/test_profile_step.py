@@ -54,8 +54,12 @@ TRACE = [
     _ev("gpu_memcpy", "Memcpy DtoD", 14000.0, 2000.0),
     _ev("gpu_user_annotation", "gpu_model_runner: draft", 20000.0, 5000.0),
     _ev("kernel", "flash_fwd_kernel", 20500.0, 4000.0),
+    # A kernel that started before the span runs into it, and two streams
+    # overlap: 10 ms of the 20 ms span are busy, the overlap counted once.
+    _ev("kernel", "nvjet_sm90_tst_128x16", 28000.0, 6000.0),
     _ev("gpu_user_annotation", "gpu_model_runner: forward", 30000.0, 20000.0),
-    _ev("kernel", "nvjet_sm90_tst_128x16", 30000.0, 20000.0),
+    _ev("kernel", "nvjet_sm90_tst_128x16", 40000.0, 6000.0),
+    _ev("kernel", "triton_poi_fused", 42000.0, 2000.0),
     # Host events and annotations outside vLLM's scopes count for nothing.
     _ev("cpu_op", "aten::mm", 0.0, 50000.0),
     _ev("gpu_user_annotation", "llm_engine step: get_output", 0.0, 50000.0),
@@ -66,10 +70,10 @@ def test_scope_spans_take_medians_and_leave_out_empty_spans():
     spans = scope_spans(TRACE)
     assert spans["draft"] == {"calls": 3, "median_span_ms": 5.0, "median_busy_ms": 4.0}
     assert spans["forward"] == {"calls": 1, "median_span_ms": 20.0,
-                                "median_busy_ms": 20.0}
+                                "median_busy_ms": 10.0}
     assert set(spans) == {"draft", "forward"}
 
 
 def test_kernel_ms_count_work_not_annotations():
-    assert kernel_ms_by_category(TRACE) == {"matmul": 28.0, "attention": 7.0,
-                                            "copy": 2.0}
+    assert kernel_ms_by_category(TRACE) == {"matmul": 20.0, "attention": 7.0,
+                                            "copy": 2.0, "triton": 2.0}
