@@ -312,8 +312,14 @@ PY
       exit 2
     fi
     # The method names the call's files unless it is draft_model (tags as
-    # before), so an eagle3 call's results do not overwrite the 1B draft's.
-    tag=$(echo "$mode ${method#draft_model} $wl $len $conc ${SERVE_TAG:-}" | tr -s ' ' - | sed 's/-$//')
+    # before), so an eagle3 call's results do not overwrite the 1B draft's;
+    # so does a draft model other than the 1B (SERVE_DRAFT=llama_68m wrote
+    # the 1B run's names on 2026-11-27).
+    other=""
+    case $mode in draft_model|spec_extend)
+      [ "$method" = draft_model ] && [ "$draft" != llama32_1b ] && other=$draft ;;
+    esac
+    tag=$(echo "$mode ${method#draft_model} $other $wl $len $conc ${SERVE_TAG:-}" | tr -s ' ' - | sed 's/-$//')
     # SERVE_DETACH=1: a cell longer than a call (32K at concurrency 16: a
     # server start of 3-4 min and ~1 min a run) runs detached (detached.sh)
     # under SERVE_TIMEOUT (default then 1500 s); each call waits SERVE_WAIT_S
