@@ -59,9 +59,10 @@ def figure(result: dict, workload: str, input_len: int):
     # also carries the prompt pass, which the draft lengthens.
     cells = [r for r in result["results"] if (r["workload"], r["input_len"])
              == (workload, input_len) and r["decode_tok_s"]["n"]]
-    for _, name in sorted({_line(r, cells) for r in cells}):
-        rows = sorted((r for r in cells if _line(r, cells)[1] == name),
-                      key=lambda r: r["concurrency"])
+    lines = [(_line(r, cells), r) for r in cells]
+    for key in sorted({key for key, _ in lines}):
+        name = key[1]
+        rows = sorted((r for k, r in lines if k == key), key=lambda r: r["concurrency"])
         color = _errorbar(tput, rows, "decode_tok_s", "o-", name)
         _errorbar(tpot, rows, "tpot_p50_ms", "o-", f"{name} p50", color)
         _errorbar(tpot, rows, "tpot_p99_ms", "x--", f"{name} p99", color)

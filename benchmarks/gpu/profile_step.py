@@ -26,13 +26,14 @@ wall time.
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
 import os
 import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
+
+from benchmarks.harness.measure import covered_seconds
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 SCOPE = "gpu_model_runner: "
@@ -168,36 +169,18 @@ def scope_spans(trace_events: list[dict], min_us: float = 10.0) -> dict[str, dic
         if (e.get("cat") == "gpu_user_annotation" and e["name"].startswith(SCOPE)
                 and e["dur"] >= min_us):
             spans[e["name"][len(SCOPE):]].append((e["ts"], e["ts"] + e["dur"]))
-    work = union(sorted((e["ts"], e["ts"] + e["dur"]) for e in trace_events
-                        if e.get("cat") in KERNEL_EVENTS))
-    starts = [begin for begin, _ in work]
+    work = [(e["ts"], e["ts"] + e["dur"]) for e in trace_events
+            if e.get("cat") in KERNEL_EVENTS]
     out = {}
     for scope, found in spans.items():
-        busy = []
-        for begin, end in found:
-            # From the last interval starting before the span: it may run into it.
-            i = max(bisect.bisect_right(starts, begin) - 1, 0)
-            total = 0.0
-            while i < len(work) and work[i][0] < end:
-                total += max(0.0, min(work[i][1], end) - max(work[i][0], begin))
-                i += 1
-            busy.append(total / 1000.0)
+        # Each span's kernels and copies clipped to it, overlaps counted once.
+        busy = [covered_seconds((max(b, begin), min(e, end)) for b, e in work
+                                if b < end and e > begin) / 1000.0
+                for begin, end in found]
         out[scope] = {"calls": len(found),
                       "median_span_ms": statistics.median(e - b for b, e in found) / 1000.0,
                       "median_busy_ms": statistics.median(busy)}
     return out
-
-
-def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Sorted intervals merged where they overlap (kernels of several streams
-    that run at once count once)."""
-    merged: list[tuple[float, float]] = []
-    for begin, end in intervals:
-        if merged and begin <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((begin, end))
-    return merged
 
 
 def runner_scopes(events) -> dict[str, dict[str, float]]:
