@@ -138,6 +138,13 @@ case "$1" in
     timeout 400 python3 -m benchmarks.gpu.view_attention_bench \
       --out "$OUT/view_attention.json" ${VIEWATTN_ARGS:-} > "$OUT/view_attention.log" 2>&1
     rc=$?; grep -E "^reqs|Error" "$OUT/view_attention.log"; echo "viewattn rc=$rc"; exit $rc ;;
+  prefillfloor)
+    # Issue #22: the target's prefill of one long prompt with only its GEMMs
+    # and attention, back to back as vllm serve chunks it
+    # (prefill_floor_bench.py); torch and vLLM's FA3, no engine: 1-2 minutes.
+    timeout 300 python3 -m benchmarks.gpu.prefill_floor_bench --model $M/llama31_8b \
+      --out "$OUT/prefill_floor.json" ${PREFILLFLOOR_ARGS:-} > "$OUT/prefill_floor.log" 2>&1
+    rc=$?; grep -vE '^[ {}\[\]"]' "$OUT/prefill_floor.log" | tail -12; echo "prefillfloor rc=$rc"; exit $rc ;;
   kernels)
     timeout 200 python3 -m pytest tests/kernels -q -p no:cacheprovider \
       > "$OUT/kernels.txt" 2>&1; tail -3 "$OUT/kernels.txt"
@@ -484,5 +491,5 @@ PY
       --num-prompts 20 --max-new-tokens 256 --batch-size 1 \
       --coverage ${GRID_ARGS:-}
     rc=$?; echo "grid23 rc=$rc"; exit $rc ;;
-  *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|serve12|soak21|gguf|pair|eval|analyses|needle|grid23|options|fp8draft|viewattn" >&2; exit 2 ;;
+  *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|serve12|soak21|gguf|pair|eval|analyses|needle|grid23|options|fp8draft|viewattn|prefillfloor" >&2; exit 2 ;;
 esac
