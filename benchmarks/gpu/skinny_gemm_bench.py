@@ -115,7 +115,7 @@ def bandwidths() -> dict[str, float]:
     out = torch.empty((), dtype=torch.float32, device="cuda")
     nbytes = src.numel() * src.element_size()
     copy_us = graph_time_us(lambda: dst.copy_(src), replays=10)
-    read_us = graph_time_us(lambda: torch.sum(src, dtype=torch.float32, out=out), replays=10)
+    read_us = graph_time_us(lambda: torch.sum(src, (0,), dtype=torch.float32, out=out), replays=10)
     return {"copy": 2 * nbytes / (copy_us * 1e-6), "read": nbytes / (read_us * 1e-6)}
 
 
