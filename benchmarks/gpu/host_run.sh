@@ -142,9 +142,12 @@ case "$1" in
     # Issue #22: the target's prefill of one long prompt with only its GEMMs
     # and attention, back to back as vllm serve chunks it
     # (prefill_floor_bench.py); torch and vLLM's FA3, no engine: 1-2 minutes.
+    # PREFILLFLOOR_ARGS adds or overrides flags (--model, --window, --fp8);
+    # PREFILLFLOOR_TAG names the files, so that several runs fit one call.
+    tag=${PREFILLFLOOR_TAG:-prefill_floor}
     timeout 300 python3 -m benchmarks.gpu.prefill_floor_bench --model $M/llama31_8b \
-      --out "$OUT/prefill_floor.json" ${PREFILLFLOOR_ARGS:-} > "$OUT/prefill_floor.log" 2>&1
-    rc=$?; grep -vE '^[ {}\[\]"]' "$OUT/prefill_floor.log" | tail -12; echo "prefillfloor rc=$rc"; exit $rc ;;
+      --out "$OUT/$tag.json" ${PREFILLFLOOR_ARGS:-} > "$OUT/$tag.log" 2>&1
+    rc=$?; grep -vE '^[ {}\[\]"]' "$OUT/$tag.log" | tail -12; echo "prefillfloor $tag rc=$rc"; exit $rc ;;
   kernels)
     timeout 200 python3 -m pytest tests/kernels -q -p no:cacheprovider \
       > "$OUT/kernels.txt" 2>&1; tail -3 "$OUT/kernels.txt"

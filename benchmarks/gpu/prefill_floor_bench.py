@@ -18,7 +18,11 @@ earlier tokens, o, gate_up, down; the prompt runs its chunks one after
 another. Attention is timed contiguous (``cu_seqlens_k``) and paged
 (``block_table``, 16-token blocks, as vLLM's cache holds it). Timings are
 CUDA events around whole prompts, repeated (median, min, max), after a
-warm-up prompt, so the clocks are those of a sustained prefill.
+warm-up prompt, so the clocks are those of a sustained prefill; every index
+tensor is built before, so no timed call waits on a copy from the host.
+``--window N`` reads each chunk through the plugin's ``draft_prefill_window``
+view (the sinks and the N tokens before the chunk, paged), ``--fp8`` runs
+the GEMMs in fp8 as an fp8 checkpoint's (the draft's passes, issue #22).
 
     python3 -m benchmarks.gpu.prefill_floor_bench --model .gpu/models/llama31_8b --out out.json
 """
@@ -82,41 +86,69 @@ def fa3():
     return flash_attn_varlen_func if is_fa_version_supported(3) else None
 
 
-class Attention:
-    """One chunk's causal attention over the prompt so far, by one of the
-    ways below; ``__call__(layer, start, n)``."""
+def window_view(start: int, n: int, window: int | None, sinks: int) -> tuple[int, int]:
+    """(first block past the sinks, tokens the chunk's row reads) of a chunk
+    at ``start``: the plugin's ``draft_prefill_window`` view reads the sink
+    blocks and whole blocks from ``start - window`` to the chunk's end
+    (``ViewBuilder.params``); without a window, or where it drops nothing,
+    the whole prompt so far."""
+    end = start + n
+    sink_blocks = -(-sinks // BLOCK_SIZE)
+    if window is None or (start - window) // BLOCK_SIZE <= sink_blocks:
+        return 0, end
+    first = (start - window) // BLOCK_SIZE
+    return first, sink_blocks * BLOCK_SIZE + end - first * BLOCK_SIZE
 
-    def __init__(self, s: dict, context: int, how: str, layers: int):
+
+class Attention:
+    """Each chunk's causal attention over the prompt so far (or its window),
+    by one of the ways below; ``__call__(layer, chunk index)``. Every index
+    tensor is built here, so the timed calls copy nothing from the host."""
+
+    def __init__(self, s: dict, context: int, chunks: list[tuple[int, int]], how: str,
+                 layers: int, window: int | None = None, sinks: int = 0):
         dev, dt = "cuda", torch.bfloat16
-        self.s, self.how = s, how
+        self.how, self.chunks = how, chunks
         self.q = torch.randn(context, s["heads"], s["head_dim"], device=dev, dtype=dt)
         self.out = torch.empty_like(self.q)
+        if window is not None and how != "fa3_paged":
+            raise ValueError("a window reads through a block table: --attention fa3_paged")
+
+        def i32(values):
+            return torch.tensor(values, device=dev, dtype=torch.int32)
+
         # Per layer a KV of its own, so no layer finds the last one's in L2.
         kv_shape = (context, s["kv_heads"], s["head_dim"])
+        self.kw = [dict(max_seqlen_q=n, cu_seqlens_q=i32([0, n]), causal=True,
+                        out=self.out[a:a + n], fa_version=3) for a, n in chunks]
         if how == "fa3_paged":
             blocks = -(-context // BLOCK_SIZE)
             kv_shape = (blocks, BLOCK_SIZE, s["kv_heads"], s["head_dim"])
             # Blocks in a shuffled order, as a cache that has served other
             # requests holds them.
-            self.block_table = torch.randperm(blocks, device=dev, dtype=torch.int32)[None]
+            table = torch.randperm(blocks, device=dev, dtype=torch.int32)
+            sink_blocks = -(-sinks // BLOCK_SIZE)
+            for kw, (a, n) in zip(self.kw, chunks):
+                first, used = window_view(a, n, window, sinks)
+                row = table if first == 0 else torch.cat([table[:sink_blocks], table[first:]])
+                kw.update(block_table=row[None].contiguous(), seqused_k=i32([used]),
+                          max_seqlen_k=used)
+        elif how == "fa3":
+            for kw, (a, n) in zip(self.kw, chunks):
+                kw.update(cu_seqlens_k=i32([0, a + n]), max_seqlen_k=a + n)
         self.k = [torch.randn(kv_shape, device=dev, dtype=dt) for _ in range(layers)]
         self.v = [torch.randn(kv_shape, device=dev, dtype=dt) for _ in range(layers)]
         self.fn = fa3()
 
-    def __call__(self, layer: int, start: int, n: int) -> None:
-        q = self.q[start:start + n]
+    def __call__(self, layer: int, i: int) -> None:
+        start, n = self.chunks[i]
         end = start + n
-        dev = q.device
-        if self.how in ("fa3", "fa3_paged"):
-            cu_q = torch.tensor([0, n], device=dev, dtype=torch.int32)
-            kw = dict(max_seqlen_q=n, cu_seqlens_q=cu_q, max_seqlen_k=end, causal=True,
-                      out=self.out[start:end], fa_version=3)
-            if self.how == "fa3":
-                kw["cu_seqlens_k"] = torch.tensor([0, end], device=dev, dtype=torch.int32)
-                self.fn(q, self.k[layer][:end], self.v[layer][:end], **kw)
-            else:
-                kw["seqused_k"] = torch.tensor([end], device=dev, dtype=torch.int32)
-                self.fn(q, self.k[layer], self.v[layer], block_table=self.block_table, **kw)
+        q = self.q[start:end]
+        if self.how == "fa3":
+            self.fn(q, self.k[layer][:end], self.v[layer][:end], **self.kw[i])
+            return
+        if self.how == "fa3_paged":
+            self.fn(q, self.k[layer], self.v[layer], **self.kw[i])
             return
         # SDPA: the chunk's queries read all earlier keys, then the chunk
         # causally (bottom-right), as one call with an explicit causal bias;
@@ -151,6 +183,24 @@ def spread(times: list[float]) -> dict:
     return {"median": statistics.median(times), "min": min(times), "max": max(times)}
 
 
+def gemm_fn(fp8: bool):
+    """(weight from a bf16 one, input from a bf16 one, product): cuBLAS bf16,
+    or fp8 (e4m3, per-tensor scales, ``torch._scaled_mm``) with the input
+    quantized beforehand (its quantization is an elementwise kernel, left out
+    as the others are)."""
+    if not fp8:
+        return (lambda w: w), (lambda x: x), F.linear
+    one = torch.ones((), device="cuda", dtype=torch.float32)
+
+    def to_fp8(t):
+        return t.to(torch.float8_e4m3fn)
+
+    def product(x, w):  # w: [out, in] row-major, so w.t() is column-major
+        return torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+    return to_fp8, to_fp8, product
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, required=True, help="a directory with config.json")
@@ -160,23 +210,34 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--attention", nargs="+", default=["fa3", "fa3_paged", "sdpa"],
                    choices=["fa3", "fa3_paged", "sdpa"])
+    p.add_argument("--window", type=int, default=None,
+                   help="the plugin's draft_prefill_window: each chunk reads the sinks "
+                        "and this many tokens before it (fa3_paged only)")
+    p.add_argument("--sinks", type=int, default=32, help="sink tokens (the plugin's default)")
+    p.add_argument("--fp8", action="store_true", help="fp8 GEMMs (an fp8 checkpoint's)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
+    if args.window is not None:
+        args.attention = ["fa3_paged"]
 
     s = shape(args.model)
     L = s["layers"]
     chunks = chunk_bounds(args.context, args.chunk)
     dev, dt = "cuda", torch.bfloat16
     shapes = gemm_shapes(s)
-    weights = {name: [torch.randn(o, i, device=dev, dtype=dt) * 0.02 for _ in range(L)]
+    weight, act, product = gemm_fn(args.fp8)
+    weights = {name: [weight(torch.randn(o, i, device=dev, dtype=dt) * 0.02) for _ in range(L)]
                for name, (i, o) in shapes.items()}
-    x = {name: torch.randn(args.chunk, i, device=dev, dtype=dt) for name, (i, o) in shapes.items()}
+    x = {name: act(torch.randn(args.chunk, i, device=dev, dtype=dt))
+         for name, (i, o) in shapes.items()}
     gemm_flops = sum(2 * n * i * o for _, n in chunks for i, o in shapes.values()) * L
-    attn_flops = sum(attention_flops(s, start, n) for start, n in chunks) * L
+    # Keys each chunk reads before its own: all earlier ones, or its window's.
+    before = [window_view(a, n, args.window, args.sinks)[1] - n for a, n in chunks]
+    attn_flops = sum(attention_flops(s, k, n) for k, (_, n) in zip(before, chunks)) * L
 
     def gemms(layer: int, n: int) -> None:
         for name in shapes:
-            F.linear(x[name][:n], weights[name][layer])
+            product(x[name][:n], weights[name][layer])
 
     def gemm_prompt() -> None:
         for _, n in chunks:
@@ -184,12 +245,14 @@ def main() -> None:
                 gemms(layer, n)
 
     result = {"shape": s, "context": args.context, "chunk": args.chunk,
+              "window": args.window, "sinks": args.sinks if args.window else None,
+              "gemm_dtype": "fp8_e4m3" if args.fp8 else "bf16",
               "gemm_tflop": gemm_flops / 1e12, "attention_tflop": attn_flops / 1e12}
     t = timed(gemm_prompt, args.repeats)
     result["gemm_ms"] = spread(t)
     result["gemm_tflop_s"] = gemm_flops / 1e9 / statistics.median(t)
-    print(f"GEMMs of a {args.context}-token prompt: {statistics.median(t):.1f} ms, "
-          f"{result['gemm_tflop_s']:.0f} TFLOP/s", flush=True)
+    print(f"GEMMs ({result['gemm_dtype']}) of a {args.context}-token prompt: "
+          f"{statistics.median(t):.1f} ms, {result['gemm_tflop_s']:.0f} TFLOP/s", flush=True)
 
     result["attention"] = {}
     for how in args.attention:
@@ -197,18 +260,18 @@ def main() -> None:
             result["attention"][how] = {"error": "vLLM's FA3 is not importable here"}
             continue
         try:
-            attn = Attention(s, args.context, how, L)
+            attn = Attention(s, args.context, chunks, how, L, args.window, args.sinks)
 
             def attn_prompt() -> None:
-                for start, n in chunks:
+                for i in range(len(chunks)):
                     for layer in range(L):
-                        attn(layer, start, n)
+                        attn(layer, i)
 
             def whole_prompt() -> None:
-                for start, n in chunks:
+                for i, (_, n) in enumerate(chunks):
                     for layer in range(L):
                         gemms(layer, n)
-                        attn(layer, start, n)
+                        attn(layer, i)
 
             ta = timed(attn_prompt, args.repeats)
             tw = timed(whole_prompt, args.repeats)

@@ -37,3 +37,16 @@ def test_shape_and_projections_of_an_8b_config(tmp_path):
                     "down": (14336, 4096)}
     # 6.98 B linear parameters a layer stack: the 8B without its embeddings.
     assert sum(i * o for i, o in proj.values()) * 32 == pytest.approx(6.98e9, rel=0.01)
+
+
+def test_window_view_reads_sinks_window_and_chunk():
+    from benchmarks.gpu.prefill_floor_bench import window_view
+    # The first chunk has nothing before it to drop; no window reads everything.
+    assert window_view(0, 8192, 2048, 32) == (0, 8192)
+    assert window_view(8192, 8192, None, 32) == (0, 16384)
+    # Past it: 32 sink tokens (2 blocks), then whole blocks from start - 2048.
+    first, used = window_view(8192, 8192, 2048, 32)
+    assert first == (8192 - 2048) // 16
+    assert used == 32 + 2048 + 8192
+    # A window that reaches back into the sinks drops nothing.
+    assert window_view(2048, 8192, 2048, 32) == (0, 10240)
