@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.gpu.skinny_gemm_bench import bandwidths
+from benchmarks.harness.measure import spread
 from benchmarks.harness.meta import run_metadata
 
 BLOCK_SIZE = 16
@@ -177,10 +178,6 @@ def timed(fn, repeats: int) -> list[float]:
         b.synchronize()
         times.append(a.elapsed_time(b))
     return times
-
-
-def spread(times: list[float]) -> dict:
-    return {"median": statistics.median(times), "min": min(times), "max": max(times)}
 
 
 def gemm_fn(fp8: bool):
