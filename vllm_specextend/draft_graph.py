@@ -27,7 +27,8 @@ Pure torch; no vLLM.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -144,6 +145,11 @@ class DraftInputs:
             self.slot_mapping[:n].copy_(slot_mapping[:n])
 
 
+@contextmanager
+def _side_stream() -> Iterator[torch.cuda.Stream]:
+    yield torch.cuda.Stream()
+
+
 @dataclass
 class _Captured:
     graph: torch.cuda.CUDAGraph | None
@@ -161,12 +167,17 @@ class DraftGraphs:
     """
 
     def __init__(self, body: Callable[[int], torch.Tensor], sizes: list[int],
-                 inputs: DraftInputs, width_tokens: int, capture: bool):
+                 inputs: DraftInputs, width_tokens: int, capture: bool,
+                 capture_context: Callable[[], AbstractContextManager[torch.cuda.Stream]]
+                 | None = None):
         self.body = body
         self.sizes = sorted(set(sizes), reverse=True)
         self.inputs = inputs
         self.width_tokens = width_tokens
         self.capture_graphs = capture
+        # Yields the stream to capture on; with tensor parallelism vLLM's
+        # (``compat.capture_stream``), which records the draft's collectives.
+        self.capture_context = capture_context or _side_stream
         self._graphs: dict[int, _Captured] = {}
         self._pool = None
 
@@ -182,18 +193,23 @@ class DraftGraphs:
             self._graphs = {b: _Captured(None, torch.empty(0)) for b in self.sizes}
             return
         self._pool = torch.cuda.graph_pool_handle()
+        gc.collect()
+        # Warm-ups first, outside the capture context: Triton compiles, FA3
+        # plans these shapes, and collectives run as in an eager step (inside
+        # vLLM's context the custom all-reduce only allocates when not
+        # capturing).
+        for batch in self.sizes:
+            self.body(batch)
+        torch.cuda.synchronize()
         # Capture needs a stream other than the default one; replays run on
         # the step's stream.
-        stream = torch.cuda.Stream()
-        gc.collect()
-        for batch in self.sizes:
-            self.body(batch)  # warm-up: Triton compiles, FA3 plans these shapes
+        with self.capture_context() as stream:
+            for batch in self.sizes:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._pool, stream=stream):
+                    output = self.body(batch)
+                self._graphs[batch] = _Captured(graph, output)
             torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool, stream=stream):
-                output = self.body(batch)
-            self._graphs[batch] = _Captured(graph, output)
-        torch.cuda.synchronize()
 
     def run(self, batch: int) -> torch.Tensor:
         """The drafts of the inputs loaded for ``batch`` rows, [batch, k]."""

@@ -542,6 +542,7 @@ class SpecExtendMixin:
         graphs = DraftGraphs(
             lambda batch: self._graph_body(batch, inputs, width),
             list(range(1, max_batch + 1)), inputs, width, capture,
+            capture_context=lambda: compat.capture_stream(self.device),
         )
         self._view_builder()
         try:

@@ -151,9 +151,12 @@ def test_tensor_parallel_ranks_agree(tiny_target, tiny_draft, prompts, plain_out
                                      monkeypatch):
     # Each rank scores its own KV heads; the reduced scores must give every rank
     # the same chunks, or the ranks' draft shards would attend to different KV.
+    # The draft routine runs on its static buffers ("static": the body a GPU
+    # captures, collectives included), as every rank must take the same
+    # replay-or-eager decision.
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
-    llm = make_llm(tiny_target, tiny_draft, CMR, tensor_parallel_size=2,
-                   distributed_executor_backend="mp")
+    llm = make_llm(tiny_target, tiny_draft, {**CMR, "draft_graph": "static"},
+                   tensor_parallel_size=2, distributed_executor_backend="mp")
     llm.collective_rpc(_record_selections)
     outputs = generate(llm, prompts)
     per_rank = llm.collective_rpc(_selections_and_stats)
@@ -163,7 +166,7 @@ def test_tensor_parallel_ranks_agree(tiny_target, tiny_draft, prompts, plain_out
     assert len(per_rank) == 2
     (sel0, stats0), (sel1, stats1) = per_rank
     assert sel0 and sel0 == sel1
-    assert stats0["view_rows"] > 0
+    assert stats0["view_rows"] > 0 and stats0["graph_steps"] > 0
     stats0.pop("scoring_seconds"), stats1.pop("scoring_seconds")
     assert stats0 == stats1
 

@@ -204,3 +204,62 @@ def test_captured_draft_attention_is_scheduled_for_the_drafts_own_heads(monkeypa
     fa[0].scheduler_metadata = None
     compat.schedule_draft_attention(proposer, [*fa, other], num_reqs=2)
     assert fa[0].scheduler_metadata is None and len(calls) == 1
+
+
+@pytest.mark.parametrize("tp, pp, dp, reason", [
+    (2, 1, 1, None),  # tensor parallel is captured, collectives and all
+    (4, 1, 1, None),
+    (1, 2, 1, "pipeline parallel"),
+    (2, 1, 2, "data parallel"),
+])
+def test_tensor_parallel_engines_capture_the_routine(tp, pp, dp, reason):
+    from types import SimpleNamespace
+
+    from vllm_specextend import compat
+
+    config = SimpleNamespace(parallel_config=SimpleNamespace(
+        tensor_parallel_size=tp, pipeline_parallel_size=pp, data_parallel_size=dp))
+    # capture=False (static buffers) asks only about the engine's processes.
+    why = compat.draft_graph_blocker(config, [], capture=False)
+    assert (why is None) if reason is None else why.startswith(reason)
+
+
+def test_capture_runs_warm_ups_first_then_captures_inside_the_given_context(monkeypatch):
+    """Every warm-up runs before the capture context opens (inside vLLM's,
+    a custom all-reduce only allocates when not capturing), and every graph
+    is captured on the stream the context yields, inside it."""
+    from contextlib import contextmanager
+
+    events = []
+
+    @contextmanager
+    def context():
+        events.append("enter")
+        yield "the context's stream"
+        events.append("exit")
+
+    class Graph:
+        def __init__(self, *_, **__):
+            pass
+
+    @contextmanager
+    def graph(g, pool=None, stream=None):
+        events.append(("capture", stream))
+        yield
+
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    inputs = DraftInputs(2, K, 8, CPU)
+
+    def body(batch):
+        events.append(("body", batch))
+        return torch.zeros(batch, K, dtype=torch.int64)
+
+    graphs = DraftGraphs(body, [1, 2], inputs, 64, capture=True, capture_context=context)
+    graphs.capture()
+    assert events == [("body", 2), ("body", 1), "enter",
+                      ("capture", "the context's stream"), ("body", 2),
+                      ("capture", "the context's stream"), ("body", 1), "exit"]
+    assert graphs.captured == {1, 2}

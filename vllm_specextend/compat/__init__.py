@@ -51,6 +51,7 @@ EAGLE-3 ``model.fc.input_size``                     read        width of the hea
 ``RotaryEmbedding.cos_sin_cache``                   patch       draft RoPE table to the target's length
 ``RotaryEmbedding._compute_inv_freq``               call        frequencies for re-rotation
 ``distributed`` TP rank, all-reduce, broadcast      call        one chunk choice across TP ranks
+``parallel_state.graph_capture``                    call        draft routine's collectives captured
 ==================================================  ==========  =======================================
 
 Each ``patch`` row is a declared patch in ``compat.patches`` (``PATCHES``),
@@ -72,6 +73,7 @@ import vllm
 
 from vllm_specextend.compat.args import has_option, option_action
 from vllm_specextend.compat.distributed import (
+    capture_stream,
     tp_all_reduce,
     tp_broadcast,
     tp_rank_and_size,
@@ -141,7 +143,7 @@ from vllm_specextend.compat.symbols import LAZY, load, logger
 __all__ = [
     "LAZY", "PADDING_SLOT_ID", "PATCHES", "PLATFORM_WORKERS", "REGISTRY", "SKIP_VERSION_CHECK_ENV",
     "SUPPORTED_VLLM", "add_kv_blocks", "additional_config", "allow_long_drafts",
-    "apply_process_patches", "attention_layer", "batch_num_prompt_tokens",
+    "apply_process_patches", "attention_layer", "capture_stream", "batch_num_prompt_tokens",
     "batch_req_ids", "batch_seq_lens_cpu", "block_table_width",
     "check_touch_points", "copy_outputs_after_sampling", "decode_attn_metadata",
     "draft_graph_blocker",

@@ -37,8 +37,11 @@ def draft_graph_blocker(vllm_config, attn_groups, capture: bool) -> str | None:
     engine process per model copy.
     """
     parallel = vllm_config.parallel_config
-    if parallel.tensor_parallel_size != 1:
-        return "tensor parallel: the draft's all-reduces would need vLLM's capture context"
+    # Tensor parallel is captured: the draft's collectives go into the graph
+    # inside vLLM's capture context (``distributed.capture_stream``), and every
+    # rank takes the same replay-or-eager decision from the same host lengths.
+    if parallel.pipeline_parallel_size != 1:
+        return "pipeline parallel: the draft runs on the last stage only"
     if parallel.data_parallel_size != 1:
         return "data parallel: draft batches are padded across ranks"
     if not capture:
