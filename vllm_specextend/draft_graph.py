@@ -145,6 +145,10 @@ class DraftInputs:
             self.slot_mapping[:n].copy_(slot_mapping[:n])
 
 
+CaptureContext = Callable[[], AbstractContextManager[torch.cuda.Stream]]
+"""Opens the context a capture runs in, yielding the stream to capture on."""
+
+
 @contextmanager
 def _side_stream() -> Iterator[torch.cuda.Stream]:
     yield torch.cuda.Stream()
@@ -168,8 +172,7 @@ class DraftGraphs:
 
     def __init__(self, body: Callable[[int], torch.Tensor], sizes: list[int],
                  inputs: DraftInputs, width_tokens: int, capture: bool,
-                 capture_context: Callable[[], AbstractContextManager[torch.cuda.Stream]]
-                 | None = None):
+                 capture_context: CaptureContext | None = None):
         self.body = body
         self.sizes = sorted(set(sizes), reverse=True)
         self.inputs = inputs

@@ -257,7 +257,8 @@ def test_capture_runs_warm_ups_first_then_captures_inside_the_given_context(monk
         events.append(("body", batch))
         return torch.zeros(batch, K, dtype=torch.int64)
 
-    graphs = DraftGraphs(body, [1, 2], inputs, 64, capture=True, capture_context=context)
+    graphs = DraftGraphs(body, [1, 2], inputs, 64, capture=True,
+                         capture_context=context)
     graphs.capture()
     assert events == [("body", 2), ("body", 1), "enter",
                       ("capture", "the context's stream"), ("body", 2),
