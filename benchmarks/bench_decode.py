@@ -134,13 +134,14 @@ def engine_env(args, mode: str) -> dict:
     return env
 
 
-def generate(llm, prompts: list[list[int]], output_len: int) -> dict:
-    """One batch to completion; the run's figures from vLLM's own timestamps."""
+def generate(llm, prompts: list[list[int]], output_len: int, gpus: int = 1) -> dict:
+    """One batch to completion; the run's figures from vLLM's own timestamps.
+    ``gpus``: the engine's GPUs (tensor parallel), each sampled for busy."""
     from vllm import SamplingParams
 
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     start = time.perf_counter()
-    with GpuBusy() as busy:
+    with GpuBusy(range(gpus)) as busy:
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params,
                                use_tqdm=False)
     e2e_s = time.perf_counter() - start
@@ -152,10 +153,13 @@ def generate(llm, prompts: list[list[int]], output_len: int) -> dict:
     decode = decode_throughput((s.first_token_ts, s.last_token_ts, len(t))
                                for s, t in zip(stats, tokens, strict=True))
     output_tokens = sum(map(len, tokens))
+    # Share of the decode window during which a kernel ran (NVML), per GPU.
+    per_gpu = busy.per_device([(s.first_token_ts, s.last_token_ts) for s in stats])
     return {
         **decode,
-        # Share of the decode window during which a kernel ran (NVML).
-        "gpu_busy": busy.share((s.first_token_ts, s.last_token_ts) for s in stats),
+        "gpu_busy": None if per_gpu is None else sum(per_gpu) / len(per_gpu),
+        **({"gpu_busy_per_gpu": per_gpu, "gpu_busy_min": min(per_gpu)}
+           if per_gpu is not None and gpus > 1 else {}),
         "num_cached_tokens": sum(o.num_cached_tokens or 0 for o in outputs),
         "e2e_s": e2e_s,
         "output_tokens": output_tokens,
@@ -190,7 +194,7 @@ def timed_run(llm, prompts, args, plugin: bool, timed: bool) -> dict:
     before = plugin_state(llm) if plugin else None
     if timed:
         llm.collective_rpc(access.take_worker_timings)  # drop the warm-up's
-    run = generate(llm, prompts, args.output_len)
+    run = generate(llm, prompts, args.output_len, args.tensor_parallel_size or 1)
     spec = counter_delta(counts, spec_counters(llm))
     run["acceptance_length"] = (1 + spec["accepted_tokens"] / spec["drafts"]
                                 if spec["drafts"] else None)

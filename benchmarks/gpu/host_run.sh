@@ -270,23 +270,38 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob("tp_lossless_*.json")):
 PY
     ;;
   tp-speed)
-    # These hosts keep NVLink multicast off: vLLM's auto-selected FlashInfer
-    # all-reduce + RMSNorm fusion (mnnvl) crashes CUDA-graph capture of any 8B
-    # TP=2 engine, so it is turned off; symmetric-memory all-reduce stays off as
-    # in the committed runs.
+    # Issue #44: decode speed under tensor parallelism, fresh prompts (each run
+    # prefills; end to end beside decode), 1,024 new tokens, 3 runs a cell.
+    # TP_TARGET 70b (Llama-3.1-70B shape, TP_SIZE 4) or 8b (TP_SIZE 2), the 1B
+    # shape as draft. These hosts keep NVLink multicast off: vLLM's
+    # auto-selected FlashInfer all-reduce + RMSNorm fusion (mnnvl, which needs
+    # it) crashed CUDA-graph capture of any 8B TP=2 engine, so it is off, and
+    # symmetric-memory all-reduce too, in every mode. An engine per mode
+    # (TP_MODES, one or two per call: a 70B engine takes minutes to start);
+    # TP_CONTEXTS, TP_BATCHES name the cells; TP_ARGS adds flags.
     export VLLM_ALLREDUCE_USE_SYMM_MEM=0
-    # A TP=2 engine takes 1-3 min to start: TP_MODES splits the engines over
-    # calls (spec_extend before draft_model, so it runs if time runs out).
-    modes=${TP_MODES:-plain spec_extend draft_model}; tag=$(echo $modes | tr ' ' -)
-    timeout 580 python3 -m benchmarks.bench_decode --target-config $M/llama31_8b \
-      --draft-config $M/llama32_1b --contexts 16384 32768 --batch-sizes 1 8 \
-      --tensor-parallel-size 2 \
+    stop_leftovers || exit 1
+    target=${TP_TARGET:-70b}; size=${TP_SIZE:-4}
+    case $target in 70b) cfg=$M/llama31_70b ;; 8b) cfg=$M/llama31_8b ;;
+      *) echo "TP_TARGET: 70b or 8b" >&2; exit 2 ;; esac
+    modes=${TP_MODES:-spec_extend plain}; tag=${target}-1b_tp${size}_$(echo $modes | tr ' ' -)
+    timeout ${TP_TIMEOUT:-570} python3 -m benchmarks.bench_decode --target-config $cfg \
+      --draft-config $M/llama32_1b --contexts ${TP_CONTEXTS:-32768} \
+      --batch-sizes ${TP_BATCHES:-1} --output-len 1024 --runs 3 --fresh-prompts \
+      --tensor-parallel-size $size \
       --compilation-config '{"pass_config": {"fuse_allreduce_rms": false}}' \
       --distributed-executor-backend mp --modes $modes ${TP_ARGS:-} \
-      --out "$OUT/decode_1b_tp2_$tag.json" \
-      > "$OUT/decode_1b_tp2_$tag.log" 2>&1
-    echo "tp-speed rc=$?"; python3 -m benchmarks.summarize_decode "$OUT/decode_1b_tp2_$tag.json"
-    grep -m3 -E "Error|error:" "$OUT/decode_1b_tp2_$tag.log" ;;
+      --out "$OUT/decode_$tag.json" > "$OUT/decode_$tag.log" 2>&1
+    echo "tp-speed rc=$?"; python3 -m benchmarks.summarize_decode "$OUT/decode_$tag.json"
+    grep -m3 -E "Error|error:|draft routine" "$OUT/decode_$tag.log" ;;
+  tp-tests)
+    # Issue #44: the captured draft routine at TP=2 and TP=4 against vLLM's
+    # own speculation (tests/kernels/test_tp_gpu.py).
+    export VLLM_ALLREDUCE_USE_SYMM_MEM=0
+    timeout ${GPU_TESTS_TIMEOUT:-400} python3 -m pytest -v -p no:cacheprovider \
+      tests/kernels/test_tp_gpu.py > "$OUT/tp_tests.txt" 2>&1
+    echo "tp-tests rc=$?"; grep -E "PASSED|FAILED|ERROR|passed|failed|Error|assert" \
+      "$OUT/tp_tests.txt" | tail -20 ;;
   serve12)
     # Issue #12's serving workloads: 8B/1B shapes, dummy weights, synthetic
     # acceptance 3.0, 3 runs per cell, every server with the same flags (vLLM's
@@ -494,5 +509,5 @@ PY
       --num-prompts 20 --max-new-tokens 256 --batch-size 1 \
       --coverage ${GRID_ARGS:-}
     rc=$?; echo "grid23 rc=$rc"; exit $rc ;;
-  *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|serve12|soak21|gguf|pair|eval|analyses|needle|grid23|options|fp8draft|viewattn|prefillfloor" >&2; exit 2 ;;
+  *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|tp-tests|serve12|soak21|gguf|pair|eval|analyses|needle|grid23|options|fp8draft|viewattn|prefillfloor" >&2; exit 2 ;;
 esac

@@ -41,7 +41,8 @@ class GpuBusy:
                  clock: Callable[[], float] = time.monotonic):
         self.interval_s = interval_s
         self.clock = clock
-        self.samples: list[tuple[float, float]] = []  # (clock s, busy 0..1)
+        # (clock s, busy 0..1 of each device, in device_indexes' order)
+        self.samples: list[tuple[float, list[float]]] = []
         self._nvml = _nvml()
         self._handles = []
         if self._nvml is not None:
@@ -67,15 +68,23 @@ class GpuBusy:
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            rates = [self._nvml.nvmlDeviceGetUtilizationRates(h).gpu
+            rates = [self._nvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0
                      for h in self._handles]
-            self.samples.append((self.clock(), sum(rates) / len(rates) / 100.0))
+            self.samples.append((self.clock(), rates))
             self._stop.wait(self.interval_s)
 
-    def share(self, intervals: Iterable[tuple[float, float]]) -> float | None:
-        """Mean busy share of the samples inside any of ``intervals``
-        (``clock`` seconds); None without samples there."""
+    def per_device(self, intervals: Iterable[tuple[float, float]]) -> list[float] | None:
+        """Each device's mean busy share over the samples inside any of
+        ``intervals`` (``clock`` seconds); None without samples there."""
         intervals = list(intervals)
-        inside = [busy for t, busy in self.samples
+        inside = [rates for t, rates in self.samples
                   if any(start <= t <= end for start, end in intervals)]
-        return sum(inside) / len(inside) if inside else None
+        if not inside:
+            return None
+        return [sum(column) / len(inside) for column in zip(*inside, strict=True)]
+
+    def share(self, intervals: Iterable[tuple[float, float]]) -> float | None:
+        """Mean busy share of all devices over ``intervals``; None without
+        samples there."""
+        shares = self.per_device(intervals)
+        return None if shares is None else sum(shares) / len(shares)

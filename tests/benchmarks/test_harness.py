@@ -47,8 +47,8 @@ def test_burst_shape_splits_the_window_at_the_last_first_token():
 
 def test_gpu_busy_share_counts_the_samples_inside_the_intervals():
     busy = GpuBusy()
-    busy.samples = [(0.0, 0.1), (1.0, 0.9), (2.0, 0.7), (3.0, 0.2), (4.0, 1.0),
-                    (5.0, 0.0)]
+    busy.samples = [(0.0, [0.1]), (1.0, [0.9]), (2.0, [0.7]), (3.0, [0.2]),
+                    (4.0, [1.0]), (5.0, [0.0])]
     # Interval ends count; 0.0, 3.0 and 5.0 lie outside both intervals.
     assert busy.share([(1.0, 2.0), (3.5, 4.5)]) == pytest.approx((0.9 + 0.7 + 1.0) / 3)
     # Overlapping intervals (concurrent requests) count a sample once.
@@ -73,8 +73,11 @@ def test_gpu_busy_stamps_samples_with_its_clock_and_averages_devices():
     busy._nvml, busy._handles = _FakeNvml(), [0, 1]  # NVML without a GPU
     with busy:  # until the sampler has taken two samples, however slowly
         wait_for(lambda: len(busy.samples), lambda n: n >= 2, "two samples")
-    assert busy.samples[:2] == [(100.0, 0.75), (101.0, 0.75)]
+    assert busy.samples[:2] == [(100.0, [0.5, 1.0]), (101.0, [0.5, 1.0])]
     assert busy.share([(100.0, 101.0)]) == 0.75
+    # Tensor parallel: each GPU's own share, so the least busy one shows.
+    assert busy.per_device([(100.0, 101.0)]) == [0.5, 1.0]
+    assert busy.per_device([(200.0, 300.0)]) is None
 
 
 def test_percentile_interpolates_like_numpy():

@@ -275,7 +275,8 @@ def test_decode_phase_from_per_request_data():
              "itls": [[1.0, 1.0], [0.5, 0.5], []], "output_lens": [3, 3, 0],
              "errors": ["", "", "boom"]}
     busy = GpuBusy()
-    busy.samples = [(1.2, 0.0), (2.0, 0.9), (3.8, 0.7), (4.5, 0.0), (6.1, 0.0)]
+    busy.samples = [(1.2, [0.0]), (2.0, [0.9]), (3.8, [0.7]), (4.5, [0.0]),
+                    (6.1, [0.0])]
     assert bench_serve.decode_phase(bench, busy) == {
         "decode_s": 2.5, "decode_tokens": 4, "decode_tok_s": 4 / 2.5,
         "first_token_spread_s": 1.5, "last_request_decode_s": 1.0,
