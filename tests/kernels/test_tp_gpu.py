@@ -26,6 +26,8 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA GPUs", allow_module_level=True)
 
 os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+# This process has initialized CUDA (the skips above): TP workers must spawn.
+os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
 
 K = 4
 CMR = {"top_k": 8, "recent_tokens": 64, "min_context": 256}
