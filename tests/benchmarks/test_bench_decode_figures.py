@@ -14,17 +14,20 @@ from benchmarks import bench_decode
 VOCAB, CONTEXT, BATCH, RUNS = 512, 64, 2, 3
 
 
-def test_fresh_prompts_differ_per_run_and_from_the_warm_up():
-    warm, runs = bench_decode.cell_prompts(VOCAB, 0, CONTEXT, BATCH, RUNS, fresh=True)
+@pytest.mark.parametrize("vocab", [VOCAB, 3 + (RUNS + 1) * BATCH])
+def test_fresh_prompts_differ_per_run_and_from_the_warm_up(vocab):
+    """Also where the vocabulary has just enough first tokens (random first
+    tokens would repeat there)."""
+    warm, runs = bench_decode.cell_prompts(vocab, 0, CONTEXT, BATCH, RUNS, fresh=True)
     assert len(runs) == RUNS
     prompts = [p for s in (warm, *runs) for p in s]
     assert len(prompts) == (RUNS + 1) * BATCH
-    assert all(len(p) == CONTEXT and 3 <= min(p) and max(p) < VOCAB for p in prompts)
+    assert all(len(p) == CONTEXT and 3 <= min(p) and max(p) < vocab for p in prompts)
     # From the first token on: no prompt shares a prefix (a cached block) with
     # another, the warm-up's, another run's or another request's.
     assert len({p[0] for p in prompts}) == len(prompts)
     # The same prompts in every mode (each mode's engine asks again).
-    assert bench_decode.cell_prompts(VOCAB, 0, CONTEXT, BATCH, RUNS, True) == (warm, runs)
+    assert bench_decode.cell_prompts(vocab, 0, CONTEXT, BATCH, RUNS, True) == (warm, runs)
 
 
 def test_cached_prompt_reuses_the_warm_ups():
