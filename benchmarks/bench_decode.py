@@ -123,7 +123,7 @@ def cell_prompts(vocab: int, seed: int, context: int, batch: int, runs: int,
     n = len(sets) * batch
     if n > vocab - 3:
         raise ValueError(f"{n} fresh prompts need as many first tokens; the "
-                         f"vocabulary has {vocab - 3} (use fewer runs or --cached-prompt)")
+                         f"vocabulary has {vocab - 3} (fewer runs, or --cached-prompt)")
     firsts = random.Random(f"{seed}:{context}:{batch}:first").sample(range(3, vocab), n)
     for prompt, first in zip((p for s in sets for p in s), firsts, strict=True):
         prompt[0] = first
@@ -333,8 +333,9 @@ def run_engine(args, mode: str, index: int, out: Path) -> int:
                     for prompts in run_sets]
             cached = [r["num_cached_tokens"] for r in runs]
             if args.fresh_prompts and any(cached):
-                print(f"warning: {label} {context} x {batch}: fresh prompts, yet "  # noqa: T201
-                      f"the prefix cache served {cached} tokens", file=sys.stderr)
+                warning = (f"warning: {label} {context} x {batch}: fresh prompts, "
+                           f"yet the prefix cache served {cached} tokens")
+                print(warning, file=sys.stderr)  # noqa: T201
             row.update(warmup_e2e_s=warm["e2e_s"], runs=runs,
                        decode_tok_s=spread([r["decode_tok_s"] for r in runs]),
                        gpu_busy=[r["gpu_busy"] for r in runs],

@@ -103,7 +103,8 @@ def table(result: dict) -> str:
     runs = f", {cfg['runs']} runs per cell" if "runs" in cfg else ""
     prompts = {True: "; fresh prompts in every run (each pays its prefill)",
                False: "; every run reuses the warm-up's prompts from the prefix "
-                      "cache (no prefill in its figures)"}.get(cfg.get("fresh_prompts"), "")
+                      "cache (no prefill in its figures)"}
+    prompts = prompts.get(cfg.get("fresh_prompts"), "")
     lines.append(
         f"\n{device(meta)}, vLLM {meta['vllm']}, torch {meta['torch']}, "
         f"{meta['date_utc']}; synthetic acceptance length {cfg['acceptance_length']}, "

@@ -27,7 +27,8 @@ def test_fresh_prompts_differ_per_run_and_from_the_warm_up(vocab):
     # another, the warm-up's, another run's or another request's.
     assert len({p[0] for p in prompts}) == len(prompts)
     # The same prompts in every mode (each mode's engine asks again).
-    assert bench_decode.cell_prompts(vocab, 0, CONTEXT, BATCH, RUNS, True) == (warm, runs)
+    again = bench_decode.cell_prompts(vocab, 0, CONTEXT, BATCH, RUNS, fresh=True)
+    assert again == (warm, runs)
 
 
 def test_cached_prompt_reuses_the_warm_ups():
