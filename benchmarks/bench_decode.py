@@ -7,24 +7,49 @@ holding only ``config.json``) and vLLM's synthetic rejection sampler at one
 fixed acceptance length (``--acceptance-length``, 0: real rejection sampling),
 so every speculative mode verifies the same number of tokens per step and
 only the cost differs. For every (context, batch) cell each engine first runs
-a warm-up at that shape, then ``--runs`` timed runs on the warm-up's
-random-token prompts (the same ones in every mode, so greedy digests compare
-across modes with real rejection sampling). vLLM's prefix cache (on by
-default) then serves the timed runs' prompts: the prefill is paid once per
-cell, which the decode figures exclude anyway, while their time to first
-token and end-to-end figures leave it out (``num_cached_tokens`` says so);
-``--fresh-prompts`` gives every run prompts of its own. A cell whose batch does
-not fit the KV cache is skipped and says so.
+a warm-up at that shape, then ``--runs`` timed runs.
 
-Per run: decode tok/s (output tokens after each request's first token over the
-time after the first tokens, from the ``RequestOutput.metrics`` timestamps of
-vLLM's engine core; ``benchmarks.harness.measure``), the GPU busy share over
-the same window (NVML, ``benchmarks.harness.gpu_busy``), end-to-end tok/s (all
-output tokens over the ``generate`` call), median time to first token,
-acceptance length (vLLM's spec-decode counters), the output digest, and in the
-plugin's modes the deltas of the plugin's counters and seconds from every
-worker (``collective_rpc("specextend_state")``). Per cell: min / median / max
-over the runs. ``--draft-timing`` also times every ``propose`` (and
+Prompts are random tokens, the same in every mode (greedy digests compare
+across modes with real rejection sampling). By default every run gets prompts
+of its own: each prompt of a cell (the warm-up's and every run's, every
+request's) starts with a token no other of them starts with, so vLLM's prefix
+cache (left on, as vLLM defaults it) holds no block of them and each run pays
+its target prefill and the draft's pass over its prompts, as a user sending a
+new document does; each run records ``num_cached_tokens`` (0 then; a warning
+says otherwise). ``--cached-prompt`` reuses the warm-up's prompts in every
+timed run instead, as files with ``"fresh_prompts": false`` did: the prefix
+cache serves them (``num_cached_tokens``: all but the last partial block), so
+the prefill is paid once per cell, in the warm-up, and no run's figure holds
+it. Results say which: ``"fresh_prompts"`` in the config and in every result
+row. A cell whose batch does not fit the KV
+cache is skipped and says so.
+
+Per run:
+
+- ``decode_tok_s``: output tokens after each request's first token over the
+  time some request was past its first token (the union of the requests'
+  [first token, last token] windows, from the ``RequestOutput.metrics``
+  timestamps of vLLM's engine core; ``benchmarks.harness.measure``). The
+  first request's prefill is outside it; at batch > 1 the later requests'
+  prefill chunks can fall inside it, and so do the draft's passes over a
+  prompt that a mode defers past the first token (SpecExtend's deferral).
+- ``ttft_s``: time to first token, the longest of the run's requests' (batch
+  1: the request's), as vLLM's ``RequestOutput.metrics.first_token_latency``
+  gives it (from the request's arrival in the engine's front end to the front
+  end's handling of its first token: queueing, the target's prefill, and the
+  draft's pass over the prompt where a mode runs it before the first token);
+  ``ttft_s_median`` is the median over the requests.
+- ``e2e_tok_s``: all output tokens over the whole ``generate`` call
+  (``e2e_s``, the requests' submission, prefill, the draft's pass over the
+  prompts and decoding), the figure a user waiting for the batch sees.
+- the GPU busy share over the decode window (NVML,
+  ``benchmarks.harness.gpu_busy``), acceptance length (vLLM's spec-decode
+  counters), the output digest, and in the plugin's modes the deltas of the
+  plugin's counters and seconds from every worker
+  (``collective_rpc("specextend_state")``).
+
+Per cell: min / median / max over the runs of ``decode_tok_s``, ``e2e_tok_s``
+and ``ttft_s``. ``--draft-timing`` also times every ``propose`` (and
 SpecExtend's per-step view preparation) inside the workers; it ships the
 timers there with ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``.
 
@@ -79,10 +104,30 @@ def model_dir(config_dir: str, root: Path) -> str:
 
 def prompts_for(vocab: int, seed: int, context: int, batch: int,
                 run: int) -> list[list[int]]:
-    """Random-token prompts of one cell (``run``: -1 for the warm-up with
-    ``--fresh-prompts``), the same in every mode."""
+    """Random-token prompts of one cell (``run``: -1 for the warm-up of fresh
+    prompts), the same in every mode."""
     rng = random.Random(f"{seed}:{context}:{batch}:{run}")
     return [[rng.randrange(3, vocab) for _ in range(context)] for _ in range(batch)]
+
+
+def cell_prompts(vocab: int, seed: int, context: int, batch: int, runs: int,
+                 fresh: bool) -> tuple[list[list[int]], list[list[list[int]]]]:
+    """(the warm-up's prompts, each timed run's) of one cell, the same in every
+    mode. ``fresh``: every prompt of the cell, the warm-up's and every run's,
+    starts with a token of its own, so none shares a prefix-cache block with
+    another; else every run reuses the warm-up's prompts."""
+    if not fresh:
+        warm = prompts_for(vocab, seed, context, batch, 0)
+        return warm, [warm] * runs
+    sets = [prompts_for(vocab, seed, context, batch, run) for run in range(-1, runs)]
+    n = len(sets) * batch
+    if n > vocab - 3:
+        raise ValueError(f"{n} fresh prompts need as many first tokens; the "
+                         f"vocabulary has {vocab - 3} (fewer runs, or --cached-prompt)")
+    firsts = random.Random(f"{seed}:{context}:{batch}:first").sample(range(3, vocab), n)
+    for prompt, first in zip((p for s in sets for p in s), firsts, strict=True):
+        prompt[0] = first
+    return sets[0], sets[1:]
 
 
 def engine_args(args, mode: str, target: str, draft: str | None) -> dict:
@@ -135,8 +180,9 @@ def engine_env(args, mode: str) -> dict:
 
 
 def generate(llm, prompts: list[list[int]], output_len: int, gpus: int = 1) -> dict:
-    """One batch to completion; the run's figures from vLLM's own timestamps.
-    ``gpus``: the engine's GPUs (tensor parallel), each sampled for busy."""
+    """One batch to completion; the run's figures (``run_figures``) and the
+    GPU busy share of its decode window, of each of the engine's ``gpus``
+    (tensor parallel) and their mean."""
     from vllm import SamplingParams
 
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
@@ -144,7 +190,20 @@ def generate(llm, prompts: list[list[int]], output_len: int, gpus: int = 1) -> d
     with GpuBusy(range(gpus)) as busy:
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params,
                                use_tqdm=False)
-    e2e_s = time.perf_counter() - start
+    run = run_figures(outputs, time.perf_counter() - start)
+    # Share of the decode window during which a kernel ran (NVML), per GPU.
+    per_gpu = busy.per_device([(o.metrics.first_token_ts, o.metrics.last_token_ts)
+                               for o in outputs])
+    run["gpu_busy"] = None if per_gpu is None else sum(per_gpu) / len(per_gpu)
+    if per_gpu is not None and gpus > 1:
+        run.update(gpu_busy_per_gpu=per_gpu, gpu_busy_min=min(per_gpu))
+    return run
+
+
+def run_figures(outputs, e2e_s: float) -> dict:
+    """A run's figures (the module docstring says what each holds) from its
+    ``RequestOutput``s, whose ``metrics`` vLLM fills in with stats on, and
+    ``e2e_s``, the wall time of the ``generate`` call."""
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     stats = [o.metrics for o in outputs]
     if any(s is None or not s.first_token_ts for s in stats):
@@ -153,18 +212,15 @@ def generate(llm, prompts: list[list[int]], output_len: int, gpus: int = 1) -> d
     decode = decode_throughput((s.first_token_ts, s.last_token_ts, len(t))
                                for s, t in zip(stats, tokens, strict=True))
     output_tokens = sum(map(len, tokens))
-    # Share of the decode window during which a kernel ran (NVML), per GPU.
-    per_gpu = busy.per_device([(s.first_token_ts, s.last_token_ts) for s in stats])
+    ttft = [s.first_token_latency for s in stats]
     return {
         **decode,
-        "gpu_busy": None if per_gpu is None else sum(per_gpu) / len(per_gpu),
-        **({"gpu_busy_per_gpu": per_gpu, "gpu_busy_min": min(per_gpu)}
-           if per_gpu is not None and gpus > 1 else {}),
         "num_cached_tokens": sum(o.num_cached_tokens or 0 for o in outputs),
         "e2e_s": e2e_s,
         "output_tokens": output_tokens,
         "e2e_tok_s": output_tokens / e2e_s,
-        "ttft_s_median": spread([s.first_token_latency for s in stats])["median"],
+        "ttft_s": max(ttft),
+        "ttft_s_median": spread(ttft)["median"],
         # Same prompts and greedy: equal digests mean token-identical outputs
         # (with real rejection sampling, i.e. --acceptance-length 0).
         "output_sha256": hashlib.sha256(json.dumps(tokens).encode()).hexdigest(),
@@ -264,7 +320,8 @@ def run_engine(args, mode: str, index: int, out: Path) -> int:
             row = {"mode": label, "method": args.method if mode != "plain" else None,
                    "draft": engine["draft"], "context": context, "batch": batch,
                    "output_len": args.output_len,
-                   "tensor_parallel_size": args.tensor_parallel_size}
+                   "tensor_parallel_size": args.tensor_parallel_size,
+                   "fresh_prompts": args.fresh_prompts}
             need = batch * (context + args.output_len + args.num_spec_tokens)
             if capacity is not None and need > capacity:
                 append(out, "results", {**row, "skipped": (
@@ -273,18 +330,21 @@ def run_engine(args, mode: str, index: int, out: Path) -> int:
                 continue
             # Warm-up at this shape: kernels compiled or captured for a new
             # batch size or length land here, not in a timed run.
-            warm_set = prompts_for(vocab, args.seed, context, batch,
-                                   -1 if args.fresh_prompts else 0)
-            run_sets = ([prompts_for(vocab, args.seed, context, batch, i)
-                         for i in range(args.runs)] if args.fresh_prompts
-                        else [warm_set] * args.runs)
+            warm_set, run_sets = cell_prompts(vocab, args.seed, context, batch,
+                                              args.runs, args.fresh_prompts)
             warm = generate(llm, warm_set, args.warmup_len)
             runs = [timed_run(llm, prompts, args, plugin, timed)
                     for prompts in run_sets]
+            cached = [r["num_cached_tokens"] for r in runs]
+            if args.fresh_prompts and any(cached):
+                warning = (f"warning: {label} {context} x {batch}: fresh prompts, "
+                           f"yet the prefix cache served {cached} tokens")
+                print(warning, file=sys.stderr)  # noqa: T201
             row.update(warmup_e2e_s=warm["e2e_s"], runs=runs,
                        decode_tok_s=spread([r["decode_tok_s"] for r in runs]),
                        gpu_busy=[r["gpu_busy"] for r in runs],
-                       e2e_tok_s=spread([r["e2e_tok_s"] for r in runs]))
+                       e2e_tok_s=spread([r["e2e_tok_s"] for r in runs]),
+                       ttft_s=spread([r["ttft_s"] for r in runs]))
             print(json.dumps({k: v for k, v in row.items() if k != "runs"}),  # noqa: T201
                   flush=True)
             append(out, "results", row)
@@ -316,8 +376,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--warmup-len", type=int, default=16,
                    help="output tokens of the warm-up run at each shape")
-    p.add_argument("--fresh-prompts", action="store_true",
-                   help="new prompts for every run (each pays its prefill)")
+    prompts = p.add_mutually_exclusive_group()
+    prompts.add_argument("--fresh-prompts", dest="fresh_prompts", action="store_true",
+                         default=True,
+                         help="the default: new prompts for the warm-up and every "
+                              "run, none cached (each run pays its prefill)")
+    prompts.add_argument("--cached-prompt", dest="fresh_prompts", action="store_false",
+                         help="every run reuses the warm-up's prompts, served by "
+                              "the prefix cache (no prefill in any run's figures)")
     p.add_argument("--num-spec-tokens", type=int, default=4)
     p.add_argument("--acceptance-length", type=float, default=3.0,
                    help="synthetic mean acceptance length; 0: real rejection sampling")

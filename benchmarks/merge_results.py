@@ -93,8 +93,9 @@ def pool(parts: list[dict]) -> dict:
         runs = cell["runs"]
         if not runs:
             continue
-        for metric in ("decode_tok_s", "e2e_tok_s"):
-            cell[metric] = spread(run[metric] for run in runs)
+        for metric in ("decode_tok_s", "e2e_tok_s", "ttft_s"):
+            if all(metric in run for run in runs):  # ttft_s: newer files
+                cell[metric] = spread(run[metric] for run in runs)
         cell["gpu_busy"] = [run.get("gpu_busy") for run in runs]
     return dict(merged, results=list(cells.values()))
 

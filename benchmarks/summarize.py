@@ -10,7 +10,13 @@ batch or concurrency): ``{"bench": "decode"|"serve", "device", "mode",
 "draft", "context", "batch"|"concurrency", "tok_s": [one figure per run],
 "gpu_busy": [one figure per run], "file"}``, plus ``"workload"`` (serve),
 ``"synthetic_acceptance"`` (the synthetic acceptance length, None for real
-rejection sampling) and ``"date_utc"``. Decode ``tok_s`` is decode tok/s; serve
+rejection sampling) and ``"date_utc"``. Decode ``tok_s`` is decode tok/s;
+decode rows from files whose runs time the first token also carry
+``"e2e_tok_s"`` (all output tokens over the whole ``generate`` call) and
+``"ttft_s"`` (time to first token), one figure per run, and
+``"fresh_prompts"`` where the file says whether each run had prompts of its own
+(true: the runs paid their prefill) or reused the warm-up's from the prefix
+cache (false; no key: the file does not say). Serve
 ``tok_s`` is decode-phase tok/s (tokens after each request's first, over the
 time some request was past its first token; ``[]`` for files from before the
 serving bench measured it) with ``"output_tok_s"`` (output tok/s) beside it;
@@ -92,13 +98,21 @@ def decode_rows(result: dict, file: str) -> list[dict]:
         if "skipped" in r:
             continue
         runs = r.get("runs") or [r]  # older files: the row is its one run
-        rows.append({"bench": "decode", "device": device(meta), "mode": r["mode"],
-                     "variant": variant(result, r["mode"]),
-                     "draft": r["draft"], "context": r["context"], "batch": r["batch"],
-                     "tok_s": [run["decode_tok_s"] for run in runs],
-                     "gpu_busy": _busy(runs), "file": file,
-                     "synthetic_acceptance": _synthetic(meta["config"]),
-                     "date_utc": meta["date_utc"]})
+        row = {"bench": "decode", "device": device(meta), "mode": r["mode"],
+               "variant": variant(result, r["mode"]),
+               "draft": r["draft"], "context": r["context"], "batch": r["batch"],
+               "tok_s": [run["decode_tok_s"] for run in runs],
+               "gpu_busy": _busy(runs), "file": file,
+               "synthetic_acceptance": _synthetic(meta["config"]),
+               "date_utc": meta["date_utc"]}
+        # Files whose runs time the first token (fresh prompts by default).
+        if all("ttft_s" in run for run in runs):
+            row["e2e_tok_s"] = [run["e2e_tok_s"] for run in runs]
+            row["ttft_s"] = [run["ttft_s"] for run in runs]
+        fresh = r.get("fresh_prompts", meta["config"].get("fresh_prompts"))
+        if fresh is not None:
+            row["fresh_prompts"] = fresh
+        rows.append(row)
     return rows
 
 

@@ -1,6 +1,10 @@
 """Markdown table of a ``benchmarks.bench_decode`` result file (modes side by
 side; median (min–max) of the runs where a cell has several, and each run's
-GPU busy share in brackets where the file has it).
+GPU busy share in brackets where the file has it): each mode's decode tok/s
+after the first token, then after ``/ e2e`` its end-to-end tok/s (all output
+tokens over the whole ``generate`` call) where the file has it; the note
+under the table says whether the runs had fresh prompts (each paid its
+prefill) or reused the warm-up's from the prefix cache.
 
     python -m benchmarks.summarize_decode benchmarks/results/decode/<file>.json
 """
@@ -23,9 +27,16 @@ def _tok(r: dict | None) -> str:
     tok = r["decode_tok_s"]
     if not isinstance(tok, dict):  # older files: one run per row
         return f"{tok:.0f}"
+    e2e = r.get("e2e_tok_s")
+    return (_spread(tok) + _busy(r)
+            + (f" / e2e {_spread(e2e)}" if isinstance(e2e, dict) else ""))
+
+
+def _spread(tok: dict) -> str:
+    """``median (min–max)`` of a cell's runs; the median alone for one run."""
     if tok["n"] == 1:
-        return f"{tok['median']:.0f}{_busy(r)}"
-    return f"{tok['median']:.0f} ({tok['min']:.0f}–{tok['max']:.0f}){_busy(r)}"
+        return f"{tok['median']:.0f}"
+    return f"{tok['median']:.0f} ({tok['min']:.0f}–{tok['max']:.0f})"
 
 
 def _busy(r: dict) -> str:
@@ -90,10 +101,14 @@ def table(result: dict) -> str:
             + f" | {steps} | {share} | {scoring} |")
     meta, cfg = result["meta"], result["meta"]["config"]
     runs = f", {cfg['runs']} runs per cell" if "runs" in cfg else ""
+    prompts = {True: "; fresh prompts in every run (each pays its prefill)",
+               False: "; every run reuses the warm-up's prompts from the prefix "
+                      "cache (no prefill in its figures)"}
+    prompts = prompts.get(cfg.get("fresh_prompts"), "")
     lines.append(
         f"\n{device(meta)}, vLLM {meta['vllm']}, torch {meta['torch']}, "
         f"{meta['date_utc']}; synthetic acceptance length {cfg['acceptance_length']}, "
-        f"K={cfg['num_spec_tokens']}, {cfg['output_len']} new tokens{runs}.")
+        f"K={cfg['num_spec_tokens']}, {cfg['output_len']} new tokens{runs}{prompts}.")
     for engine in result.get("engines", []):
         if "error" in engine:
             lines.append(f"\n{engine['mode']} engine failed: {engine['error']}")

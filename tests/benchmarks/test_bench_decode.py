@@ -82,6 +82,7 @@ def test_engines_say_what_they_changed(decode_run):
 
 def test_cells_have_runs_and_spreads(decode_run):
     _, result = decode_run
+    assert result["meta"]["config"]["fresh_prompts"] is True  # the default
     rows = result["results"]
     assert sorted((r["mode"], r["context"], r["batch"]) for r in rows) == sorted(
         (m, c, b) for m in MODES for c in CONTEXTS for b in BATCHES)
@@ -90,14 +91,16 @@ def test_cells_have_runs_and_spreads(decode_run):
         assert len(runs) == RUNS
         tok = row["decode_tok_s"]
         assert tok["n"] == RUNS and tok["min"] <= tok["median"] <= tok["max"]
-        assert row["e2e_tok_s"]["n"] == RUNS
+        assert row["e2e_tok_s"]["n"] == RUNS and row["ttft_s"]["n"] == RUNS
+        assert row["fresh_prompts"] is True
         for run in runs:
             assert run["output_tokens"] == row["batch"] * OUTPUT_LEN
             assert run["decode_tokens"] == row["batch"] * (OUTPUT_LEN - 1)
             assert run["decode_tok_s"] > 0 and run["e2e_tok_s"] > 0
             assert 0 < run["decode_s"] <= run["e2e_s"]
-            # The warm-up's prompts, served from the prefix cache.
-            assert run["num_cached_tokens"] > 0
+            assert 0 < run["ttft_s_median"] <= run["ttft_s"] < run["e2e_s"]
+            # Fresh prompts: nothing served from the prefix cache.
+            assert run["num_cached_tokens"] == 0
             if row["mode"] == "plain":
                 assert run["acceptance_length"] is None and "draft_steps" not in run
                 assert "spec_extend" not in run
@@ -118,10 +121,11 @@ def test_greedy_outputs_equal_across_modes(decode_run):
     _, result = decode_run
     digests: dict = {}
     for row in result["results"]:
-        for run in row.get("runs", []):
-            digests.setdefault((row["context"], row["batch"]), set()).add(
+        # Each run its own prompts, the same in every mode.
+        for i, run in enumerate(row.get("runs", [])):
+            digests.setdefault((row["context"], row["batch"], i), set()).add(
                 run["output_sha256"])
-    assert len(digests) == len(CONTEXTS) * len(BATCHES)
+    assert len(digests) == len(CONTEXTS) * len(BATCHES) * RUNS
     assert all(len(d) == 1 for d in digests.values()), digests
 
 

@@ -90,6 +90,19 @@ def test_runs_per_cell_skipped_cells_and_failed_engines():
     assert "self_draft engine failed: RuntimeError: not yet" in text
 
 
+def test_decode_and_end_to_end_side_by_side():
+    result = new_result()
+    for r, e2e in zip(result["results"], (80, 110, 150), strict=False):
+        r["e2e_tok_s"] = {"min": e2e - 5, "median": e2e, "max": e2e + 5, "n": 3}
+    result["meta"]["config"]["fresh_prompts"] = True
+    text = summarize_decode.table(result)
+    assert ("| d | 32K | 1 | 100 (90–110) / e2e 80 (75–85) | 150 (140–160) / e2e "
+            "110 (105–115) | 200 (180–210) / e2e 150 (145–155) |") in text
+    assert "fresh prompts in every run (each pays its prefill)" in text
+    result["meta"]["config"]["fresh_prompts"] = False
+    assert "reuses the warm-up's prompts" in summarize_decode.table(result)
+
+
 def test_plot_takes_medians_and_skips_cells(tmp_path):
     pytest.importorskip("matplotlib")
     from benchmarks import plot_decode

@@ -106,7 +106,18 @@ def test_pool_makes_one_cell_of_the_calls_runs():
     assert dm["decode_tok_s"] == {"min": 111, "median": 129.5, "max": 136, "n": 6}
     assert dm["e2e_tok_s"]["median"] == 128.5 and dm["runs_from_calls"] == 2
     assert dm["gpu_busy"] == [0.9] * 6
+    assert "ttft_s" not in dm  # runs from before bench_decode timed it
     assert pooled["meta"]["date_utc"] == "a"
+
+
+def test_pool_spreads_the_time_to_first_token():
+    parts = [decode_part(d, {"spec_extend": tok_s})
+             for d, tok_s in (("a", [190, 191]), ("b", [192]))]
+    for part_, ttft in zip(parts, ([2.0, 2.2], [2.1]), strict=True):
+        for run, t in zip(part_["results"][0]["runs"], ttft, strict=True):
+            run["ttft_s"] = t
+    cell = merge_results.pool(parts)["results"][0]
+    assert cell["ttft_s"] == {"min": 2.0, "median": 2.1, "max": 2.2, "n": 3}
 
 
 def test_pool_refuses_calls_of_different_configs():

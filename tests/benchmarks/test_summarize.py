@@ -114,6 +114,29 @@ def test_rows_carry_every_run(results):
         ("spec_extend", "long", 16384, 4, [15.0, 16.0, 14.0], [7.5, 8.0, 7.0])]
 
 
+def test_decode_rows_carry_ttft_and_e2e_where_runs_have_them(results):
+    """A file of fresh-prompt runs: each run's time to first token and
+    end-to-end tok/s beside its decode tok/s, and ``fresh_prompts``; older
+    files get none of them (nothing invented), a cached-prompt file says so."""
+    fresh = _decode_row("spec_extend", [200.0, 190.0])
+    for run, ttft, e2e in zip(fresh["runs"], (2.5, 2.7), (150.0, 140.0), strict=True):
+        run.update(ttft_s=ttft, e2e_tok_s=e2e)
+    cached = _decode("g", [{**_decode_row("plain", [100.0]), "fresh_prompts": False}])
+    cached["results"][0]["runs"][0].update(ttft_s=0.02, e2e_tok_s=99.0)
+    (results / "decode" / "20261206T0000Z_fresh.json").write_text(json.dumps(
+        _decode("f", [{**fresh, "fresh_prompts": True}])))
+    (results / "decode" / "20261207T0000Z_cached.json").write_text(json.dumps(cached))
+    rows = {Path(r["file"]).stem: r for r in summarize.summarize(results)
+            if r["bench"] == "decode"}
+    new = rows["20261206T0000Z_fresh"]
+    assert new["tok_s"] == [200.0, 190.0] and new["ttft_s"] == [2.5, 2.7]
+    assert new["e2e_tok_s"] == [150.0, 140.0] and new["fresh_prompts"] is True
+    assert rows["20261207T0000Z_cached"]["fresh_prompts"] is False
+    assert rows["20261207T0000Z_cached"]["ttft_s"] == [0.02]
+    for old in ("20261201T0000Z_x", "20261202T0000Z_x", "real"):
+        assert not {"e2e_tok_s", "ttft_s", "fresh_prompts"} & set(rows[old])
+
+
 def test_serve_files_without_decode_figures_keep_output_tok_s(results):
     """Files from before the serving bench measured the decode phase: no
     decode-phase figure (``[]``: not measured), only an output tok/s table."""
