@@ -63,10 +63,19 @@ def _synthetic(config: dict) -> float | None:
 
 
 def _busy(runs: list[dict]) -> list[float | None]:
-    """Each run's GPU busy share; [] where no run has the key (older files)."""
+    """Each run's GPU busy share, the least busy GPU's under tensor
+    parallelism; [] where no run has the key (older files)."""
     if not any("gpu_busy" in run for run in runs):
         return []
-    return [run.get("gpu_busy") for run in runs]
+    return [run.get("gpu_busy_min", run.get("gpu_busy")) for run in runs]
+
+
+def _ttft(run: dict, batch: int) -> float | None:
+    """A run's time to first token (its batch's last first token); files
+    from before ``ttft_s`` have the median, the same figure at batch 1."""
+    if "ttft_s" in run:
+        return run["ttft_s"]
+    return run.get("ttft_s_median") if batch == 1 else None
 
 
 def variant(result: dict, mode: str, row: dict | None = None) -> str | None:
@@ -106,10 +115,12 @@ def decode_rows(result: dict, file: str) -> list[dict]:
                "synthetic_acceptance": _synthetic(meta["config"]),
                "date_utc": meta["date_utc"]}
         # Files whose runs time the first token (fresh prompts by default).
-        if all("ttft_s" in run for run in runs):
-            row["e2e_tok_s"] = [run["e2e_tok_s"] for run in runs]
-            row["ttft_s"] = [run["ttft_s"] for run in runs]
         fresh = r.get("fresh_prompts", meta["config"].get("fresh_prompts"))
+        ttft = [_ttft(run, r["batch"]) for run in runs]
+        if all("ttft_s" in run for run in runs) or (
+                fresh and None not in ttft and all("e2e_tok_s" in run for run in runs)):
+            row["e2e_tok_s"] = [run["e2e_tok_s"] for run in runs]
+            row["ttft_s"] = ttft
         if fresh is not None:
             row["fresh_prompts"] = fresh
         rows.append(row)
