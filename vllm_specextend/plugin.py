@@ -27,11 +27,12 @@ def on_cli_parser(parser) -> None:
 def on_engine_args(args) -> None:
     """Before each engine config resolves: what ``--spec-extend`` implies for
     vLLM's own arguments (the speculative config of ``self_draft``, async
-    scheduling)."""
-    from vllm_specextend import scheduling, self_draft
+    scheduling, the all-reduce fusion on hosts without NVLink multicast)."""
+    from vllm_specextend import allreduce_fusion, scheduling, self_draft
 
     self_draft.speculative_config_for(args)
     scheduling.async_by_default(args)
+    allreduce_fusion.fusion_off_without_multicast(args)
 
 
 def on_engine_config(vllm_config) -> None:
