@@ -406,14 +406,16 @@ def test_rate_options_and_their_defaults(tmp_path):
     assert (args.concurrency, args.num_prompts, args.load) == (None, [8, 8],
                                                                ["low", "high"])
     assert bench_serve.traffics(args) == [
-        bench_serve.Traffic(None, 8, 0.5, "low"), bench_serve.Traffic(None, 8, 2.0, "high")]
+        bench_serve.Traffic(None, 8, 0.5, "low"),
+        bench_serve.Traffic(None, 8, 2.0, "high")]
     assert bench_serve.goodput_slo(args) == {"ttft": 20000.0, "tpot": 50.0}
     args = bench_serve.parse_args(["--target", "T", "--modes", "plain",
                                    "--request-rates", "1", "3", "--out-dir", "x"])
     assert (args.num_prompts, args.load, bench_serve.goodput_slo(args)) == (
         [32, 32], [None, None], None)
     # Bursts as before.
-    args = bench_serve.parse_args(["--target", "T", "--modes", "plain", "--out-dir", "x"])
+    args = bench_serve.parse_args(["--target", "T", "--modes", "plain",
+                                   "--out-dir", "x"])
     assert (args.concurrency, args.num_prompts, args.load) == ([1, 4, 16, 32],
                                                                [2, 8, 32, 64], None)
     assert [t.tag for t in bench_serve.traffics(args)] == ["c1", "c4", "c16", "c32"]
@@ -453,7 +455,8 @@ def test_rate_run_command(tmp_path):
     args = bench_serve.parse_args([*RATE_ARGS, "--out-dir", str(tmp_path)])
     low, _ = bench_serve.traffics(args)
     result = tmp_path / "bench" / "r.json"
-    cmd = bench_serve.bench_command(args, "http://h:1", tmp_path / "d.jsonl", low, result)
+    cmd = bench_serve.bench_command(args, "http://h:1", tmp_path / "d.jsonl", low,
+                                    result)
     assert cmd[cmd.index("--request-rate") + 1] == "0.5"
     assert cmd[cmd.index("--goodput") + 1:][:2] == ["ttft:20000", "tpot:50"]
     assert "--max-concurrency" not in cmd and "--save-detailed" in cmd
