@@ -68,13 +68,16 @@ scheduling on (its log line), and whether it stopped cleanly.
     python -m benchmarks.bench_serve --target TARGET --draft DRAFT \\
         --workloads long shared-doc --input-lens 16384 32768 --concurrency 1 4 16 32 \\
         --out-dir benchmarks/results/serve/<stamp> -- --max-model-len 33792 ...
+    python -m benchmarks.bench_serve --target TARGET --draft DRAFT --workloads long \\
+        --input-lens 16384 --request-rates 0.25 0.5 --load low high \\
+        --goodput ttft:20000 tpot:50 --out-dir ... -- --max-model-len 17664 ...
 
 Arguments after ``--`` go to every ``vllm serve`` (``--load-format dummy``,
 ``--max-num-seqs``, ``--async-scheduling``, ...). Writes to ``--out-dir``:
 ``results.json`` (metadata, ``servers``, and a row per workload, input length,
-mode and concurrency with its runs), ``summary.md`` (the tables),
-``serve_<workload>_<input len>.png`` (``benchmarks.plot_serve``, where
-matplotlib is installed), the datasets, and every run's bench result and log.
+mode and concurrency or rate with its runs), ``summary.md`` (the tables),
+``serve_<workload>_<input len>.png`` (``serve_rate_...``: at the rates;
+``benchmarks.plot_serve``, where matplotlib is installed), the datasets, and every run's bench result and log.
 Servers get ``VLLM_LOG_STATS_INTERVAL=1`` unless it is set: SpecExtend's
 counters reach ``/metrics`` once per interval while drafting.
 """
