@@ -77,7 +77,8 @@ Arguments after ``--`` go to every ``vllm serve`` (``--load-format dummy``,
 ``results.json`` (metadata, ``servers``, and a row per workload, input length,
 mode and concurrency or rate with its runs), ``summary.md`` (the tables),
 ``serve_<workload>_<input len>.png`` (``serve_rate_...``: at the rates;
-``benchmarks.plot_serve``, where matplotlib is installed), the datasets, and every run's bench result and log.
+``benchmarks.plot_serve``, where matplotlib is installed), the datasets, and
+every run's bench result and log.
 Servers get ``VLLM_LOG_STATS_INTERVAL=1`` unless it is set: SpecExtend's
 counters reach ``/metrics`` once per interval while drafting.
 """
@@ -409,24 +410,29 @@ def next_rate(probes: list[tuple[float, float]], target: float = 16.0) -> float 
     """The request rate to run next for ``target`` requests in flight, from
     measured (request rate, mean in flight) probes of one server and workload.
     Little's law: in flight = rate x mean latency. One probe: its latency
-    held, rate x target / in flight. Latency grows with the load (larger
-    batches, queueing), so from a probe below the target that overshoots and
-    from one above it undershoots: with two probes or more, the straight line
-    through the two nearest the target (in flight) gives the rate, and Little's
-    law from the nearest where that line does not rise or reaches the target
-    at no positive rate. None without a probe that had requests in flight."""
+    held, rate x target / in flight. Latency grows with the load, so in
+    flight grows faster than the rate: from a probe below the target that
+    overshoots, from one above it undershoots. Two probes or more: the line
+    through the two nearest the target (in flight); beyond both, going up no
+    further than Little's law from the nearer (the line overshoots less, but
+    noise can flatten it), going down no lower (the rate lies between them);
+    Little's law alone where the line does not rise. None without a probe
+    that had requests in flight."""
     probes = sorted(((r, n) for r, n in probes if r and n),
                     key=lambda probe: abs(probe[1] - target))
     if not probes:
         return None
     (r1, n1), *rest = probes
-    if rest:
-        r2, n2 = rest[0]
-        if r1 != r2 and (n1 - n2) / (r1 - r2) > 0:
-            rate = r1 + (target - n1) * (r1 - r2) / (n1 - n2)
-            if rate > 0:
-                return rate
-    return r1 * target / n1
+    little = r1 * target / n1
+    if not rest or rest[0][0] == r1 or (n1 - rest[0][1]) / (r1 - rest[0][0]) <= 0:
+        return little
+    r2, n2 = rest[0]
+    line = r1 + (target - n1) * (r1 - r2) / (n1 - n2)
+    if target > max(n1, n2):
+        return min(line, little)
+    if target < min(n1, n2):
+        return max(line, little)
+    return line
 
 
 def tokens_per_chunk(bench: dict) -> float | None:

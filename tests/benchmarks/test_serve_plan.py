@@ -575,8 +575,8 @@ def test_rate_rows_and_their_table(tmp_path):
 
 def test_next_rate():
     """Little's law from one probe; from two, the line through the two
-    nearest the target; Little's law from the nearest where that line falls
-    or reaches the target at no positive rate."""
+    nearest the target, bounded by Little's law from the nearer beyond both;
+    Little's law where that line falls."""
     assert bench_serve.next_rate([(2.0, 8.0)]) == 4.0
     assert bench_serve.next_rate([(2.0, 32.0)], target=16) == 1.0
     # Latency grew with the load: 20 in flight at 4/s, not 16.
@@ -584,8 +584,14 @@ def test_next_rate():
     # The two nearest of three.
     assert bench_serve.next_rate([(1.0, 3.0), (2.0, 8.0), (4.0, 20.0)]) == (
         pytest.approx(10 / 3))
-    assert bench_serve.next_rate([(2.0, 8.0), (4.0, 7.0)]) == 4.0  # noise
+    # Beyond both, going up: the line (latency grows), or Little's law where
+    # the line is flatter than the latency it measured (noise).
+    assert bench_serve.next_rate([(2.0, 2.0), (4.0, 6.0)]) == pytest.approx(9.0)
+    assert bench_serve.next_rate([(2.0, 4.0), (4.0, 6.0)]) == pytest.approx(64 / 6)
+    # Going down: the line, never below Little's law (nor at a rate <= 0).
+    assert bench_serve.next_rate([(4.0, 20.0), (6.0, 40.0)]) == pytest.approx(3.6)
     assert bench_serve.next_rate([(4.0, 17.0), (10.0, 18.0)]) == pytest.approx(64 / 17)
+    assert bench_serve.next_rate([(2.0, 8.0), (4.0, 7.0)]) == 4.0  # falls: noise
     assert bench_serve.next_rate([(2.0, 8.0), (2.0, 9.0)]) == pytest.approx(32 / 9)
     assert bench_serve.next_rate([]) is None
     assert bench_serve.next_rate([(2.0, 0.0)]) is None
