@@ -30,11 +30,28 @@ own, the same ones in every mode, so no run reuses an earlier run's cache.
 Each server gets one warm-up request, then ``--runs`` runs per (workload,
 input length, concurrency).
 
+Traffic: by default bursts, ``--concurrency`` requests at once (vLLM bench's
+``--max-concurrency``), ``--num-prompts`` per run. With ``--request-rates``
+instead: Poisson arrivals at each rate (vLLM bench's ``--request-rate``; with
+its ``--seed``, every run and mode gets the same arrival times, scaled to the
+rate), no cap on the requests in flight, ``--num-prompts`` (32) per run, so a
+run's arrivals last num_prompts / rate seconds; ``--load`` labels each rate
+(``low``, ``high``). ``--goodput ttft:MS tpot:MS`` (vLLM bench's SLOs, in
+milliseconds, per request; ``e2el`` too) makes each run count its goodput, the
+completed requests per second that met them all. A rate's rows carry
+``request_rate``, ``load`` and ``goodput_slo``; its table gives, per series,
+the rate at which ``--target-in-flight`` (16) requests would be in flight
+(``next_rate``, Little's law from the table's rates), the rate to run next.
+
 Per run, from ``vllm bench serve --save-result --save-detailed``: output
-tok/s, TTFT, TPOT and ITL (p50 / p99), completed and failed requests, and the
-decode-phase throughput (output tokens after each request's first token over
-the time after the first tokens, ``benchmarks.harness.measure``, from the
-per-request start times, TTFTs and ITLs) and where its window goes
+tok/s, TTFT, TPOT and ITL (p50 / p90 / p99), completed and failed requests,
+goodput (``request_goodput``, None without ``--goodput``), the mean requests
+in flight (``in_flight``: each completed request's start to last token,
+summed, over the time from the first start to the last end;
+``harness.measure.mean_in_flight``), and the decode-phase throughput (output
+tokens after each request's first token over the time after the first tokens,
+``benchmarks.harness.measure``, from the per-request start times, TTFTs and
+ITLs) and where its window goes
 (``burst_shape``: the spread of the first tokens, the last first token's
 request's decode time) and the tokens per streamed chunk (``tokens_per_chunk``:
 above the mode's tokens per step, the API server fell behind the engine); the
@@ -51,13 +68,17 @@ scheduling on (its log line), and whether it stopped cleanly.
     python -m benchmarks.bench_serve --target TARGET --draft DRAFT \\
         --workloads long shared-doc --input-lens 16384 32768 --concurrency 1 4 16 32 \\
         --out-dir benchmarks/results/serve/<stamp> -- --max-model-len 33792 ...
+    python -m benchmarks.bench_serve --target TARGET --draft DRAFT --workloads long \\
+        --input-lens 16384 --request-rates 0.25 0.5 --load low high \\
+        --goodput ttft:20000 tpot:50 --out-dir ... -- --max-model-len 17664 ...
 
 Arguments after ``--`` go to every ``vllm serve`` (``--load-format dummy``,
 ``--max-num-seqs``, ``--async-scheduling``, ...). Writes to ``--out-dir``:
 ``results.json`` (metadata, ``servers``, and a row per workload, input length,
-mode and concurrency with its runs), ``summary.md`` (the tables),
-``serve_<workload>_<input len>.png`` (``benchmarks.plot_serve``, where
-matplotlib is installed), the datasets, and every run's bench result and log.
+mode and concurrency or rate with its runs), ``summary.md`` (the tables),
+``serve_<workload>_<input len>.png`` (``serve_rate_...``: at the rates;
+``benchmarks.plot_serve``, where matplotlib is installed), the datasets, and
+every run's bench result and log.
 Servers get ``VLLM_LOG_STATS_INTERVAL=1`` unless it is set: SpecExtend's
 counters reach ``/metrics`` once per interval while drafting.
 """
@@ -83,7 +104,12 @@ from pathlib import Path
 from benchmarks import prompts
 from benchmarks.harness import modes
 from benchmarks.harness.gpu_busy import GpuBusy
-from benchmarks.harness.measure import burst_shape, decode_throughput, spread
+from benchmarks.harness.measure import (
+    burst_shape,
+    decode_throughput,
+    mean_in_flight,
+    spread,
+)
 from benchmarks.harness.meta import (
     SPEED_SPEC_EXTEND,
     device,
@@ -116,12 +142,36 @@ QUESTIONS = (
 # Per-run figures summarized per cell: (row key, bench result key).
 FIGURES = (
     ("output_tok_s", "output_throughput"), ("decode_tok_s", "decode_tok_s"),
-    ("ttft_p50_ms", "median_ttft_ms"), ("ttft_p99_ms", "p99_ttft_ms"),
-    ("tpot_p50_ms", "median_tpot_ms"), ("tpot_p99_ms", "p99_tpot_ms"),
-    ("itl_p50_ms", "median_itl_ms"), ("itl_p99_ms", "p99_itl_ms"),
+    ("ttft_p50_ms", "median_ttft_ms"), ("ttft_p90_ms", "p90_ttft_ms"),
+    ("ttft_p99_ms", "p99_ttft_ms"),
+    ("tpot_p50_ms", "median_tpot_ms"), ("tpot_p90_ms", "p90_tpot_ms"),
+    ("tpot_p99_ms", "p99_tpot_ms"),
+    ("itl_p50_ms", "median_itl_ms"), ("itl_p90_ms", "p90_itl_ms"),
+    ("itl_p99_ms", "p99_itl_ms"),
     ("first_token_spread_s", "first_token_spread_s"),
     ("last_request_decode_s", "last_request_decode_s"),
+    ("in_flight", "in_flight"),
 )
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+"""The SLOs ``vllm bench serve --goodput`` knows."""
+LOADS = ("low", "high")
+
+
+@dataclass
+class Traffic:
+    """How one cell's requests arrive: ``concurrency`` at once (a burst), or
+    at ``request_rate`` per second (Poisson), labelled ``load``."""
+    concurrency: int | None
+    num_prompts: int
+    request_rate: float | None = None
+    load: str | None = None
+
+    @property
+    def tag(self) -> str:
+        """In file names: c4, r2.5."""
+        if self.request_rate is None:
+            return f"c{self.concurrency}"
+        return f"r{self.request_rate:g}"
 
 
 @dataclass
@@ -137,6 +187,15 @@ class Cell:
     """Per run: the shared document to cache before the run (shared-doc)."""
     short_len: int | None = None
     """mixed: the short inputs' length (``input_len`` is the long one's)."""
+    request_rate: float | None = None
+    """Requests per second (Poisson arrivals); None: a burst of ``concurrency``."""
+    load: str | None = None
+    """The rate's label (``LOADS``)."""
+
+    @property
+    def traffic(self) -> Traffic:
+        return Traffic(self.concurrency, self.num_prompts, self.request_rate,
+                       self.load)
 
 
 def counter_deltas(before: dict, after: dict) -> dict[str, float]:
@@ -196,29 +255,37 @@ def plan(args) -> tuple[dict[int, str], list[Cell]]:
     """The warm-up prompt per input length and every cell with its datasets."""
     warmups, cells = {}, []
     root = args.out_dir / "datasets"
-    runs = [(w, c, n, run) for w in args.workloads
-            for c, n in zip(args.concurrency, args.num_prompts, strict=True)
+    runs = [(w, t, run) for w in args.workloads for t in traffics(args)
             for run in range(args.runs)]
     for input_len in args.input_lens:
-        lens = [document_lens(args, w, input_len, n) for w, _, n, _ in runs]
+        lens = [document_lens(args, w, input_len, t.num_prompts) for w, t, _ in runs]
         # All documents of this input length from one call, in the order the
         # runs take them: none is cut from another's document.
         texts = iter(document_prompts(args.tokenizer, args.datasets,
                                       [input_len, *itertools.chain(*lens)]))
         warmups[input_len] = next(texts)
-        here: dict[tuple[str, int], Cell] = {}
-        for (workload, c, n, run), run_lens in zip(runs, lens, strict=True):
-            if (workload, c) not in here:
+        here: dict[tuple[str, str], Cell] = {}
+        for (workload, t, run), run_lens in zip(runs, lens, strict=True):
+            if (workload, t.tag) not in here:
                 short = args.mixed_short_len if workload == "mixed" else None
-                here[workload, c] = Cell(workload, input_len, c, n,
-                                         output_len(args, workload), [], [], short)
-            cell = here[workload, c]
-            rows, prime = run_prompts(workload, [next(texts) for _ in run_lens], n)
-            path = root / f"{workload}_{input_len}_c{c}_run{run}.jsonl"
+                here[workload, t.tag] = Cell(
+                    workload, input_len, t.concurrency, t.num_prompts,
+                    output_len(args, workload), [], [], short, t.request_rate, t.load)
+            cell = here[workload, t.tag]
+            rows, prime = run_prompts(workload, [next(texts) for _ in run_lens],
+                                      t.num_prompts)
+            path = root / f"{workload}_{input_len}_{t.tag}_run{run}.jsonl"
             cell.datasets.append(write_dataset(path, rows, cell.output_len))
             cell.primes.append(prime)
         cells += here.values()
     return warmups, cells
+
+
+def goodput_slo(args) -> dict[str, float] | None:
+    """``--goodput``'s SLOs: {"ttft": ms, "tpot": ms, ...}; None without."""
+    if not args.goodput:
+        return None
+    return {name: float(ms) for name, ms in (slo.split(":") for slo in args.goodput)}
 
 
 def speculation(args) -> modes.Speculation:
@@ -264,19 +331,29 @@ def serve_args(args, mode: str) -> list[str]:
             *modes.serve_flags(settings), *args.serve_args]
 
 
-def bench_command(args, base: str, dataset: Path, concurrency: int,
-                  num_prompts: int, result: Path) -> list[str]:
+def traffic_flags(args, traffic: Traffic) -> list[str]:
+    """vllm bench serve's flags for how requests arrive, and the SLOs."""
+    if traffic.request_rate is None:
+        flags = ["--max-concurrency", str(traffic.concurrency)]
+    else:
+        flags = ["--request-rate", str(traffic.request_rate)]
+    return flags + (["--goodput", *args.goodput] if args.goodput else [])
+
+
+def bench_command(args, base: str, dataset: Path, traffic: Traffic,
+                  result: Path) -> list[str]:
     return [
         *vllm_command(), "bench", "serve", "--backend", "openai", "--base-url", base,
         "--model", args.target, "--tokenizer", args.tokenizer,
         "--dataset-name", "custom", "--dataset-path", str(dataset),
         "--custom-output-len", "-1", "--skip-chat-template",
-        "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
+        "--num-prompts", str(traffic.num_prompts), *traffic_flags(args, traffic),
         "--ignore-eos", "--temperature", "0", "--seed", str(args.seed),
         # /health already answered and warm_up ran; a ready check would send
         # the run's first prompt early and leave it in the prefix cache.
         "--ready-check-timeout-sec", "0", "--disable-tqdm",
-        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+        "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--metric-percentiles", "50,90,99",
         "--save-result", "--save-detailed", "--result-dir", str(result.parent),
         "--result-filename", result.name, *args.bench_arg,
     ]
@@ -317,6 +394,47 @@ def request_spans(bench: dict) -> list[tuple[float, float, int]]:
             if not error and n]
 
 
+def in_flight(bench: dict) -> float | None:
+    """Mean requests in flight (``measure.mean_in_flight``) over the requests
+    that completed, each from its start to its last token (vLLM bench's
+    latency: the TTFT and the ITLs after it), from ``--save-detailed``'s
+    per-request data; a failed request's end is unknown and not counted."""
+    return mean_in_flight((start, start + ttft + sum(itls))
+                          for start, ttft, itls, error in zip(
+                              bench["start_times"], bench["ttfts"], bench["itls"],
+                              bench["errors"], strict=True)
+                          if not error)
+
+
+def next_rate(probes: list[tuple[float, float]], target: float = 16.0) -> float | None:
+    """The request rate to run next for ``target`` requests in flight, from
+    measured (request rate, mean in flight) probes of one server and workload.
+    Little's law: in flight = rate x mean latency. One probe: its latency
+    held, rate x target / in flight. Latency grows with the load, so in
+    flight grows faster than the rate: from a probe below the target that
+    overshoots, from one above it undershoots. Two probes or more: the line
+    through the two nearest the target (in flight); beyond both, going up no
+    further than Little's law from the nearer (the line overshoots less, but
+    noise can flatten it), going down no lower (the rate lies between them);
+    Little's law alone where the line does not rise. None without a probe
+    that had requests in flight."""
+    probes = sorted(((r, n) for r, n in probes if r and n),
+                    key=lambda probe: abs(probe[1] - target))
+    if not probes:
+        return None
+    (r1, n1), *rest = probes
+    little = r1 * target / n1
+    if not rest or rest[0][0] == r1 or (n1 - rest[0][1]) / (r1 - rest[0][0]) <= 0:
+        return little
+    r2, n2 = rest[0]
+    line = r1 + (target - n1) * (r1 - r2) / (n1 - n2)
+    if target > max(n1, n2):
+        return min(line, little)
+    if target < min(n1, n2):
+        return max(line, little)
+    return line
+
+
 def tokens_per_chunk(bench: dict) -> float | None:
     """Median over the requests that produced tokens of output tokens per
     streamed chunk. An API server that keeps up sends one chunk per engine
@@ -355,6 +473,7 @@ def run_figures(bench: dict, delta: dict, busy: GpuBusy) -> dict:
         # Scalars only: per-request lists stay in the bench file.
         **{k: v for k, v in bench.items() if not isinstance(v, (list, dict))},
         **decode_phase(bench, busy),
+        "in_flight": in_flight(bench),
         "errors": [e for e in bench.get("errors", []) if e][:5],
         "acceptance_rate": rate,
         "acceptance_length": length,
@@ -367,10 +486,9 @@ def run_cell(args, base: str, mode: str, cell: Cell, logs: Path) -> list[dict]:
     runs = []
     for i, (dataset, prime) in enumerate(zip(cell.datasets, cell.primes, strict=True)):
         tag = (f"{label(args, mode)}_{cell.workload}_{cell.input_len}"
-               f"_c{cell.concurrency}_run{i}")
+               f"_{cell.traffic.tag}_run{i}")
         result = args.out_dir / "bench" / f"{tag}.json"
-        cmd = bench_command(args, base, dataset, cell.concurrency, cell.num_prompts,
-                            result)
+        cmd = bench_command(args, base, dataset, cell.traffic, result)
         if prime is not None:
             complete(base, args.target, prime, 1, args.run_timeout)
         before = scrape(base)
@@ -400,10 +518,13 @@ def cell_row(args, mode: str, cell: Cell, runs: list[dict]) -> dict:
            "short_input_len": cell.short_len, "output_len": cell.output_len,
            **names(args, mode),
            "concurrency": cell.concurrency, "num_prompts": cell.num_prompts,
+           **({} if cell.request_rate is None else {
+               "request_rate": cell.request_rate, "load": cell.load,
+               "goodput_slo": goodput_slo(args)}),
            "runs": runs,
            "failed_requests": sum(r.get("failed", 0) for r in ok),
            "failed_runs": len(runs) - len(ok)}
-    for key, source in FIGURES:
+    for key, source in (*FIGURES, ("goodput", "request_goodput")):
         row[key] = spread([r[source] for r in ok if r.get(source) is not None])
     lengths = [r["acceptance_length"] for r in ok if r["acceptance_length"]]
     row["acceptance_length"] = spread(lengths)["median"]
@@ -484,44 +605,98 @@ def stopped_cleanly(server: dict) -> str:
     return "no" if server["forced_stop"] or server.get("log_errors") else "yes"
 
 
+def rated(row: dict) -> bool:
+    """Whether a row's requests arrived at a rate (else in a burst)."""
+    return row.get("request_rate") is not None
+
+
+BURST_HEAD = ("| mode | concurrency | runs | failed requests | output tok/s "
+              "| decode tok/s | GPU busy % | TTFT ms p50 / p99 | TPOT ms p50 / p99 "
+              "| ITL ms p50 / p99 | first tokens over s / last one's decode s "
+              "| acceptance length | draft context |")
+RATE_HEAD = ("| mode | request rate /s | load | runs | failed requests | output tok/s "
+             "| goodput req/s | in flight | decode tok/s | GPU busy % "
+             "| TTFT ms p50 / p90 / p99 | TPOT ms p50 / p90 / p99 "
+             "| ITL ms p50 / p90 / p99 | acceptance length | draft context |")
+
+
+def _speculation(r: dict, ok: list[dict]) -> str:
+    """A line's last two cells: acceptance length, and the share of the
+    context the draft read (SpecExtend's counters over the completed runs)."""
+    metrics = [x["server_metrics"] for x in ok]
+    full = sum(m.get("vllm:spec_extend_full_context_tokens_total", 0) for m in metrics)
+    draft = sum(m.get("vllm:spec_extend_draft_context_tokens_total", 0)
+                for m in metrics)
+    length = r["acceptance_length"]
+    return (f"| {'–' if length is None else f'{length:.2f}'} "
+            f"| {f'{100 * draft / full:.1f}%' if full else '–'} |")
+
+
+def _percentiles(r: dict, figure: str, digits: int, points=("p50", "p99")) -> str:
+    return " / ".join(_s(r.get(f"{figure}_{p}_ms"), digits) for p in points)
+
+
+def _burst_line(r: dict, ok: list[dict]) -> str:
+    return (f"| {series(r)} | {r['concurrency']} | {len(ok)}/{len(r['runs'])} "
+            f"| {r['failed_requests']} | {_s(r['output_tok_s'])} "
+            f"| {_s(r['decode_tok_s'])} | {_s(busy_percent(ok))} "
+            f"| {_percentiles(r, 'ttft', 0)} | {_percentiles(r, 'tpot', 1)} "
+            f"| {_percentiles(r, 'itl', 1)} "
+            f"| {_s(r.get('first_token_spread_s'), 1)} / "
+            f"{_s(r.get('last_request_decode_s'), 1)} {_speculation(r, ok)}")
+
+
+def _rate_line(r: dict, ok: list[dict]) -> str:
+    p3 = ("p50", "p90", "p99")
+    return (f"| {series(r)} | {r['request_rate']:g} | {r['load'] or '–'} "
+            f"| {len(ok)}/{len(r['runs'])} | {r['failed_requests']} "
+            f"| {_s(r['output_tok_s'])} | {_s(r['goodput'], 2)} "
+            f"| {_s(r['in_flight'], 1)} | {_s(r['decode_tok_s'])} "
+            f"| {_s(busy_percent(ok))} | {_percentiles(r, 'ttft', 0, p3)} "
+            f"| {_percentiles(r, 'tpot', 1, p3)} | {_percentiles(r, 'itl', 1, p3)} "
+            f"{_speculation(r, ok)}")
+
+
+def rate_notes(rows: list[dict], target: float) -> list[str]:
+    """Below a rate table: its goodput SLOs, and per series the rate to run
+    next for ``target`` requests in flight (``next_rate`` over its rates)."""
+    slo = rows[0].get("goodput_slo")
+    notes = [("Goodput: the completed requests per second that met "
+              + ", ".join(f"{k.upper()} ≤ {v:g} ms" for k, v in slo.items()) + ".")
+             if slo else "Goodput: no SLOs given (--goodput)."]
+    proposals = []
+    for name in dict.fromkeys(series(r) for r in rows):
+        probes = [(r["request_rate"], r["in_flight"]["median"]) for r in rows
+                  if series(r) == name and r["in_flight"]["median"] is not None]
+        rate = next_rate(probes, target)
+        proposals.append(f"{name} {'–' if rate is None else f'{rate:.3g}'}")
+    notes.append(f"For {target:g} requests in flight, run next at (req/s, "
+                 f"`next_rate`): {', '.join(proposals)}.")
+    return notes
+
+
 def table(result: dict) -> str:
-    """Markdown: a table per workload and input length, a line per mode and
-    concurrency; then the servers and the setup."""
+    """Markdown: a table per workload and input length (and traffic: bursts,
+    rates), a line per mode and concurrency or rate; then the servers and the
+    setup."""
     out = []
+    target = result["meta"]["config"].get("target_in_flight") or 16
     # A group's rows share their inputs: any one of them names them.
-    groups = {(r["workload"], r["input_len"], r["output_len"]): r
+    groups = {(r["workload"], r["input_len"], r["output_len"], rated(r)): r
               for r in result["results"]}
-    for (workload, input_len, out_len), any_row in groups.items():
-        out += [f"### {workload}: {inputs(any_row)}, {out_len} output tokens",
-                "",
-                "| mode | concurrency | runs | failed requests | output tok/s "
-                "| decode tok/s | GPU busy % | TTFT ms p50 / p99 | TPOT ms p50 / p99 "
-                "| ITL ms p50 / p99 | first tokens over s / last one's decode s "
-                "| acceptance length | draft context |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (workload, input_len, out_len, at_rate), any_row in groups.items():
+        traffic = " at request rates" if at_rate else ""
+        head = RATE_HEAD if at_rate else BURST_HEAD
+        out += [f"### {workload}{traffic}: {inputs(any_row)}, {out_len} output tokens",
+                "", head, "|" + "---|" * (head.count(" | ") + 1)]
         rows = [r for r in result["results"]
-                if (r["workload"], r["input_len"]) == (workload, input_len)]
-        rows.sort(key=lambda r: (series_key(r), r["concurrency"]))
-        for r in rows:
-            ok = [x for x in r["runs"] if "error" not in x]
-            metrics = [x["server_metrics"] for x in ok]
-            full = sum(m.get("vllm:spec_extend_full_context_tokens_total", 0)
-                       for m in metrics)
-            draft = sum(m.get("vllm:spec_extend_draft_context_tokens_total", 0)
-                        for m in metrics)
-            length = r["acceptance_length"]
-            out.append(
-                f"| {series(r)} | {r['concurrency']} | {len(ok)}/{len(r['runs'])} "
-                f"| {r['failed_requests']} | {_s(r['output_tok_s'])} "
-                f"| {_s(r['decode_tok_s'])} | {_s(busy_percent(ok))} "
-                f"| {_s(r['ttft_p50_ms'])} / {_s(r['ttft_p99_ms'])} "
-                f"| {_s(r['tpot_p50_ms'], 1)} / {_s(r['tpot_p99_ms'], 1)} "
-                f"| {_s(r['itl_p50_ms'], 1)} / {_s(r['itl_p99_ms'], 1)} "
-                f"| {_s(r.get('first_token_spread_s'), 1)} / "
-                f"{_s(r.get('last_request_decode_s'), 1)} "
-                f"| {'–' if length is None else f'{length:.2f}'} "
-                f"| {f'{100 * draft / full:.1f}%' if full else '–'} |")
-        out.append("")
+                if (r["workload"], r["input_len"], rated(r))
+                == (workload, input_len, at_rate)]
+        rows.sort(key=lambda r: (series_key(r), r["request_rate"] if at_rate
+                                 else r["concurrency"]))
+        line = _rate_line if at_rate else _burst_line
+        out += [line(r, [x for x in r["runs"] if "error" not in x]) for r in rows]
+        out += ["", *rate_notes(rows, target), ""] if at_rate else [""]
     out += ["| server | start-up s | async scheduling | stopped cleanly |",
             "|---|---|---|---|"]
     for s in result["servers"]:
@@ -563,10 +738,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     p.add_argument("--input-lens", nargs="+", type=int, default=[16384, 32768],
                    help="prompt tokens (before the server adds BOS)")
-    p.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16, 32])
+    p.add_argument("--concurrency", nargs="+", type=int,
+                   help="bursts: requests at once (default: 1 4 16 32)")
+    p.add_argument("--request-rates", nargs="+", type=float, metavar="RATE",
+                   help="instead of bursts: requests per second, Poisson arrivals")
+    p.add_argument("--load", nargs="+", choices=LOADS,
+                   help="a label per request rate (one: every rate's)")
+    p.add_argument("--goodput", nargs="+", metavar="METRIC:MS",
+                   help="SLOs for vllm bench serve's goodput, e.g. ttft:20000 "
+                   f"tpot:50 (metrics: {', '.join(GOODPUT_METRICS)})")
+    p.add_argument("--target-in-flight", type=float, default=16.0,
+                   help="rate tables propose the rate for this many requests "
+                   "in flight (next_rate)")
     p.add_argument("--num-prompts", nargs="+", type=int,
                    help="requests per run: one number, or one per concurrency "
-                   "(default: 2 x concurrency)")
+                   "or rate (default: 2 x concurrency; 32 at a rate)")
     p.add_argument("--runs", type=int, default=3, help="runs per cell")
     p.add_argument("--long-output-len", type=int, default=1024)
     p.add_argument("--doc-output-len", type=int, default=512)
@@ -593,11 +779,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.serve_args = serve_extra
     args.tokenizer = args.tokenizer or args.target
-    args.num_prompts = args.num_prompts or [2 * c for c in args.concurrency]
-    if len(args.num_prompts) == 1:
-        args.num_prompts *= len(args.concurrency)
-    if len(args.num_prompts) != len(args.concurrency):
-        p.error("--num-prompts needs one number or one per --concurrency")
+    if error := check_traffic(args):
+        p.error(error)
     if "mixed" in args.workloads and args.mixed_short_len >= min(args.input_lens):
         p.error("--mixed-short-len must be shorter than every --input-lens")
     if args.draft is None and any(map(modes.needs_draft, args.modes)):
@@ -605,6 +788,56 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if gap := tokenizer_gap(args.target, args.tokenizer, args.serve_args):
         p.error(gap)
     return args
+
+
+def _per_item(values: list | None, n: int) -> list | None:
+    """One value per item: ``values`` as given, or its one value n times."""
+    return values * n if values and len(values) == 1 else values
+
+
+def _slo_error(slo: str) -> str | None:
+    name, _, ms = slo.partition(":")
+    try:
+        ok = name in GOODPUT_METRICS and float(ms) >= 0
+    except ValueError:
+        ok = False
+    return None if ok else f"--goodput {slo}: METRIC:MS, METRIC of {GOODPUT_METRICS}"
+
+
+def check_traffic(args) -> str | None:
+    """What is wrong with the traffic options, or None once their defaults are
+    filled in: ``concurrency`` (None at rates), ``num_prompts`` and ``load``
+    (None for bursts) one per concurrency or rate."""
+    rates = args.request_rates or []
+    if rates and args.concurrency:
+        return "--concurrency (bursts) or --request-rates, not both"
+    if args.load and not rates:
+        return "--load labels --request-rates"
+    if any(r <= 0 for r in rates):
+        return "--request-rates must be above 0"
+    if error := next(filter(None, map(_slo_error, args.goodput or [])), None):
+        return error
+    args.concurrency = None if rates else args.concurrency or [1, 4, 16, 32]
+    steps = rates or args.concurrency
+    args.num_prompts = _per_item(args.num_prompts, len(steps)) or (
+        [32] * len(rates) or [2 * c for c in args.concurrency])
+    if len(args.num_prompts) != len(steps):
+        return "--num-prompts needs one number or one per --concurrency or rate"
+    if not rates:
+        return None
+    args.load = _per_item(args.load, len(rates)) or [None] * len(rates)
+    if len(args.load) != len(rates):
+        return "--load needs one label or one per --request-rates"
+    return None
+
+
+def traffics(args) -> list[Traffic]:
+    """A ``Traffic`` per concurrency or request rate (``check_traffic``'d)."""
+    if args.request_rates:
+        return [Traffic(None, n, r, load) for r, n, load in zip(
+            args.request_rates, args.num_prompts, args.load, strict=True)]
+    return [Traffic(c, n) for c, n in zip(args.concurrency, args.num_prompts,
+                                          strict=True)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,8 @@
 TPOT against concurrency, one line per mode (and method
 under the plugin: ``benchmarks.bench_serve.series``), error bars from the runs
 (min to max around the median): one PNG per workload and input length of a
-``benchmarks.bench_serve`` result. Needs matplotlib (the ``bench``
+``benchmarks.bench_serve`` result (``serve_rate_*.png``: its rows at request
+rates, against the rate). Needs matplotlib (the ``bench``
 extra); ``bench_serve`` calls it itself where matplotlib is installed.
 
 With ``--summary``, the same plots over the README's serving table instead:
@@ -22,12 +23,17 @@ import json
 import re
 from pathlib import Path
 
-from benchmarks.bench_serve import inputs, series, series_key
+from benchmarks.bench_serve import inputs, rated, series, series_key
 from benchmarks.harness.meta import device
 
 
+def _x(row: dict) -> float:
+    """A row's place on the x axis: its request rate, else its concurrency."""
+    return row["request_rate"] if rated(row) else row["concurrency"]
+
+
 def _errorbar(ax, rows: list[dict], key: str, style: str, label: str, color=None):
-    x = [r["concurrency"] for r in rows]
+    x = [_x(r) for r in rows]
     mid = [r[key]["median"] for r in rows]
     err = [[m - r[key]["min"] for m, r in zip(mid, rows, strict=True)],
            [r[key]["max"] - m for m, r in zip(mid, rows, strict=True)]]
@@ -47,8 +53,9 @@ def _line(row: dict, cells: list[dict]) -> tuple[int, str]:
     return order, name
 
 
-def figure(result: dict, workload: str, input_len: int):
-    """The figure of one workload and input length (``plot`` saves it)."""
+def figure(result: dict, workload: str, input_len: int, at_rate: bool = False):
+    """The figure of one workload and input length, its rows in bursts or at
+    request rates (``plot`` saves it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -57,20 +64,20 @@ def figure(result: dict, workload: str, input_len: int):
     fig, (tput, tpot) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
     # Decode-phase throughput, as the issue's figures compare: output tok/s
     # also carries the prompt pass, which the draft lengthens.
-    cells = [r for r in result["results"] if (r["workload"], r["input_len"])
-             == (workload, input_len) and r["decode_tok_s"]["n"]]
+    cells = [r for r in result["results"] if (r["workload"], r["input_len"], rated(r))
+             == (workload, input_len, at_rate) and r["decode_tok_s"]["n"]]
     lines = [(_line(r, cells), r) for r in cells]
     for key in sorted({key for key, _ in lines}):
         name = key[1]
-        rows = sorted((r for k, r in lines if k == key), key=lambda r: r["concurrency"])
+        rows = sorted((r for k, r in lines if k == key), key=_x)
         color = _errorbar(tput, rows, "decode_tok_s", "o-", name)
         _errorbar(tpot, rows, "tpot_p50_ms", "o-", f"{name} p50", color)
         _errorbar(tpot, rows, "tpot_p99_ms", "x--", f"{name} p99", color)
-    concurrency = sorted({r["concurrency"] for r in cells})
+    ticks = sorted({_x(r) for r in cells})
     for ax, ylabel in ((tput, "decode-phase tokens/s"), (tpot, "TPOT (ms)")):
         ax.set_xscale("log", base=2)
-        ax.set_xticks(concurrency, labels=map(str, concurrency))
-        ax.set_xlabel("concurrency")
+        ax.set_xticks(ticks, labels=[f"{t:g}" for t in ticks])
+        ax.set_xlabel("request rate (req/s)" if at_rate else "concurrency")
         ax.set_ylabel(ylabel)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
@@ -89,20 +96,25 @@ def figure(result: dict, workload: str, input_len: int):
     return fig
 
 
-def plot(result: dict, workload: str, input_len: int, out: Path) -> Path:
+def plot(result: dict, workload: str, input_len: int, out: Path,
+         at_rate: bool = False) -> Path:
     import matplotlib.pyplot as plt
 
-    fig = figure(result, workload, input_len)
+    fig = figure(result, workload, input_len, at_rate)
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
 
 
 def plot_all(result: dict, out_dir: Path) -> list[Path]:
-    """``serve_<workload>_<input len>.png`` for every workload and length."""
-    groups = dict.fromkeys((r["workload"], r["input_len"]) for r in result["results"])
-    return [plot(result, w, n, Path(out_dir) / f"serve_{w}_{n}.png")
-            for w, n in groups]
+    """``serve_<workload>_<input len>.png`` for every workload and length
+    (``serve_rate_...``: the rows at request rates)."""
+    groups = dict.fromkeys((r["workload"], r["input_len"], rated(r))
+                           for r in result["results"])
+    return [plot(result, w, n,
+                 Path(out_dir) / f"serve_{'rate_' if at_rate else ''}{w}_{n}.png",
+                 at_rate)
+            for w, n, at_rate in groups]
 
 
 def from_summary(rows: list[dict], results_dir: Path) -> dict[tuple, dict]:

@@ -8,7 +8,8 @@ headline tables rendered from it. Never edit either by hand: run this.
 summary.json is a list of rows, one per (result file, mode, draft, context,
 batch or concurrency): ``{"bench": "decode"|"serve", "device", "mode",
 "draft", "context", "batch"|"concurrency", "tok_s": [one figure per run],
-"gpu_busy": [one figure per run], "file"}``, plus ``"workload"`` (serve),
+"gpu_busy": [one figure per run], "file"}``, plus ``"workload"`` (serve and
+serve_rate),
 ``"synthetic_acceptance"`` (the synthetic acceptance length, None for real
 rejection sampling) and ``"date_utc"``. Decode ``tok_s`` is decode tok/s;
 decode rows from files whose runs time the first token also carry
@@ -27,6 +28,15 @@ sample there (a CPU host); ``[]`` for files older than the sampler (before
 2026-11-24), so every row has the key and ``[]`` tells "not measured" from
 "measured, no sample". Files under ``results/archive/`` (superseded runs) are
 left out.
+
+A serving file's rows at a request rate (``bench_serve --request-rates``) are
+``"bench": "serve_rate"`` rows, one per (result file, mode, draft, workload,
+context, request rate): ``"request_rate"`` (requests/s, Poisson arrivals),
+``"load"`` (its label: "low", "high" or None), ``"goodput_slo"`` (the SLOs in
+ms, e.g. ``{"ttft": 20000, "tpot": 50}``, or None), and per run: ``tok_s``
+(output tok/s: every output token over the run's time), ``ttft_p50_ms``,
+``tpot_p50_ms``, ``goodput`` (completed requests per second that met the
+SLOs; None without SLOs) and ``in_flight`` (mean requests in flight).
 
 ``--write`` replaces what lies between ``<!-- summary:start -->`` and
 ``<!-- summary:end -->`` in each file with the headline tables, one per bench
@@ -127,13 +137,34 @@ def decode_rows(result: dict, file: str) -> list[dict]:
     return rows
 
 
+def rate_row(result: dict, r: dict, ok: list[dict], file: str) -> dict:
+    """The serve_rate row of a serving row at a request rate (its runs ``ok``)."""
+    meta = result["meta"]
+    return {"bench": "serve_rate", "device": device(meta), "mode": r["mode"],
+            "variant": variant(result, r["mode"], r), "draft": r["draft"],
+            "workload": r["workload"], "context": r["input_len"],
+            "request_rate": r["request_rate"], "load": r.get("load"),
+            "goodput_slo": r.get("goodput_slo"),
+            "tok_s": [run["output_throughput"] for run in ok],
+            "ttft_p50_ms": [run["median_ttft_ms"] for run in ok],
+            "tpot_p50_ms": [run["median_tpot_ms"] for run in ok],
+            "goodput": [run.get("request_goodput") for run in ok],
+            "in_flight": [run.get("in_flight") for run in ok],
+            "gpu_busy": _busy(ok), "file": file,
+            "synthetic_acceptance": _synthetic(meta["config"]),
+            "date_utc": meta["date_utc"]}
+
+
 def serve_rows(result: dict, file: str) -> list[dict]:
     meta, cfg = result["meta"], result["meta"]["config"]
     rows = []
-    if "results" in result:  # one row per (workload, mode, concurrency)
+    if "results" in result:  # one row per (workload, mode, concurrency or rate)
         for r in result["results"]:
             ok = [run for run in r.get("runs", []) if "error" not in run]
             if not ok:
+                continue
+            if r.get("request_rate") is not None:
+                rows.append(rate_row(result, r, ok, file))
                 continue
             decode = [run.get("decode_tok_s") for run in ok]
             rows.append({"bench": "serve", "device": device(meta), "mode": r["mode"],

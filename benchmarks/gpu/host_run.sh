@@ -130,6 +130,21 @@ configs_side_by_side() {
     && tar -czf "$tag.tgz" "${files[@]}"; rm -f "${files[@]}")
   return $rc
 }
+# serve12's traffic flags for bench_serve: bursts of each SERVE_CONCURRENCY
+# ("1 4"), SERVE_PROMPTS requests a run (one a slot); or, where SERVE_RATES
+# names request rates (issue #45, e.g. "0.5 1"), Poisson arrivals at each,
+# labelled SERVE_LOAD (low|high, one or one a rate), goodput against
+# SERVE_GOODPUT's SLOs in ms ("ttft:20000 tpot:50"), SERVE_PROMPTS requests a
+# run (32).
+serve_traffic() {
+  if [ -n "${SERVE_RATES:-}" ]; then
+    echo --request-rates $SERVE_RATES ${SERVE_LOAD:+--load $SERVE_LOAD} \
+      --goodput ${SERVE_GOODPUT:-ttft:20000 tpot:50} --num-prompts ${SERVE_PROMPTS:-32}
+  else
+    local conc=${SERVE_CONCURRENCY:-1 4}
+    echo --concurrency $conc --num-prompts ${SERVE_PROMPTS:-$conc}
+  fi
+}
 case "$1" in
   viewattn)
     # Issue #26: the draft's attention over its view, FA3 against the one-launch
@@ -324,10 +339,14 @@ PY
     # The bench runs under SERVE_TIMEOUT (480 s); stopping its server takes up
     # to 70 s more: give the call's own timeout at least SERVE_TIMEOUT + 100.
     # Concurrency 16 at 16K with a server start of 2-4 min does not fit a call
-    # beside 1 and 4: give it its own.
+    # beside 1 and 4: give it its own. Request rates instead: SERVE_RATES
+    # (serve_traffic above); each rate table proposes the rate for 16 requests
+    # in flight (bench_serve.next_rate): probe plain at a rate or two, then
+    # run every mode at the proposed one with SERVE_LOAD=high.
     mode=${SERVE_MODE:-plain}; wl=${SERVE_WORKLOAD:-long}; len=${SERVE_INPUT_LEN:-16384}
     draft=${SERVE_DRAFT:-llama32_1b}; method=${SERVE_METHOD:-draft_model}
-    conc=${SERVE_CONCURRENCY:-1 4}
+    traffic=${SERVE_CONCURRENCY:-1 4}  # in file names: "1 4", "r0.5 1 high"
+    [ -n "${SERVE_RATES:-}" ] && traffic="r$SERVE_RATES ${SERVE_LOAD:-}"
     # SERVE_SPEC_EXTEND: the plugin's config (JSON) instead of bench_serve's
     # default, the speed benches' (a variant: e.g. '{"top_k": 32,
     # "recent_tokens": 256, "draft_prefill_window": 2048}'); SERVE_TAG then
@@ -344,7 +363,7 @@ PY
     case $mode in draft_model|spec_extend)
       [ "$method" = draft_model ] && [ "$draft" != llama32_1b ] && other=$draft ;;
     esac
-    tag=$(echo "$mode ${method#draft_model} $other $wl $len $conc ${SERVE_TAG:-}" | tr -s ' ' - | sed 's/-$//')
+    tag=$(echo "$mode ${method#draft_model} $other $wl $len $traffic ${SERVE_TAG:-}" | tr -s ' ' - | sed 's/-$//')
     # SERVE_DETACH=1: a cell longer than a call (32K at concurrency 16: a
     # server start of 3-4 min and ~1 min a run) runs detached (detached.sh)
     # under SERVE_TIMEOUT (default then 1500 s); each call waits SERVE_WAIT_S
@@ -360,8 +379,7 @@ PY
     [ "$detach" = 1 ] && [ -f "$dir/started" ] || stop_leftovers || exit 3
     cmd=(timeout "$limit" python3 -m benchmarks.bench_serve --target $M/llama31_8b
       --draft $M/$draft --method $method --tokenizer .gpu/tokenizer --modes $mode
-      --workloads $wl --input-lens $len --concurrency $conc
-      --num-prompts ${SERVE_PROMPTS:-$conc}
+      --workloads $wl --input-lens $len $(serve_traffic)
       --runs 3 --acceptance-length 3.0 ${SERVE_SPEC_EXTEND:+--spec-extend "$SERVE_SPEC_EXTEND"}
       --startup-timeout 300 --run-timeout 240 --out-dir "$res"
       -- --load-format dummy --max-model-len $((len + 1024 + 256)))

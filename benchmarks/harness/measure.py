@@ -66,6 +66,18 @@ def burst_shape(requests: Iterable[tuple[float, float, int]]) -> dict:
             "last_request_decode_s": last - first}
 
 
+def mean_in_flight(spans: Iterable[tuple[float, float]]) -> float | None:
+    """Mean number of requests in flight, from (start, end) per request: the
+    sum of the requests' durations over the wall time from the first start to
+    the last end (the time average of the count of open requests; None
+    without time)."""
+    spans = list(spans)
+    if not spans:
+        return None
+    wall = max(end for _, end in spans) - min(start for start, _ in spans)
+    return sum(end - start for start, end in spans) / wall if wall > 0 else None
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-th percentile (0-100), linear between ranks (numpy's default)."""
     values = sorted(values)

@@ -206,3 +206,33 @@ def test_a_failing_configuration_fails_the_call_and_is_packed(tmp_path):
         names = set(tar.getnames())
     assert "fp8draft_fp8_8192_pg19.log" in names
     assert "fp8draft_fp8_8192_pg19.json" not in names
+
+
+def serve_traffic(env: dict) -> list[str]:
+    """The flags host_run.sh's serve_traffic gives bench_serve under ``env``."""
+    script = function_source("serve_traffic") + "serve_traffic"
+    done = subprocess.run(["bash", "-c", script],
+                          env={"PATH": "/usr/bin:/bin", **env}, capture_output=True,
+                          text=True, timeout=30, check=True)
+    return done.stdout.split()
+
+
+def test_serve12_traffic_bursts_or_rates():
+    """serve12 runs bursts as before; with SERVE_RATES, Poisson arrivals at
+    each rate with their labels and SLOs, flags bench_serve takes."""
+    from benchmarks import bench_serve
+
+    assert serve_traffic({}) == ["--concurrency", "1", "4", "--num-prompts", "1", "4"]
+    assert serve_traffic({"SERVE_CONCURRENCY": "16", "SERVE_PROMPTS": "32"}) == [
+        "--concurrency", "16", "--num-prompts", "32"]
+    flags = serve_traffic({"SERVE_RATES": "0.5 1", "SERVE_LOAD": "high",
+                           "SERVE_CONCURRENCY": "16"})
+    assert flags == ["--request-rates", "0.5", "1", "--load", "high", "--goodput",
+                     "ttft:20000", "tpot:50", "--num-prompts", "32"]
+    args = bench_serve.parse_args(["--target", "T", "--modes", "plain",
+                                   "--out-dir", "x", *flags])
+    assert bench_serve.traffics(args) == [bench_serve.Traffic(None, 32, 0.5, "high"),
+                                          bench_serve.Traffic(None, 32, 1.0, "high")]
+    assert serve_traffic({"SERVE_RATES": "2", "SERVE_GOODPUT": "e2el:60000",
+                          "SERVE_PROMPTS": "64"}) == [
+        "--request-rates", "2", "--goodput", "e2el:60000", "--num-prompts", "64"]

@@ -381,3 +381,231 @@ def test_summary_plot_draws_a_line_per_draft(tmp_path):
                              fig.axes[0].containers, strict=True)}
     assert lines == {"plain": [10.0, 31.0], "spec_extend, d": [20.0, 40.0],
                      "spec_extend, small": [60.0]}
+
+
+# --------------------------------------------------------------------------- #
+# request rates (issue #45)
+# --------------------------------------------------------------------------- #
+DATA = Path(__file__).parent / "data"
+RATE_ARGS = ["--target", "T", "--modes", "plain", "--workloads", "long",
+             "--request-rates", "0.5", "2", "--load", "low", "high",
+             "--goodput", "ttft:20000", "tpot:50", "--num-prompts", "8"]
+
+
+def saved_rate_result() -> dict:
+    """A ``vllm bench serve --save-result --save-detailed`` file at 2 req/s
+    with ``--goodput ttft:500 tpot:100`` and ``--metric-percentiles 50,90,99``:
+    vLLM 0.26's keys, its figures from vLLM's own ``calculate_metrics``; three
+    requests completed 4 tokens each over [100, 100.6], [100.5, 101.3] and
+    [101, 102.2] s; the fourth failed."""
+    return json.loads((DATA / "vllm_bench_serve_rate.json").read_text())
+
+
+def test_rate_options_and_their_defaults(tmp_path):
+    args = bench_serve.parse_args([*RATE_ARGS, "--out-dir", str(tmp_path)])
+    assert (args.concurrency, args.num_prompts, args.load) == (None, [8, 8],
+                                                               ["low", "high"])
+    assert bench_serve.traffics(args) == [
+        bench_serve.Traffic(None, 8, 0.5, "low"),
+        bench_serve.Traffic(None, 8, 2.0, "high")]
+    assert bench_serve.goodput_slo(args) == {"ttft": 20000.0, "tpot": 50.0}
+    args = bench_serve.parse_args(["--target", "T", "--modes", "plain",
+                                   "--request-rates", "1", "3", "--out-dir", "x"])
+    assert (args.num_prompts, args.load, bench_serve.goodput_slo(args)) == (
+        [32, 32], [None, None], None)
+    # Bursts as before.
+    args = bench_serve.parse_args(["--target", "T", "--modes", "plain",
+                                   "--out-dir", "x"])
+    assert (args.concurrency, args.num_prompts, args.load) == ([1, 4, 16, 32],
+                                                               [2, 8, 32, 64], None)
+    assert [t.tag for t in bench_serve.traffics(args)] == ["c1", "c4", "c16", "c32"]
+
+
+@pytest.mark.parametrize("extra", [
+    ["--request-rates", "1", "--concurrency", "4"],
+    ["--load", "high"],
+    ["--request-rates", "1", "2", "--load", "low", "high", "high"],
+    ["--request-rates", "1", "2", "--num-prompts", "4", "8", "16"],
+    ["--request-rates", "0"],
+    ["--request-rates", "1", "--goodput", "ttft=20000"],
+    ["--request-rates", "1", "--goodput", "latency:20"],
+])
+def test_rate_options_that_make_no_sense(extra, capsys):
+    with pytest.raises(SystemExit):
+        bench_serve.parse_args(["--target", "T", "--modes", "plain", "--out-dir", "x",
+                                *extra])
+    assert "error:" in capsys.readouterr().err
+
+
+def _bench_serve_args(cmd: list[str]):
+    """``cmd``'s arguments as vLLM 0.26's own ``vllm bench serve`` parses them."""
+    import argparse
+
+    serve = pytest.importorskip("vllm.benchmarks.serve")
+    parser = argparse.ArgumentParser()
+    serve.add_cli_args(parser)
+    args = parser.parse_args(cmd[cmd.index("serve") + 1:])
+    return args, serve.check_goodput_args(args)
+
+
+def test_rate_run_command(tmp_path):
+    """A rate's run: Poisson arrivals at the rate, no cap on the requests in
+    flight, the SLOs, p50 / p90 / p99, per-request data saved; a burst's run
+    caps the requests in flight and has no rate. vLLM's parser takes both."""
+    args = bench_serve.parse_args([*RATE_ARGS, "--out-dir", str(tmp_path)])
+    low, _ = bench_serve.traffics(args)
+    result = tmp_path / "bench" / "r.json"
+    cmd = bench_serve.bench_command(args, "http://h:1", tmp_path / "d.jsonl", low,
+                                    result)
+    assert cmd[cmd.index("--request-rate") + 1] == "0.5"
+    assert cmd[cmd.index("--goodput") + 1:][:2] == ["ttft:20000", "tpot:50"]
+    assert "--max-concurrency" not in cmd and "--save-detailed" in cmd
+    parsed, slo = _bench_serve_args(cmd)
+    assert (parsed.request_rate, parsed.burstiness, parsed.max_concurrency) == (
+        0.5, 1.0, None)
+    assert slo == {"ttft": 20000.0, "tpot": 50.0}
+    assert (parsed.num_prompts, parsed.metric_percentiles) == (8, "50,90,99")
+    assert (parsed.result_dir, parsed.result_filename) == (str(result.parent), "r.json")
+    assert parsed.save_result and parsed.save_detailed and parsed.ignore_eos
+
+    burst = bench_serve.parse_args(["--target", "T", "--modes", "plain",
+                                    "--concurrency", "4", "--out-dir", str(tmp_path)])
+    cmd = bench_serve.bench_command(burst, "http://h:1", tmp_path / "d.jsonl",
+                                    bench_serve.traffics(burst)[0], result)
+    assert "--request-rate" not in cmd and "--goodput" not in cmd
+    parsed, slo = _bench_serve_args(cmd)
+    assert (parsed.request_rate, parsed.max_concurrency, parsed.num_prompts, slo) == (
+        float("inf"), 4, 8, {})
+
+
+def test_mean_in_flight():
+    """Requests over [0, 2] and [1, 3]: 4 request-seconds over 3 s."""
+    from benchmarks.harness.measure import mean_in_flight
+
+    assert mean_in_flight([(0.0, 2.0), (1.0, 3.0)]) == pytest.approx(4 / 3)
+    assert mean_in_flight([(5.0, 6.0)]) == 1.0
+    assert mean_in_flight([(1.0, 1.0)]) is None
+    assert mean_in_flight([]) is None
+
+
+def test_in_flight_counts_the_requests_that_completed():
+    """Each request from its start to its last token (TTFT + ITLs); a failed
+    request (no known end) counts neither its time nor its start."""
+    bench = {"start_times": [10.0, 11.0, 0.0], "ttfts": [1.0, 0.5, 0.0],
+             "itls": [[0.5, 0.5], [1.0], []], "errors": ["", "", "timeout"]}
+    # [10, 12] and [11, 12.5]: 3.5 request-seconds over 2.5 s.
+    assert bench_serve.in_flight(bench) == pytest.approx(3.5 / 2.5)
+    assert bench_serve.in_flight({**bench, "errors": ["x", "y", "z"]}) is None
+
+
+def test_a_saved_rate_result_gives_the_runs_figures():
+    run = bench_serve.run_figures(saved_rate_result(), {}, GpuBusy())
+    assert (run["request_rate"], run["max_concurrency"]) == (2.0, None)
+    assert (run["completed"], run["failed"], run["errors"]) == (3, 1, ["Bad Request"])
+    assert run["output_throughput"] == 6.0
+    assert run["request_goodput"] == 0.5  # one request met TTFT <= 500 ms
+    assert (run["p50_ttft_ms"], run["p90_ttft_ms"], run["p99_ttft_ms"]) == (
+        pytest.approx(600), pytest.approx(840), pytest.approx(894))
+    assert run["p90_tpot_ms"] == pytest.approx(93.33, abs=0.01)
+    assert run["p90_itl_ms"] == pytest.approx(120)
+    # (0.6 + 0.8 + 1.2) request-seconds over [100, 102.2].
+    assert run["in_flight"] == pytest.approx(2.6 / 2.2)
+    # The decode-phase figures as in bursts: 3 tokens a request over the
+    # union of [100.4, 100.6], [101.1, 101.3], [101.9, 102.2].
+    assert run["decode_tokens"] == 9 and run["decode_s"] == pytest.approx(0.7)
+    assert "ttfts" not in run and "start_times" not in run
+
+
+def rate_result(tmp_path) -> dict:
+    """A result of plain at two rates and spec_extend at one, each cell three
+    runs of the saved file with ``in_flight`` scaled to the rate (4 a request
+    per second), and a burst cell beside them."""
+    args = bench_serve.parse_args([*RATE_ARGS, "--modes", "plain", "spec_extend",
+                                   "--draft", "D", "--out-dir", str(tmp_path)])
+    run = bench_serve.run_figures(saved_rate_result(), {}, GpuBusy())
+    result = {"meta": {"vllm": "v", "torch": "t", "date_utc": "d", "git_commit": None,
+                       "hardware": {"device": "GPU"},
+                       "config": {**{k: v for k, v in vars(args).items()
+                                     if k != "out_dir"},
+                                  "acceptance_length": 3.0}},
+              "servers": [], "results": []}
+    for mode, traffic in (("plain", bench_serve.traffics(args)[0]),
+                          ("plain", bench_serve.traffics(args)[1]),
+                          ("spec_extend", bench_serve.traffics(args)[1])):
+        cell = bench_serve.Cell("long", 256, None, 8, 16, [], [],
+                                request_rate=traffic.request_rate, load=traffic.load)
+        runs = [{**run, "in_flight": 4 * traffic.request_rate + i, "server_metrics": {}}
+                for i in (-1, 0, 1)]
+        result["results"].append(bench_serve.cell_row(args, mode, cell, runs))
+    burst = bench_serve.Cell("long", 256, 4, 8, 16, [], [])
+    result["results"].append(bench_serve.cell_row(
+        args, "plain", burst, [{**run, "server_metrics": {}}] * 3))
+    return result
+
+
+def test_rate_rows_and_their_table(tmp_path):
+    result = rate_result(tmp_path)
+    row = result["results"][1]
+    assert (row["concurrency"], row["request_rate"], row["load"]) == (None, 2.0, "high")
+    assert row["goodput_slo"] == {"ttft": 20000.0, "tpot": 50.0}
+    assert row["goodput"] == {"min": 0.5, "median": 0.5, "max": 0.5, "n": 3}
+    assert row["in_flight"] == {"min": 7.0, "median": 8.0, "max": 9.0, "n": 3}
+    assert row["ttft_p90_ms"]["median"] == pytest.approx(840)
+    assert row["failed_requests"] == 3 and row["failed_runs"] == 0
+    assert "request_rate" not in result["results"][3]  # the burst's row
+    text = bench_serve.table(result)
+    rates, burst = text.split("### long: 256-token inputs")
+    assert rates.startswith("### long at request rates: 256-token inputs, 16 output")
+    lines = [ln for ln in rates.splitlines() if ln.startswith("| ")]
+    assert lines[0] == bench_serve.RATE_HEAD
+    assert [ln.split(" | ")[:5] for ln in lines[1:]] == [
+        ["| plain", "0.5", "low", "3/3", "3"], ["| plain", "2", "high", "3/3", "3"],
+        ["| spec_extend", "2", "high", "3/3", "3"]]
+    # output tok/s, goodput, in flight; TTFT p50 / p90 / p99
+    assert lines[1].split(" | ")[5:8] == ["6 (6–6)", "0.50 (0.50–0.50)",
+                                          "2.0 (1.0–3.0)"]
+    assert lines[1].split(" | ")[10] == "600 (600–600) / 840 (840–840) / 894 (894–894)"
+    assert "Goodput: the completed requests per second that met TTFT ≤ 20000 ms, " \
+        "TPOT ≤ 50 ms." in rates
+    # plain: 2 in flight at 0.5/s, 8 at 2/s: the line through them reaches 16
+    # at 4/s; spec_extend, one rate: Little's law, 2 x 16 / 8.
+    assert "run next at (req/s, `next_rate`): plain 4, spec_extend 4." in rates
+    assert "| plain | 4 | 3/3 | 3 |" in burst and "| mode | concurrency |" in burst
+
+
+def test_next_rate():
+    """Little's law from one probe; from two, the line through the two
+    nearest the target, bounded by Little's law from the nearer beyond both;
+    Little's law where that line falls."""
+    assert bench_serve.next_rate([(2.0, 8.0)]) == 4.0
+    assert bench_serve.next_rate([(2.0, 32.0)], target=16) == 1.0
+    # Latency grew with the load: 20 in flight at 4/s, not 16.
+    assert bench_serve.next_rate([(2.0, 8.0), (4.0, 20.0)]) == pytest.approx(10 / 3)
+    # The two nearest of three.
+    assert bench_serve.next_rate([(1.0, 3.0), (2.0, 8.0), (4.0, 20.0)]) == (
+        pytest.approx(10 / 3))
+    # Beyond both, going up: the line (latency grows), or Little's law where
+    # the line is flatter than the latency it measured (noise).
+    assert bench_serve.next_rate([(2.0, 2.0), (4.0, 6.0)]) == pytest.approx(9.0)
+    assert bench_serve.next_rate([(2.0, 4.0), (4.0, 6.0)]) == pytest.approx(64 / 6)
+    # Going down: the line, never below Little's law (nor at a rate <= 0).
+    assert bench_serve.next_rate([(4.0, 20.0), (6.0, 40.0)]) == pytest.approx(3.6)
+    assert bench_serve.next_rate([(4.0, 17.0), (10.0, 18.0)]) == pytest.approx(64 / 17)
+    assert bench_serve.next_rate([(2.0, 8.0), (4.0, 7.0)]) == 4.0  # falls: noise
+    assert bench_serve.next_rate([(2.0, 8.0), (2.0, 9.0)]) == pytest.approx(32 / 9)
+    assert bench_serve.next_rate([]) is None
+    assert bench_serve.next_rate([(2.0, 0.0)]) is None
+
+
+def test_rate_plots_apart_from_bursts(tmp_path):
+    """A file with bursts and rates: a plot of each, the rates' against the rate."""
+    pytest.importorskip("matplotlib")
+    from benchmarks import plot_serve
+
+    result = rate_result(tmp_path)
+    paths = plot_serve.plot_all(result, tmp_path)
+    assert [p.name for p in paths] == ["serve_rate_long_256.png", "serve_long_256.png"]
+    fig = plot_serve.figure(result, "long", 256, at_rate=True)
+    assert fig.axes[0].get_xlabel() == "request rate (req/s)"
+    assert sorted(tuple(c.lines[0].get_xdata()) for c in fig.axes[0].containers) == [
+        (0.5, 2.0), (2.0,)]

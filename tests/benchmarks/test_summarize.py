@@ -327,3 +327,35 @@ def test_the_speed_config_alone_is_no_variant():
     assert meta.config_switches(json.dumps(meta.SPEED_SPEC_EXTEND)) is None
     assert meta.config_switches(None) is None
     assert meta.config_switches({"top_k": 8, "recent_tokens": 256}) == "top_k=8"
+
+
+def test_serving_rows_at_a_request_rate(results):
+    """bench_serve's rows at a request rate: serve_rate rows with each run's
+    output tok/s, TTFT and TPOT p50, goodput and requests in flight; the
+    file's burst rows as ever; no headline table takes them."""
+    runs = [{"output_throughput": tok_s, "median_ttft_ms": ttft, "median_tpot_ms": tpot,
+             "request_goodput": goodput, "in_flight": flight, "gpu_busy": busy}
+            for tok_s, ttft, tpot, goodput, flight, busy in (
+                (100.0, 900.0, 40.0, 0.5, 15.0, 0.9),
+                (110.0, 800.0, 42.0, 0.4, 17.0, None))]
+    rate = {"workload": "long", "input_len": 16384, "mode": "spec_extend", "draft": "d",
+            "concurrency": None, "request_rate": 0.5, "load": "high",
+            "goodput_slo": {"ttft": 20000.0, "tpot": 50.0},
+            "runs": [*runs, {"error": "x"}]}
+    before = summarize.render(summarize.summarize(results))
+    file = results / "serve" / "20261210T0000Z" / "results.json"
+    file.parent.mkdir()
+    file.write_text(json.dumps(_serve([rate])))
+    assert summarize.render(summarize.summarize(results)) == before
+    file.write_text(json.dumps(_serve([rate, _serve_row("plain", [10.0, 12.0])])))
+    rows = [r for r in summarize.summarize(results) if "20261210" in r["file"]]
+    assert [r["bench"] for r in rows] == ["serve_rate", "serve"]
+    assert rows[0] == {
+        "bench": "serve_rate", "device": "GPU", "mode": "spec_extend", "variant": None,
+        "draft": "d", "workload": "long", "context": 16384, "request_rate": 0.5,
+        "load": "high", "goodput_slo": {"ttft": 20000.0, "tpot": 50.0},
+        "tok_s": [100.0, 110.0], "ttft_p50_ms": [900.0, 800.0],
+        "tpot_p50_ms": [40.0, 42.0], "goodput": [0.5, 0.4], "in_flight": [15.0, 17.0],
+        "gpu_busy": [0.9, None], "file": "serve/20261210T0000Z/results.json",
+        "synthetic_acceptance": 3.0, "date_utc": "d"}
+    assert rows[1]["concurrency"] == 4 and rows[1]["tok_s"] == [10.0, 12.0]
