@@ -22,8 +22,8 @@ one that writes the chunk's draft KV. The K - 1 further forwards of a
 discarded row write draft KV past the chunk's end, which the next chunk's pass
 overwrites before any forward reads it.
 
-Pure torch, no vLLM: the proposer (``SpecExtendMixin._keeps_pass``) decides
-which steps keep their pass and runs the kept ones through vLLM's propose.
+Pure torch, no vLLM: the proposer's side (``kept_passes.py``) decides which
+steps keep their pass and runs the kept ones through vLLM's propose.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ mappings, sampling and the view gather) over new contents at fixed addresses.
 ``DraftGraphs`` is the capture manager beside the proposer, as vLLM's V2
 speculators keep theirs: persistent input buffers (``DraftInputs``), one graph
 per batch size, and the choice per step (``blocker``) between replaying and
-the eager path. The body it captures is the proposer's (``proposer.py``):
+the eager path. The body it captures is the proposer's (``draft_capture.py``):
 vLLM's ``propose`` over the static buffers, with runtime mode NONE inside the
 capture so the draft's own piecewise graphs are not nested. Each step the
 runner's small input tensors are copied into the static buffers (one copy

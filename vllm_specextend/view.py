@@ -17,8 +17,10 @@ scratch blocks instead, holding copies whose keys sit at ``offset + view
 index``: the whole row then spans contiguous positions ending at the real one.
 
 KV writes never go through the view (slot mappings use the real table).
-``ViewBuilder`` assembles a step's view from the selection state.
-Pure torch and numpy; no vLLM.
+``ViewBuilder`` assembles a step's view from the selection state;
+``View.apply`` gives the draft's attention metadata its table and lengths.
+Pure torch and numpy; no vLLM import (``apply`` replaces fields of the
+``CommonAttentionMetadata`` it is handed).
 """
 
 from __future__ import annotations
@@ -141,6 +143,35 @@ class View:
     max_seq_len: int | None = None
     """A fixed bound on every row's view length (a CUDA graph's, whose host
     values are baked in at capture); None: the metadata's own bound stands."""
+
+    def apply(self, cad):
+        """vLLM's attention metadata ``cad`` read through this view: the view's
+        table and each row's length less its offset, host shadows included.
+        The slot mapping keeps the real table, so KV writes are unchanged."""
+        if self.offsets_cpu is None:
+            # A graph's view: host values are baked in at capture, so the
+            # bound on every row's view length replaces the host shadows.
+            return cad.replace(
+                block_table_tensor=self.block_table,
+                seq_lens=cad.seq_lens - self.offsets,
+                max_seq_len=self.max_seq_len,
+                seq_lens_cpu_upper_bound=None,
+                _seq_lens_cpu=None,
+                _num_computed_tokens_cpu=None,
+                _num_computed_tokens_cache=None,
+            )
+
+        def minus(x):
+            return None if x is None else x - self.offsets_cpu[: x.shape[0]]
+
+        return cad.replace(
+            block_table_tensor=self.block_table,
+            seq_lens=cad.seq_lens - self.offsets,
+            seq_lens_cpu_upper_bound=minus(cad.seq_lens_cpu_upper_bound),
+            _seq_lens_cpu=minus(cad._seq_lens_cpu),
+            _num_computed_tokens_cpu=minus(cad._num_computed_tokens_cpu),
+            _num_computed_tokens_cache=None,
+        )
 
 
 @dataclass

@@ -5,8 +5,8 @@ Two ways in:
 
 * In-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one rank, no worker
   processes): ``drafter(llm)`` is the live proposer, read with ``stats``,
-  ``selection_store``/``selections``, ``config``, switched with
-  ``reconfigure``, and timed or recorded by wrapping ``propose``
+  ``selection_store``/``selections``, ``config``, ``graphs_captured``,
+  switched with ``reconfigure``, and timed or recorded by wrapping ``propose``
   (``ProposeTimer``, ``DraftRecorder``), the per-step view preparation
   (``HostTimer``) or the release of finished and preempted requests
   (``ReleaseRecorder``), and probed for what its working sets hold
@@ -142,6 +142,12 @@ class ReleaseRecorder:
 def compactor(proposer):
     """The proposer's compactor (compacted positions), or None."""
     return proposer.compactor
+
+
+def graphs_captured(proposer) -> bool:
+    """Whether the proposer holds its draft routine per batch size (captured,
+    or on static buffers with ``draft_graph: static``)."""
+    return proposer.capture.graphs is not None
 
 
 def config(proposer):

@@ -73,7 +73,7 @@ def plugin_env() -> dict[str, str]:
 
 
 TUNING_PREFIXES = ("SPECEXTEND_DRAFT_", "SPECEXTEND_EARLY_")
-"""The plugin's tuning switches (``proposer.DraftTuning``) among its variables."""
+"""The plugin's tuning switches (``tuning.DraftTuning``) among its variables."""
 
 
 SPEED_SPEC_EXTEND = {"top_k": 32, "recent_tokens": 256}

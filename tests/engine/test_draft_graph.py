@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 from test_lossless import counter, drafter, generate, make_llm, shutdown
 
-from benchmarks.harness.drafter import DraftRecorder, stats
+from benchmarks.harness.drafter import DraftRecorder, graphs_captured, stats
 
 pytestmark = pytest.mark.engine
 
@@ -35,7 +35,7 @@ def _run(target, prompts, draft_graph, method, draft, **spec_extend):
     run = dict(outputs=outputs, proposals=list(recorder.proposals.values()),
                accepted=counter(llm, "vllm:spec_decode_num_accepted_tokens"),
                drafted=counter(llm, "vllm:spec_decode_num_draft_tokens"),
-               stats=stats(drafter(llm)), captured=drafter(llm).graphs is not None)
+               stats=stats(drafter(llm)), captured=graphs_captured(drafter(llm)))
     shutdown(llm)
     return run
 

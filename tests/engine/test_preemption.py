@@ -33,6 +33,7 @@ from benchmarks.harness.drafter import (
     ReleaseRecorder,
     compactor,
     drafter,
+    graphs_captured,
     selection_store,
     stats,
 )
@@ -80,7 +81,7 @@ def test_state_cycles_through_preemption(request, tiny_target, prompts,  # noqa:
     store = selection_store(proposer)
     left = dict(slots=list(store), selections=len(store))
     compacting = compactor(proposer) is not None
-    captured = proposer.graphs is not None
+    captured = graphs_captured(proposer)
     shutdown(llm)
 
     assert preemptions > 0, "the KV cache is small enough for vLLM to preempt"

@@ -36,7 +36,12 @@ CMR = {"top_k": 8, "recent_tokens": 64, "min_context": 256}
 def _generate(target, method, draft, prompts, spec_extend=None, **engine):
     from vllm import LLM, SamplingParams
 
-    from benchmarks.harness.drafter import DraftRecorder, drafter, stats
+    from benchmarks.harness.drafter import (
+        DraftRecorder,
+        drafter,
+        graphs_captured,
+        stats,
+    )
 
     # vLLM's start-up asserts that free memory did not grow while it profiled:
     # hand back what earlier tests of this process left cached first.
@@ -56,7 +61,7 @@ def _generate(target, method, draft, prompts, spec_extend=None, **engine):
     run = {"outputs": outputs, "proposals": list(recorder.proposals.values()),
            "async": llm.llm_engine.vllm_config.scheduler_config.async_scheduling}
     if spec_extend is not None:
-        run.update(stats=stats(drafter(llm)), captured=drafter(llm).graphs is not None)
+        run.update(stats=stats(drafter(llm)), captured=graphs_captured(drafter(llm)))
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()

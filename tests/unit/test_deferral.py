@@ -87,7 +87,7 @@ def _proposer_with_passes(n, fail_at=None):
         if int(token_ids[0]) == fail_at:
             raise RuntimeError("draft forward failed")
 
-    proposer._base_propose = base_propose
+    proposer._greedy_propose = base_propose
     for i in range(n):
         tokens = torch.tensor([i])
         proposer.deferral.keep([f"r{i}"], tokens, tokens, tokens, _metadata())
@@ -129,7 +129,7 @@ def test_a_kept_pass_reads_through_its_own_view_copy_and_only_it():
     proposer.deferral.keep(["full"], tokens + 1, tokens, tokens, _metadata())
     offsets.fill_(-1)  # the staging buffer, rewritten by a later step
     seen = []
-    proposer._base_propose = lambda k, token_ids, *args: seen.append(
+    proposer._greedy_propose = lambda k, token_ids, *args: seen.append(
         (int(token_ids[0]), None if proposer._view is None
          else proposer._view.offsets.tolist()))
     proposer._run_kept_passes()

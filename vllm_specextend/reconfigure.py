@@ -1,0 +1,72 @@
+"""A proposer's config-bound parts, built when the engine starts
+(``_use_config``) and rebuilt between benchmark runs on one engine
+(``reconfigure``).
+
+The selection state is sized by ``top_k``, and the planner, retriever, view
+builder and compactor read the config they were given, so a new config
+replaces the state and hands every part the new config; selections made
+under the old one are dropped, and so is the captured routine, which reads
+the old state's buffers. A live engine refuses what its start fixed: the
+scoring layer (its query capture is in the target's CUDA graphs), the
+compaction scratch budget, and a prefill window it cannot serve.
+"""
+
+from __future__ import annotations
+
+from vllm_specextend import compat
+from vllm_specextend.config import (
+    SpecExtendConfig,
+    SpecExtendConfigError,
+    raise_if_prefill_window_unsupported,
+    score_layer_index,
+)
+from vllm_specextend.draft_vocab import vocab_rows
+from vllm_specextend.planner import StepPlanner
+from vllm_specextend.state import SelectionState
+from vllm_specextend.view import ViewBuilder
+
+
+class Reconfigurable:
+    """Goes behind ``SpecExtendMixin`` (its base): the parts that hold the
+    config, over the mixin's ``retriever``, ``compactor``, ``capture`` and
+    ``_min_context``."""
+
+    def _use_config(self, cfg: SpecExtendConfig) -> None:
+        # First, so that a draft_vocab the drafter cannot take changes nothing.
+        self._vocab_rows = vocab_rows(self, cfg)
+        self.cfg = cfg
+        self.state = SelectionState(
+            compat.max_num_seqs(self.vllm_config), cfg.top_k, self.device,
+            live_req_ids=lambda: compat.live_req_ids(self.runner),
+        )
+        # Under async scheduling seq is optimistic by up to K accepted drafts.
+        margin = self.speculative_config.num_speculative_tokens
+        self.planner = StepPlanner(cfg, self.state, self._min_context, margin)
+        self.retriever.cfg, self.retriever.state = cfg, self.state
+        self._deferral_blocker = self._prefill_deferral_blocker(cfg)
+        if self.compactor is not None:
+            self.compactor.cfg = cfg
+        self.view_builder: ViewBuilder | None = None
+        # A proposer built without __init__ (unit tests) captures nothing.
+        if getattr(self, "capture", None) is not None:
+            self.capture.drop()
+
+    def reconfigure(self, cfg: SpecExtendConfig) -> None:
+        """Benchmarks only: switch policy or parameters between runs on one
+        engine; selections made under the old config are dropped."""
+        if self._resolved_score_layer(cfg) != self._resolved_score_layer(self.cfg):
+            raise SpecExtendConfigError(
+                "spec_extend.score_layer is fixed when the engine starts (the "
+                "query capture is recorded in the target's CUDA graphs); start "
+                "an engine per score_layer."
+            )
+        raise_if_prefill_window_unsupported(cfg, self.settings.facts)
+        if self.compactor is not None:
+            self.compactor.check_budget(cfg, self.block_size)
+        self._run_kept_passes()
+        self._use_config(cfg)
+
+    def _resolved_score_layer(self, cfg: SpecExtendConfig) -> int:
+        """``cfg.score_layer`` as 0..n-1 once the target's n layers are known."""
+        count = self._num_score_layers
+        return cfg.score_layer if count is None else score_layer_index(cfg, count)
