@@ -69,6 +69,7 @@ class Run:
     depth: float | None = None
     keys: list[str] = field(default_factory=list)
     cases: list[copytasks.CopyCase] = field(default_factory=list)
+    stop: list[str] | None = None  # stop strings (the same in every mode)
 
 
 # --------------------------------------------------------------------------- #
@@ -190,7 +191,8 @@ def copy_runs(args, tokenizer) -> list[Run]:
                                 prompt_len(args, length, args.copy_new_tokens),
                                 args.copy_prompts)
         runs += [Run(task, mode, source, length, [c.prompt for c in cases],
-                     args.copy_new_tokens, 1, config, cases=cases)
+                     args.copy_new_tokens, 1, config, cases=cases,
+                     stop=[copytasks.SEPARATOR])
                  for mode in args.modes for config in mode_configs(args, mode)]
     return runs
 
@@ -284,11 +286,11 @@ class Session:
         self.configure(cmr)
         engine.generate(self.llm, [longest.prompts[0]], self.params(8))
 
-    def params(self, max_tokens: int):
+    def params(self, max_tokens: int, stop: list[str] | None = None):
         from vllm import SamplingParams
 
         return SamplingParams(max_tokens=max_tokens, temperature=0.0,
-                              ignore_eos=self.args.ignore_eos)
+                              ignore_eos=self.args.ignore_eos, stop=stop)
 
     def configure(self, run: Run) -> None:
         if engine.is_spec_extend(self.kind):
@@ -372,7 +374,7 @@ class Session:
             self.timer.enabled = True
         if self.probe:
             self.probe.enabled = True
-        params = self.params(run.max_new_tokens)
+        params = self.params(run.max_new_tokens, run.stop)
         batches, units = [], []
         for b in range(0, len(prompts), run.batch_size):
             batch = prompts[b:b + run.batch_size]
@@ -742,6 +744,14 @@ def parse_args(argv=None):
     r.add_argument("--window-share", type=float, default=0.25,
                    help="share of each --working-sets budget given to the recent "
                    "window under cmr (the rest: sinks and retrieved chunks)")
+    r.add_argument("--score-layers", type=int, nargs="+", default=[],
+                   help="run the cmr modes at each of these scoring layers "
+                   "(score_layer), an engine each; other SpecExtend modes run at "
+                   "the first (default: the --spec-extend config's layer)")
+    r.add_argument("--ngram-max", type=int, default=4,
+                   help="ngram mode: vLLM's prompt_lookup_max")
+    r.add_argument("--ngram-min", type=int, default=2,
+                   help="ngram mode: vLLM's prompt_lookup_min")
     r.add_argument("--coverage", action="store_true",
                    help="eval rows: what each draft step's working set held of "
                         "the target's attention in the scoring layer "
@@ -772,21 +782,13 @@ def parse_args(argv=None):
     r.add_argument("--copy-prompts", type=int, default=20,
                    help="quote / edit: cases per task, source and length, at "
                    "depths spread over 10-90%%")
-    r.add_argument("--copy-new-tokens", type=int, default=192,
+    r.add_argument("--copy-new-tokens", type=int, default=128,
                    help="quote / edit: the longest answer (paragraphs have at "
-                   "most 160 tokens)")
+                   "most 96 tokens; an answer ends at a blank line)")
     r.add_argument("--copy-screen", action="store_true",
                    help="run a copy case in later modes only if the target "
                    "answered it right in the first (plain decoding runs first; "
                    "greedy output is the same in every mode)")
-    r.add_argument("--score-layers", type=int, nargs="+", default=[],
-                   help="run the cmr modes at each of these scoring layers "
-                   "(score_layer), an engine each; other SpecExtend modes run at "
-                   "the first (default: the --spec-extend config's layer)")
-    r.add_argument("--ngram-max", type=int, default=4,
-                   help="ngram mode: vLLM's prompt_lookup_max")
-    r.add_argument("--ngram-min", type=int, default=2,
-                   help="ngram mode: vLLM's prompt_lookup_min")
     r.add_argument("--dtype", default="bfloat16" if cuda else "float32")
     r.add_argument("--block-size", type=int, default=16 if cuda else 32)
     r.add_argument("--max-model-len", type=int,

@@ -53,7 +53,7 @@ TEXT_HEAD = "### Text:\n\n"
 TASK_HEAD = "\n\n### Task:\n"
 PLAIN_ANSWER = "\n\n### Answer:\n"  # tokenizers without a chat template
 SEPARATOR = "\n\n"
-REPORT_PARAGRAPH_CHARS = 400
+REPORT_PARAGRAPH_CHARS = 200
 # New names for ``edit``: people for reports and books, identifiers for the
 # Python docs; the first one that the prompt does not hold is used.
 NAMES = ("Hartwell", "Okafor", "Lindqvist", "Moreau", "Castellanos", "Brannigan")
@@ -206,8 +206,8 @@ class _Stream:
 
 
 def copy_case(tokenizer, task: str, source: str, length: int, depth: float,
-              index: int, *, opening_words: int = 10, min_tokens: int = 40,
-              max_tokens: int = 160) -> CopyCase:
+              index: int, *, opening_words: int = 10, min_tokens: int = 24,
+              max_tokens: int = 96) -> CopyCase:
     """A ``task`` prompt of exactly ``length`` tokens whose paragraph starts
     at ``depth`` (0..1) of its text, from document ``index`` of ``source`` on.
     The paragraph is the first one of ``min_tokens``..``max_tokens`` tokens

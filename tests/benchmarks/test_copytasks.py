@@ -34,7 +34,7 @@ def test_quote_holds_its_paragraph_at_the_stated_depth(tiny_tokenizer, data, sou
     start = case.text_start + case.at
     assert case.prompt[start:start + len(para)] == para
     assert len(para) == case.paragraph_tokens
-    assert 40 <= len(para) <= 160
+    assert 24 <= len(para) <= 96
     text = body(tiny_tokenizer, case)
     assert text.count(case.opening) == 1 and text.count(case.paragraph) == 1
     # The instruction quotes the opening; the answer is primed with it, and

@@ -164,7 +164,8 @@ def test_copy_tasks_run_every_mode_and_scoring_layer_on_the_same_cases(plan):
                        ("self_cmr", 1), ("ngram", None)]
         for r in mine:
             assert (r.dataset, r.length, r.batch_size, r.max_new_tokens) == (
-                "govreport", 2048, 1, 192)
+                "govreport", 2048, 1, 128)
+            assert r.stop == ["\n\n"]  # an answer is one paragraph
             assert r.prompts == mine[0].prompts and r.cases == mine[0].cases
             assert [c.task for c in r.cases] == [task, task]
             assert all(len(p) == 2048 for p in r.prompts)
