@@ -12,10 +12,13 @@ Tasks (``run --tasks``, any subset; they share the engines):
 * ``cost``: CMR's scoring time per retrieval and the draft step, full KV vs CMR,
   at each length (from the eval runs when ``eval`` runs too).
 * ``quote`` / ``edit`` (``longinput.copytasks``): the answer repeats a
-  paragraph from 10-90% deep in the prompt, verbatim or with a name renamed;
-  per run the same figures as ``eval`` and, per prompt, whether the target
-  answered right and its target forwards. ``copy-summary`` turns the files
-  into accepted lengths over the prompts answered right, mode by mode.
+  paragraph from 10-90% deep in the prompt, verbatim or with a name renamed.
+  The first run of a case (plain decoding) finds how much of its answer
+  quotes the expected text; the other modes run the cases where that span is
+  long enough (``--copy-min-tokens``), and only the span. Per run the same
+  figures as ``eval`` and, per case, the span and its target forwards.
+  ``copy-summary`` turns the files into tokens per target forward over the
+  spans, mode by mode, with per-prompt pairs.
 
 Modes: ``none`` (no speculation), ``draft_model`` (vLLM's draft model, full
 KV, plugin off), ``streaming`` and ``cmr`` (``--spec-extend`` policies), and on
@@ -29,7 +32,7 @@ starts); a spec_extend engine switches policy and parameters between runs with
     python -m benchmarks.eval_longinput run --target T --draft D --out R.json
     python -m benchmarks.eval_longinput run ... --tasks sweep needle cost
     python -m benchmarks.eval_longinput report R1.json R2.json --out merged.json
-    python -m benchmarks.eval_longinput run ... --tasks quote edit --copy-screen
+    python -m benchmarks.eval_longinput run ... --tasks quote edit
     python -m benchmarks.eval_longinput copy-summary R.json ... --out S.json
 
 Writes R.json (rows + metadata) and R.md (tables) after every run, so a run
@@ -39,6 +42,7 @@ cut short keeps what it finished.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -259,14 +263,15 @@ class Session:
     """One engine and its instruments; runs ``Run``s and returns rows."""
 
     def __init__(self, args, kind: str, runs: list[Run], tokenizer,
-                 missed: set | None = None, answered: dict | None = None):
+                 missed: set | None = None, spans: dict | None = None):
         self.args = args
         # --needle-screen: the passkey cases (length, depth, haystack) the
         # target missed in an earlier run; shared by every session.
         self.missed = missed
-        # --copy-screen: whether the target answered a copy case right, by
-        # (task, dataset, length, prompt hash); shared by every session.
-        self.answered = answered
+        # The copy cases' quoted spans (tokens) where they count, None where
+        # they do not, by (task, dataset, length, prompt hash), from the first
+        # run of each; shared by every session.
+        self.spans = {} if spans is None else spans
         self.kind = kind
         self.tokenizer = tokenizer
         self.llm = engine.build(settings(args), kind, starting_config(runs))
@@ -333,51 +338,61 @@ class Session:
         return self.measure(run, run.prompts, progress)[0]
 
     def copy_rows(self, run: Run, progress) -> list[dict]:
-        """One row of the copy cases not screened out (none if all are):
-        ``run_row``'s figures, and per case whether the target answered right
-        (the same in every mode: greedy output is), where its paragraph sat,
-        and the answer itself in plain decoding's row."""
+        """A row of the copy cases that count (none if no case does): the
+        first run of a case (plain decoding where it runs: it runs first)
+        finds the span of its answer that quotes the expected text
+        (``copytasks.score``); a later run generates only that span (the same
+        greedy tokens in every mode), and only where the case counts. Beside
+        ``run_row``'s figures, per case: whether the whole answer was right,
+        the span, where the paragraph sat, and plain decoding's answers."""
         def key(i):
             return (run.task, run.dataset, run.length,
                     report.token_hash(run.prompts[i]))
 
         picked = [i for i in range(len(run.prompts))
-                  if self.answered is None or self.answered.get(key(i), True)]
+                  if self.spans.get(key(i), 0) is not None]
         progress.update(len(run.prompts) - len(picked))
         if not picked:
             return []
-        row, outputs = self.measure(run, [run.prompts[i] for i in picked], progress)
-        answers = [self.tokenizer.decode(o, skip_special_tokens=True) for o in outputs]
-        correct = [copytasks.answered(run.cases[i], a)
-                   for i, a in zip(picked, answers, strict=True)]
-        if self.answered is not None:
-            self.answered.update(
-                (key(i), c) for i, c in zip(picked, correct, strict=True))
+        budgets = [self.spans.get(key(i)) or run.max_new_tokens for i in picked]
+        row, outputs = self.measure(run, [run.prompts[i] for i in picked], progress,
+                                    budgets)
         cases = [run.cases[i] for i in picked]
+        decode = functools.partial(self.tokenizer.decode, skip_special_tokens=True)
+        scores = [copytasks.score(c, decode, o, self.args.copy_min_tokens)
+                  for c, o in zip(cases, outputs, strict=True)]
+        for i, got in zip(picked, scores, strict=True):
+            self.spans.setdefault(key(i), got["copied_tokens"] if got["kept"] else None)
         return [{
             **row,
             "screened_out": len(run.prompts) - len(picked),
-            "correct": correct,
+            **{k: [got[k] for got in scores] for k in ("correct", "copied_tokens",
+                                                        "kept")},
+            # What a run of the spans alone must reproduce (report.count_mismatches).
+            "prefix_hashes": [report.token_hash(o[:got["copied_tokens"]])
+                              for o, got in zip(outputs, scores, strict=True)],
             "depths": [c.depth for c in cases],
             "paragraph_at": [c.at for c in cases],
             "paragraph_tokens": [c.paragraph_tokens for c in cases],
             "renamed": [[c.old, c.new] for c in cases] if run.task == "edit" else None,
-            "answers": answers if run.mode == "none" else None,
+            "answers": [decode(o) for o in outputs] if run.mode == "none" else None,
         }]
 
-    def measure(self, run: Run, prompts: list[list[int]],
-                progress) -> tuple[dict, list[list[int]]]:
-        """Generates ``prompts`` in batches: the run's row, and the outputs."""
+    def measure(self, run: Run, prompts: list[list[int]], progress,
+                budgets: list[int] | None = None) -> tuple[dict, list[list[int]]]:
+        """Generates ``prompts`` in batches: the run's row, and the outputs.
+        ``budgets``: new tokens per batch (default: the run's)."""
         before = self.snapshot()
         if self.timer:
             self.timer.take_ms()
             self.timer.enabled = True
         if self.probe:
             self.probe.enabled = True
-        params = self.params(run.max_new_tokens, run.stop)
         batches, units = [], []
-        for b in range(0, len(prompts), run.batch_size):
+        for n, b in enumerate(range(0, len(prompts), run.batch_size)):
             batch = prompts[b:b + run.batch_size]
+            params = self.params(budgets[n] if budgets else run.max_new_tokens,
+                                 run.stop)
             counted = acceptance.spec_counters(self.llm) if self.drafter else None
             batches.append(engine.generate(self.llm, batch, params))
             if counted is not None:
@@ -535,7 +550,7 @@ def write(out: Path, result: dict) -> None:
 
 def engines(runs: list[Run]) -> dict[tuple[str, int | None], list[Run]]:
     """The runs of each engine, in ``engine.KINDS`` order (plain decoding
-    first: ``--copy-screen`` and ``--needle-screen`` learn from it): one per
+    first: the copy tasks and ``--needle-screen`` learn from it): one per
     kind and scoring layer, which is fixed when an engine starts."""
     groups: dict[tuple[str, int | None], list[Run]] = {}
     for r in runs:
@@ -554,7 +569,7 @@ def run(args) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"meta": metadata(args), "rows": []}
     missed = set() if args.needle_screen else None
-    answered = {} if args.copy_screen else None
+    spans: dict = {}
     # Progress in batches; a needle prompt is a batch of its own.
     total = sum(len(r.prompts) if r.task == "needle"
                 else -(-len(r.prompts) // r.batch_size) for r in runs)
@@ -562,7 +577,7 @@ def run(args) -> int:
         for (kind, layer), mine in engines(runs).items():
             at = "" if layer in (None, -1) else f", layer {layer}"
             progress.set_postfix_str(f"starting {kind} engine{at}")
-            session = Session(args, kind, mine, tokenizer, missed, answered)
+            session = Session(args, kind, mine, tokenizer, missed, spans)
             for r in mine:
                 progress.set_postfix_str(f"{r.task} {r.mode} {r.dataset} {r.length}")
                 result["rows"] += session.execute(r, progress)
@@ -785,10 +800,11 @@ def parse_args(argv=None):
     r.add_argument("--copy-new-tokens", type=int, default=128,
                    help="quote / edit: the longest answer (paragraphs have at "
                    "most 96 tokens; an answer ends at a blank line)")
-    r.add_argument("--copy-screen", action="store_true",
-                   help="run a copy case in later modes only if the target "
-                   "answered it right in the first (plain decoding runs first; "
-                   "greedy output is the same in every mode)")
+    r.add_argument("--copy-min-tokens", type=int, default=16,
+                   help="quote / edit: a case counts where the first run's "
+                   "answer quotes at least this many tokens of the expected "
+                   "text (and, for edit, past the first renamed name); later "
+                   "modes run only those cases, and only that span")
     r.add_argument("--dtype", default="bfloat16" if cuda else "float32")
     r.add_argument("--block-size", type=int, default=16 if cuda else 32)
     r.add_argument("--max-model-len", type=int,
@@ -813,8 +829,8 @@ def parse_args(argv=None):
     pr.add_argument("--baseline", default="self_streaming")
     pr.add_argument("--out", required=True)
     cs = sub.add_parser("copy-summary", help="quote / edit: accepted length per "
-                        "task, length and mode over the prompts answered right, "
-                        "and paired ratios (JSON + .md)")
+                        "task, length and mode over the cases that count, and "
+                        "paired ratios (JSON + .md)")
     cs.add_argument("files", nargs="+")
     cs.add_argument("--out", required=True)
     args = parser.parse_args(argv)

@@ -521,7 +521,7 @@ PY
     # with layer 21; vLLM's ngram prompt lookup at the same K (4) beside them,
     # plain decoding first; greedy, batch 1, COPY_PROMPTS (40) cases per task,
     # source and length, and only those the target answers right run in the
-    # other modes (--copy-screen). A process per source (COPY_SOURCE,
+    # other modes. A process per source (COPY_SOURCE,
     # "govreport pydoc") and length (COPY_LENGTH, "2048 4096 8192"), all side
     # by side; their files come back as copy46.tgz, and their summary
     # (copy-summary) as copy_tasks_summary.{json,md}. The GGUF travels first
@@ -539,7 +539,7 @@ PY
       --target /root/pair/target --draft /root/pair/target --tasks quote edit \
       --modes ${COPY_MODES:-none self_full self_streaming self_cmr ngram} \
       --score-layers -1 21 --working-sets 512 --batch-size 1 \
-      --copy-prompts ${COPY_PROMPTS:-40} --copy-screen ${COPY_ARGS:-}
+      --copy-prompts ${COPY_PROMPTS:-40} ${COPY_ARGS:-}
     rc=$?
     # Two processes or fewer leave their files in $OUT, more pack them.
     mkdir -p /tmp/copy46 && rm -f /tmp/copy46/*.json

@@ -63,20 +63,23 @@ def run_key(row: dict) -> tuple:
 def count_mismatches(rows: list[dict]) -> None:
     """Set ``mismatches`` on every speculative run: how many of its greedy
     outputs differ from plain decoding's (``none``) on the same prompt; None
-    where no plain run of any of its prompts exists."""
-    plain = {
-        prompt: output
-        for r in rows if r["mode"] == "none"
-        for prompt, output in zip(r["prompt_hashes"], r["output_hashes"],
-                                  strict=True)
-    }
+    where no plain run of any of its prompts exists. A plain row's
+    ``prefix_hashes`` (the copy tasks') are the outputs that runs cut short
+    at that prefix must produce."""
+    plain = {}
+    for r in rows:
+        if r["mode"] == "none":
+            for prompt, *outputs in zip(r["prompt_hashes"], r["output_hashes"],
+                                        r.get("prefix_hashes") or r["output_hashes"],
+                                        strict=True):
+                plain[prompt] = set(outputs)
     for row in rows:
         if row["mode"] == "none":
             continue
         pairs = [(out, plain[p]) for p, out in zip(row["prompt_hashes"],
                                                     row["output_hashes"], strict=True)
                  if p in plain]
-        row["mismatches"] = sum(a != b for a, b in pairs) if pairs else None
+        row["mismatches"] = sum(a not in b for a, b in pairs) if pairs else None
 
 
 def _fmt(value, digits: int = 2) -> str:

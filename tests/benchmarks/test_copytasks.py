@@ -118,12 +118,59 @@ def test_answered_needs_the_whole_rest_verbatim_up_to_whitespace(tiny_tokenizer,
     assert not copytasks.answered(case, unedited)
 
 
+def test_the_quoted_span_ends_where_the_answer_leaves_the_text(tiny_tokenizer, data):
+    def encode(text):
+        return tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    case = copytasks.copy_case(tiny_tokenizer, "quote", "govreport", 1024, 0.5, 0)
+    whole = encode(case.expected + "\n\n")
+    got = copytasks.score(case, tiny_tokenizer.decode, whole, 16)
+    assert got == {"correct": True, "copied_tokens": len(whole), "kept": True}
+    # Paraphrased after a few words: the span is those words' tokens.
+    words = case.expected.split(" ")
+    head = encode(" ".join(words[:6]))
+    out = head + encode(" zqxj zqxj zqxj")
+    span = copytasks.copied_tokens(case, tiny_tokenizer.decode, out)
+    assert len(head) - 1 <= span <= len(head) + 1
+    assert span < len(out)
+    got = copytasks.score(case, tiny_tokenizer.decode, out, 16)
+    assert not got["correct"] and got["kept"] == (span >= 16)
+    assert not copytasks.score(case, tiny_tokenizer.decode, out, span + 1)["kept"]
+
+
+def test_an_edit_counts_only_past_its_first_renamed_name(tiny_tokenizer, data):
+    def encode(text):
+        return tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    case = copytasks.copy_case(tiny_tokenizer, "edit", "govreport", 1024, 0.5, 0)
+    renamed = encode(case.expected)
+    assert copytasks.score(case, tiny_tokenizer.decode, renamed, 1)["kept"]
+    # The model copies the old name: a quote up to there, which does not count.
+    unedited = encode(replace_word(case.expected, case.new, case.old))
+    got = copytasks.score(case, tiny_tokenizer.decode, unedited, 1)
+    assert not got["kept"] and not got["correct"]
+    cut = tiny_tokenizer.decode(unedited[:got["copied_tokens"]])
+    assert case.old not in cut and case.expected.startswith(cut.rstrip())
+
+
+def test_runs_of_the_quoted_span_alone_match_plain_decodings_prefix():
+    from benchmarks.longinput import report
+
+    plain = {"mode": "none", "prompt_hashes": ["a", "b"], "output_hashes": ["A", "B"],
+             "prefix_hashes": ["A3", "B5"]}
+    span = {"mode": "self_cmr", "prompt_hashes": ["a", "b"],
+            "output_hashes": ["A3", "Bx"]}
+    whole = {"mode": "ngram", "prompt_hashes": ["a"], "output_hashes": ["A"]}
+    report.count_mismatches([plain, span, whole])
+    assert (span["mismatches"], whole["mismatches"]) == (1, 0)
+
+
 # --------------------------------------------------------------------------- #
 # summary rows from a tiny fake results file
 # --------------------------------------------------------------------------- #
-def fake_row(mode, outputs, forwards, correct, config=None, mismatched=()):
+def fake_row(mode, outputs, forwards, kept, config=None, mismatched=()):
     """A quote row at 2048 over prompts p0..p3: output lengths and forwards
-    per prompt."""
+    per prompt; only p0 was answered whole."""
     hashes = [f"p{i}" for i in range(len(outputs))]
     return {
         "task": "quote", "dataset": "govreport", "length": 2048, "mode": mode,
@@ -131,7 +178,8 @@ def fake_row(mode, outputs, forwards, correct, config=None, mismatched=()):
         "prompt_hashes": hashes,
         "output_hashes": [f"o{i}" + ("x" if i in mismatched else "") for i in
                           range(len(outputs))],
-        "output_lens": outputs, "forwards": forwards, "correct": correct,
+        "output_lens": outputs, "forwards": forwards, "kept": kept,
+        "correct": [i == 0 for i in range(len(outputs))],
     }
 
 
@@ -139,23 +187,23 @@ def fake_results():
     cmr = {"policy": "cmr", "top_k": 11, "chunk_size": 32, "sink_tokens": 32,
            "recent_tokens": 128}
     window = {**cmr, "policy": "streaming"}
-    right = [True, True, False, True]
+    kept = [True, True, False, True]
     rows = [
-        fake_row("none", [101, 101, 101, 101], [100, 100, 100, 100], right),
-        fake_row("self_streaming", [101, 101, 101, 101], [50, 40, 10, 50], right,
+        fake_row("none", [101, 101, 101, 101], [100, 100, 100, 100], kept),
+        fake_row("self_streaming", [101, 101, 101, 101], [50, 40, 10, 50], kept,
                  window),
-        fake_row("self_cmr", [101, 101, 101, 101], [25, 20, 10, 25], right,
+        fake_row("self_cmr", [101, 101, 101, 101], [25, 20, 10, 25], kept,
                  {**cmr, "score_layer": 21}),
-        fake_row("self_cmr", [101, 101, 101, 101], [50, 40, 10, 25], right,
+        fake_row("self_cmr", [101, 101, 101, 101], [50, 40, 10, 25], kept,
                  {**cmr, "score_layer": -1}, mismatched=(2,)),
-        fake_row("ngram", [101, 101, 101, 101], [20, 25, 10, 20], right),
+        fake_row("ngram", [101, 101, 101, 101], [20, 25, 10, 20], kept),
     ]
     meta = {"hardware": {"device": "NVIDIA H100 80GB HBM3"},
             "models": {"target": {"path": "/t"}, "draft": {"path": "(self_draft only)"}}}
     return {"r.json": {"meta": meta, "rows": rows}}
 
 
-def test_summary_rows_keep_only_prompts_answered_right():
+def test_summary_rows_keep_only_the_cases_that_count():
     summary = copytasks.summary(fake_results())
     rows = {r["mode"]: r for r in summary["rows"]}
     assert list(rows) == ["plain", "window", "cmr", "cmr_l21", "ngram"]
@@ -164,8 +212,9 @@ def test_summary_rows_keep_only_prompts_answered_right():
                           "n_prompts", "mismatches", "device"}
         assert (r["task"], r["context"], r["n_prompts"], r["n_run"]) == ("quote", 2048,
                                                                         3, 4)
+        assert (r["n_cases"], r["n_right"]) == (4, 1)
         assert r["device"] == "NVIDIA H100 80GB HBM3"
-    # Tokens per target forward over p0, p1, p3 (p2 was answered wrong).
+    # Tokens per target forward over p0, p1, p3 (p2 does not count).
     assert rows["plain"]["accepted_length"] == 1.0
     assert rows["window"]["accepted_length"] == pytest.approx(300 / 140)
     assert rows["cmr_l21"]["accepted_length"] == pytest.approx(300 / 70)
