@@ -174,7 +174,8 @@ def fake_row(mode, outputs, forwards, kept, config=None, mismatched=()):
     hashes = [f"p{i}" for i in range(len(outputs))]
     return {
         "task": "quote", "dataset": "govreport", "length": 2048, "mode": mode,
-        "config": config, "working_set": 512 if config and config.get("top_k") else None,
+        "config": config,
+        "working_set": 512 if config and config.get("top_k") else None,
         "prompt_hashes": hashes,
         "output_hashes": [f"o{i}" + ("x" if i in mismatched else "") for i in
                           range(len(outputs))],
@@ -199,7 +200,8 @@ def fake_results():
         fake_row("ngram", [101, 101, 101, 101], [20, 25, 10, 20], kept),
     ]
     meta = {"hardware": {"device": "NVIDIA H100 80GB HBM3"},
-            "models": {"target": {"path": "/t"}, "draft": {"path": "(self_draft only)"}}}
+            "models": {"target": {"path": "/t"},
+                       "draft": {"path": "(self_draft only)"}}}
     return {"r.json": {"meta": meta, "rows": rows}}
 
 
@@ -223,7 +225,8 @@ def test_summary_rows_keep_only_the_cases_that_count():
     lo, hi = rows["window"]["ci"]
     assert 100 / 50 <= lo <= rows["window"]["accepted_length"] <= hi <= 100 / 40
     assert rows["cmr"]["mismatches"] == 1 and rows["window"]["mismatches"] == 0
-    assert rows["window"]["draft"] == "self" and rows["ngram"]["draft"] == "prompt lookup"
+    assert rows["window"]["draft"] == "self"
+    assert rows["ngram"]["draft"] == "prompt lookup"
 
 
 def test_summary_pairs_modes_against_the_window_and_ngram():

@@ -161,7 +161,8 @@ def test_copy_tasks_name_sources_and_lengths_with_their_own_flags(tmp_path):
     assert done.stdout.strip().endswith("rc=0"), done.stdout + done.stderr
     for ds in ("govreport", "pydoc"):
         assert (tmp_path / "out" / f"copy46_2048_{ds}.json").exists()
-        line = next(x for x in done.stdout.splitlines() if x.startswith(f"table of {ds}:"))
+        line = next(x for x in done.stdout.splitlines()
+                    if x.startswith(f"table of {ds}:"))
         assert f"<--copy-sources><{ds}><--copy-lengths><2048>" in line
         assert "<--datasets>" not in line and "<--lengths>" not in line
     done = run(tmp_path / "twice", flags, args="--target T --copy-sources pg19")
