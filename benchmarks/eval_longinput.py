@@ -11,17 +11,29 @@ Tasks (``run --tasks``, any subset; they share the engines):
   answered.
 * ``cost``: CMR's scoring time per retrieval and the draft step, full KV vs CMR,
   at each length (from the eval runs when ``eval`` runs too).
+* ``quote`` / ``edit`` (``longinput.copytasks``): the answer repeats a
+  paragraph from 10-90% deep in the prompt, verbatim or with a name renamed.
+  The first run of a case (plain decoding) finds how much of its answer
+  quotes the expected text; the other modes run the cases where that span is
+  long enough (``--copy-min-tokens``), and only the span. Per run the same
+  figures as ``eval`` and, per case, the span and its target forwards.
+  ``copy-summary`` turns the files into tokens per target forward over the
+  spans, mode by mode, with per-prompt pairs.
 
 Modes: ``none`` (no speculation), ``draft_model`` (vLLM's draft model, full
 KV, plugin off), ``streaming`` and ``cmr`` (``--spec-extend`` policies), and on
 request ``streaming_compact`` / ``cmr_compact`` (the same with
-``compact_positions: true``). One engine per kind (``engine.KINDS``); a
-spec_extend engine switches policy and parameters between runs with
+``compact_positions: true``), ``self_*`` (the target drafts for itself) and
+``ngram`` (vLLM's prompt lookup, plugin off). One engine per kind
+(``engine.KINDS``) and scoring layer (``--score-layers``: fixed when an engine
+starts); a spec_extend engine switches policy and parameters between runs with
 ``harness.drafter.reconfigure``.
 
     python -m benchmarks.eval_longinput run --target T --draft D --out R.json
     python -m benchmarks.eval_longinput run ... --tasks sweep needle cost
     python -m benchmarks.eval_longinput report R1.json R2.json --out merged.json
+    python -m benchmarks.eval_longinput run ... --tasks quote edit
+    python -m benchmarks.eval_longinput copy-summary R.json ... --out S.json
 
 Writes R.json (rows + metadata) and R.md (tables) after every run, so a run
 cut short keeps what it finished.
@@ -30,6 +42,7 @@ cut short keeps what it finished.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -40,9 +53,9 @@ from pathlib import Path
 
 from benchmarks.harness import drafter as access
 from benchmarks.harness.meta import run_metadata
-from benchmarks.longinput import acceptance, engine, inputs, needle, report
+from benchmarks.longinput import acceptance, copytasks, engine, inputs, needle, report
 
-TASKS = ("eval", "sweep", "needle", "cost")
+TASKS = ("eval", "sweep", "needle", "cost", *copytasks.TASKS)
 DEFAULT_SPEC_EXTEND = {"chunk_size": 32, "top_k": 32, "retrieve_every": 4,
                        "sink_tokens": 32, "recent_tokens": 256, "min_context": 0}
 
@@ -59,6 +72,8 @@ class Run:
     config: dict | None = None
     depth: float | None = None
     keys: list[str] = field(default_factory=list)
+    cases: list[copytasks.CopyCase] = field(default_factory=list)
+    stop: list[str] | None = None  # stop strings (the same in every mode)
 
 
 # --------------------------------------------------------------------------- #
@@ -118,6 +133,23 @@ def budgets(args, mode: str) -> list[int | None]:
     return [None]
 
 
+def score_layers(args, mode: str) -> list[dict]:
+    """``--score-layers``: a retrieving (cmr) mode runs at each layer, another
+    SpecExtend mode at the first (its drafts rank nothing; one engine serves
+    it); without the option, the config's layer."""
+    if not args.score_layers or mode not in engine.SPEC_EXTEND_MODES:
+        return [{}]
+    if engine.policy(mode) == "cmr":
+        return [{"score_layer": layer} for layer in args.score_layers]
+    return [{"score_layer": args.score_layers[0]}]
+
+
+def mode_configs(args, mode: str) -> list[dict | None]:
+    """The configs a mode runs with: one per working set and scoring layer."""
+    return [spec_config(args, mode, budget, **layer)
+            for budget in budgets(args, mode) for layer in score_layers(args, mode)]
+
+
 def plan(args, tokenizer) -> list[Run]:
     runs: list[Run] = []
     modes = args.modes
@@ -128,8 +160,8 @@ def plan(args, tokenizer) -> list[Run]:
                 tokenizer, dataset, prompt_len(args, length, args.max_new_tokens),
                 args.num_prompts)
             runs += [Run("eval", mode, dataset, length, prompts, args.max_new_tokens,
-                         args.batch_size, spec_config(args, mode, budget))
-                     for mode in modes for budget in budgets(args, mode)]
+                         args.batch_size, config)
+                     for mode in modes for config in mode_configs(args, mode)]
     if "cost" in tasks:
         dataset = args.datasets[0]
         for length in args.lengths:
@@ -147,6 +179,25 @@ def plan(args, tokenizer) -> list[Run]:
         runs += sweep_runs(args, tokenizer)
     if "needle" in tasks:
         runs += needle_runs(args, tokenizer)
+    runs += copy_runs(args, tokenizer)
+    return runs
+
+
+def copy_runs(args, tokenizer) -> list[Run]:
+    """``quote`` / ``edit``: each mode on the same cases, batch size 1 (a
+    paired interval over prompts)."""
+    runs = []
+    for task, source, length in itertools.product(
+        [t for t in copytasks.TASKS if t in args.tasks], args.copy_sources,
+        args.copy_lengths,
+    ):
+        cases = copytasks.cases(tokenizer, task, source,
+                                prompt_len(args, length, args.copy_new_tokens),
+                                args.copy_prompts)
+        runs += [Run(task, mode, source, length, [c.prompt for c in cases],
+                     args.copy_new_tokens, 1, config, cases=cases,
+                     stop=[copytasks.SEPARATOR])
+                 for mode in args.modes for config in mode_configs(args, mode)]
     return runs
 
 
@@ -189,8 +240,8 @@ def needle_runs(args, tokenizer) -> list[Run]:
             for i, key in enumerate(keys)
         ]
         runs += [Run("needle", mode, "pg19", length, prompts, args.needle_new_tokens,
-                     1, spec_config(args, mode, budget), depth, keys)
-                 for mode in modes for budget in budgets(args, mode)]
+                     1, config, depth, keys)
+                 for mode in modes for config in mode_configs(args, mode)]
     return runs
 
 
@@ -212,11 +263,15 @@ class Session:
     """One engine and its instruments; runs ``Run``s and returns rows."""
 
     def __init__(self, args, kind: str, runs: list[Run], tokenizer,
-                 missed: set | None = None):
+                 missed: set | None = None, spans: dict | None = None):
         self.args = args
         # --needle-screen: the passkey cases (length, depth, haystack) the
         # target missed in an earlier run; shared by every session.
         self.missed = missed
+        # The copy cases' quoted spans (tokens) where they count, None where
+        # they do not, by (task, dataset, length, prompt hash), from the first
+        # run of each; shared by every session.
+        self.spans = {} if spans is None else spans
         self.kind = kind
         self.tokenizer = tokenizer
         self.llm = engine.build(settings(args), kind, starting_config(runs))
@@ -236,11 +291,11 @@ class Session:
         self.configure(cmr)
         engine.generate(self.llm, [longest.prompts[0]], self.params(8))
 
-    def params(self, max_tokens: int):
+    def params(self, max_tokens: int, stop: list[str] | None = None):
         from vllm import SamplingParams
 
         return SamplingParams(max_tokens=max_tokens, temperature=0.0,
-                              ignore_eos=self.args.ignore_eos)
+                              ignore_eos=self.args.ignore_eos, stop=stop)
 
     def configure(self, run: Run) -> None:
         if engine.is_spec_extend(self.kind):
@@ -263,6 +318,8 @@ class Session:
 
     def execute(self, run: Run, progress) -> list[dict]:
         self.configure(run)
+        if run.task in copytasks.TASKS:
+            return self.copy_rows(run, progress)
         if run.task != "needle":
             return [self.run_row(run, progress)]
         rows = []
@@ -278,16 +335,64 @@ class Session:
         return rows
 
     def run_row(self, run: Run, progress) -> dict:
+        return self.measure(run, run.prompts, progress)[0]
+
+    def copy_rows(self, run: Run, progress) -> list[dict]:
+        """A row of the copy cases that count (none if no case does): the
+        first run of a case (plain decoding where it runs: it runs first)
+        finds the span of its answer that quotes the expected text
+        (``copytasks.score``); a later run generates only that span (the same
+        greedy tokens in every mode), and only where the case counts. Beside
+        ``run_row``'s figures, per case: whether the whole answer was right,
+        the span, where the paragraph sat, and plain decoding's answers."""
+        def key(i):
+            return (run.task, run.dataset, run.length,
+                    report.token_hash(run.prompts[i]))
+
+        picked = [i for i in range(len(run.prompts))
+                  if self.spans.get(key(i), 0) is not None]
+        progress.update(len(run.prompts) - len(picked))
+        if not picked:
+            return []
+        budgets = [self.spans.get(key(i)) or run.max_new_tokens for i in picked]
+        row, outputs = self.measure(run, [run.prompts[i] for i in picked], progress,
+                                    budgets)
+        cases = [run.cases[i] for i in picked]
+        decode = functools.partial(self.tokenizer.decode, skip_special_tokens=True)
+        scores = [copytasks.score(c, decode, o, self.args.copy_min_tokens)
+                  for c, o in zip(cases, outputs, strict=True)]
+        for i, got in zip(picked, scores, strict=True):
+            self.spans.setdefault(key(i), got["copied_tokens"] if got["kept"] else None)
+        return [{
+            **row,
+            "screened_out": len(run.prompts) - len(picked),
+            **{k: [got[k] for got in scores] for k in ("correct", "copied_tokens",
+                                                        "kept")},
+            # What a run of the spans alone must reproduce (report.count_mismatches).
+            "prefix_hashes": [report.token_hash(o[:got["copied_tokens"]])
+                              for o, got in zip(outputs, scores, strict=True)],
+            "depths": [c.depth for c in cases],
+            "paragraph_at": [c.at for c in cases],
+            "paragraph_tokens": [c.paragraph_tokens for c in cases],
+            "renamed": [[c.old, c.new] for c in cases] if run.task == "edit" else None,
+            "answers": [decode(o) for o in outputs] if run.mode == "none" else None,
+        }]
+
+    def measure(self, run: Run, prompts: list[list[int]], progress,
+                budgets: list[int] | None = None) -> tuple[dict, list[list[int]]]:
+        """Generates ``prompts`` in batches: the run's row, and the outputs.
+        ``budgets``: new tokens per batch (default: the run's)."""
         before = self.snapshot()
         if self.timer:
             self.timer.take_ms()
             self.timer.enabled = True
         if self.probe:
             self.probe.enabled = True
-        params = self.params(run.max_new_tokens)
         batches, units = [], []
-        for b in range(0, len(run.prompts), run.batch_size):
-            batch = run.prompts[b:b + run.batch_size]
+        for n, b in enumerate(range(0, len(prompts), run.batch_size)):
+            batch = prompts[b:b + run.batch_size]
+            params = self.params(budgets[n] if budgets else run.max_new_tokens,
+                                 run.stop)
             counted = acceptance.spec_counters(self.llm) if self.drafter else None
             batches.append(engine.generate(self.llm, batch, params))
             if counted is not None:
@@ -306,8 +411,9 @@ class Session:
         e2e_s = sum(b.e2e_s for b in batches)
         decode_tokens = sum(b.decode_tokens for b in batches)
         total = sum(map(len, outputs))
+        forwards = [f for batch in batches for f in batch.forwards]
         return {
-            **describe(run),
+            **describe(run, prompts),
             "output_tokens": total,
             "decode_tokens": decode_tokens,
             "decode_s": decode_s,
@@ -323,9 +429,16 @@ class Session:
             "draft_step_ms": statistics.median(step_ms) if step_ms else None,
             "draft_steps": len(step_ms),
             "spec_extend_stats": delta["stats"],
-            "prompt_hashes": [report.token_hash(p) for p in run.prompts],
+            # Per request: output tokens and target forwards after the first
+            # token; tokens per forward is the accepted length of any drafter
+            # (vLLM's counters skip the steps that drafted nothing).
+            "output_lens": [len(o) for o in outputs],
+            "forwards": forwards,
+            "tokens_per_forward": ((total - len(outputs)) / sum(forwards)
+                                   if sum(forwards) else None),
+            "prompt_hashes": [report.token_hash(p) for p in prompts],
             "output_hashes": [report.token_hash(o) for o in outputs],
-        }
+        }, outputs
 
     def needle_row(self, run: Run, i: int) -> dict:
         before = self.snapshot()
@@ -403,6 +516,8 @@ def settings(args) -> engine.EngineSettings:
         enforce_eager=args.enforce_eager,
         seed=args.seed,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        ngram_max=args.ngram_max,
+        ngram_min=args.ngram_min,
         # Decode steps verify batch * (K + 1) tokens: capture only those sizes.
         cudagraph_sizes=sorted({*range(1, 9), *range(8, tokens_per_step + 8, 8)}),
     )
@@ -433,6 +548,17 @@ def write(out: Path, result: dict) -> None:
     out.with_suffix(".md").write_text(report.markdown(result))
 
 
+def engines(runs: list[Run]) -> dict[tuple[str, int | None], list[Run]]:
+    """The runs of each engine, in ``engine.KINDS`` order (plain decoding
+    first: the copy tasks and ``--needle-screen`` learn from it): one per
+    kind and scoring layer, which is fixed when an engine starts."""
+    groups: dict[tuple[str, int | None], list[Run]] = {}
+    for r in runs:
+        layer = report.engine_score_layer({"config": r.config})
+        groups.setdefault((engine.engine_kind(r.mode), layer), []).append(r)
+    return dict(sorted(groups.items(), key=lambda kv: engine.KINDS.index(kv[0][0])))
+
+
 def run(args) -> int:
     from tqdm import tqdm
     from transformers import AutoTokenizer
@@ -443,16 +569,15 @@ def run(args) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"meta": metadata(args), "rows": []}
     missed = set() if args.needle_screen else None
+    spans: dict = {}
     # Progress in batches; a needle prompt is a batch of its own.
     total = sum(len(r.prompts) if r.task == "needle"
                 else -(-len(r.prompts) // r.batch_size) for r in runs)
     with tqdm(total=total, desc="eval", unit="batch") as progress:
-        for kind in engine.KINDS:
-            mine = [r for r in runs if engine.engine_kind(r.mode) == kind]
-            if not mine:
-                continue
-            progress.set_postfix_str(f"starting {kind} engine")
-            session = Session(args, kind, mine, tokenizer, missed)
+        for (kind, layer), mine in engines(runs).items():
+            at = "" if layer in (None, -1) else f", layer {layer}"
+            progress.set_postfix_str(f"starting {kind} engine{at}")
+            session = Session(args, kind, mine, tokenizer, missed, spans)
             for r in mine:
                 progress.set_postfix_str(f"{r.task} {r.mode} {r.dataset} {r.length}")
                 result["rows"] += session.execute(r, progress)
@@ -587,6 +712,17 @@ def paired_report(args) -> int:
     return 0
 
 
+def copy_summary(args) -> int:
+    summary = copytasks.summary(
+        {path: json.loads(Path(path).read_text()) for path in args.files})
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=1) + "\n")
+    out.with_suffix(".md").write_text(copytasks.summary_markdown(summary))
+    print(out.with_suffix(".md").read_text())
+    return 0
+
+
 def model_limit(*paths: str) -> int:
     configs = [json.loads((Path(p) / "config.json").read_text()) for p in paths]
     return min(c["max_position_embeddings"] for c in configs)
@@ -623,6 +759,14 @@ def parse_args(argv=None):
     r.add_argument("--window-share", type=float, default=0.25,
                    help="share of each --working-sets budget given to the recent "
                    "window under cmr (the rest: sinks and retrieved chunks)")
+    r.add_argument("--score-layers", type=int, nargs="+", default=[],
+                   help="run the cmr modes at each of these scoring layers "
+                   "(score_layer), an engine each; other SpecExtend modes run at "
+                   "the first (default: the --spec-extend config's layer)")
+    r.add_argument("--ngram-max", type=int, default=4,
+                   help="ngram mode: vLLM's prompt_lookup_max")
+    r.add_argument("--ngram-min", type=int, default=2,
+                   help="ngram mode: vLLM's prompt_lookup_min")
     r.add_argument("--coverage", action="store_true",
                    help="eval rows: what each draft step's working set held of "
                         "the target's attention in the scoring layer "
@@ -646,6 +790,21 @@ def parse_args(argv=None):
                    help="run a passkey case in later modes only if the target "
                    "found the key in the first (greedy output is the same in "
                    "every mode): many haystacks for the few the target answers")
+    r.add_argument("--copy-lengths", type=int, nargs="+", default=[2048, 4096, 8192],
+                   help="quote / edit: input lengths")
+    r.add_argument("--copy-sources", nargs="+", choices=copytasks.SOURCES,
+                   default=["govreport"], help="quote / edit: the text")
+    r.add_argument("--copy-prompts", type=int, default=20,
+                   help="quote / edit: cases per task, source and length, at "
+                   "depths spread over 10-90%%")
+    r.add_argument("--copy-new-tokens", type=int, default=128,
+                   help="quote / edit: the longest answer (paragraphs have at "
+                   "most 96 tokens; an answer ends at a blank line)")
+    r.add_argument("--copy-min-tokens", type=int, default=16,
+                   help="quote / edit: a case counts where the first run's "
+                   "answer quotes at least this many tokens of the expected "
+                   "text (and, for edit, past the first renamed name); later "
+                   "modes run only those cases, and only that span")
     r.add_argument("--dtype", default="bfloat16" if cuda else "float32")
     r.add_argument("--block-size", type=int, default=16 if cuda else 32)
     r.add_argument("--max-model-len", type=int,
@@ -669,6 +828,11 @@ def parse_args(argv=None):
     pr.add_argument("files", nargs="+")
     pr.add_argument("--baseline", default="self_streaming")
     pr.add_argument("--out", required=True)
+    cs = sub.add_parser("copy-summary", help="quote / edit: accepted length per "
+                        "task, length and mode over the cases that count, and "
+                        "paired ratios (JSON + .md)")
+    cs.add_argument("files", nargs="+")
+    cs.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     if args.command == "run":
         from vllm_specextend.config import SpecExtendConfig
@@ -676,7 +840,7 @@ def parse_args(argv=None):
         args.spec_extend = {**DEFAULT_SPEC_EXTEND, **args.spec_extend}
         SpecExtendConfig.from_dict(args.spec_extend)  # fail before any engine starts
         separate = [m for m in args.modes if engine.engine_kind(m)
-                    not in ("none", "self_draft")]
+                    not in ("none", "self_draft", "ngram")]
         if separate and not args.draft:
             parser.error(f"modes {separate} need --draft")
         for tokens in args.working_sets:
@@ -691,6 +855,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.command == "paired":
         return paired_report(args)
+    if args.command == "copy-summary":
+        return copy_summary(args)
     return run(args) if args.command == "run" else merge_reports(args)
 
 

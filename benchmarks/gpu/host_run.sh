@@ -54,15 +54,19 @@ stop_leftovers() {
 #   side_by_side TAG "DATASETS" "LENGTHS" ARGS... ->  $OUT/TAG_<length>_<dataset>.{json,md,log}
 # More than two processes' files go into $OUT/TAG.tgz: a call brings back at
 # most 8 files (seen 2026-11-26: the ninth and later were left out).
+# SIDE_BY_SIDE_DATASETS / SIDE_BY_SIDE_LENGTHS: the flags that take a process's
+# dataset and length (--datasets, --lengths; the copy tasks': --copy-sources,
+# --copy-lengths).
 side_by_side() {
   local tag=$1 datasets=$2 lengths=$3 pids=() names=() ds len name rc=0 one shared=
+  local dflag=${SIDE_BY_SIDE_DATASETS:---datasets} lflag=${SIDE_BY_SIDE_LENGTHS:---lengths}
   shift 3
-  if [[ " $* " == *" --datasets "* || " $* " == *" --datasets="* ]]; then
-    echo "side_by_side: name the datasets in GRID_DATASET / EVAL_DATASET, not --datasets" >&2
+  if [[ " $* " == *" $dflag "* || " $* " == *" $dflag="* ]]; then
+    echo "side_by_side: name the datasets in GRID_DATASET / EVAL_DATASET, not $dflag" >&2
     return 2
   fi
-  if [ -n "${lengths//[[:space:]]}" ] && [[ " $* " == *" --lengths "* || " $* " == *" --lengths="* ]]; then
-    echo "side_by_side: name the lengths in GRID_LENGTH / EVAL_LENGTHS, not --lengths" >&2
+  if [ -n "${lengths//[[:space:]]}" ] && [[ " $* " == *" $lflag "* || " $* " == *" $lflag="* ]]; then
+    echo "side_by_side: name the lengths in GRID_LENGTH / EVAL_LENGTHS, not $lflag" >&2
     return 2
   fi
   local -a dataset_list length_list
@@ -76,8 +80,8 @@ side_by_side() {
   [ "${#names[@]}" -gt 1 ] && shared=--shared-gpu
   for one in "${names[@]}"; do
     IFS='|' read -r name ds len <<< "$one"
-    timeout 575 python3 -m benchmarks.eval_longinput run "$@" $shared --datasets $ds \
-      ${len:+--lengths $len} --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1 &
+    timeout 575 python3 -m benchmarks.eval_longinput run "$@" $shared $dflag $ds \
+      ${len:+$lflag $len} --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1 &
     pids+=($!)
   done
   for one in "${pids[@]}"; do wait "$one" || rc=$?; done
@@ -527,5 +531,45 @@ PY
       --num-prompts 20 --max-new-tokens 256 --batch-size 1 \
       --coverage ${GRID_ARGS:-}
     rc=$?; echo "grid23 rc=$rc"; exit $rc ;;
-  *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|tp-tests|serve12|soak21|gguf|pair|eval|analyses|needle|grid23|options|fp8draft|viewattn|prefillfloor" >&2; exit 2 ;;
+  copy46)
+    # Issue #46, where retrieval matters: answers that quote a paragraph from
+    # 10-90% deep in the prompt, or repeat it with a name renamed
+    # (benchmarks/longinput/copytasks.py). SmolLM2-135M-Instruct drafts for
+    # itself: full KV, a 512-token window, CMR ranking with the final layer and
+    # with layer 21, compacted CMR at both (the target's checkpoint as a draft
+    # model with its own KV); vLLM's ngram prompt lookup at the same K (4);
+    # plain decoding first. Greedy, batch 1, COPY_PROMPTS (40) cases per task,
+    # source and length; plain decoding finds each answer's span that quotes
+    # the expected text, and the other modes run only the cases whose span has
+    # 16 tokens or more (for edit: past the first renamed name), and only the
+    # span. A process per source (COPY_SOURCE, "govreport pydoc") and length
+    # (COPY_LENGTH, "2048 4096 8192"), all side by side; their files come back
+    # as copy46.tgz, their summary (copy-summary) as copy_tasks_summary.{json,md}.
+    # The GGUF travels first (`gguf`). COPY_MODES narrows the modes (keep
+    # none: it screens), COPY_ARGS adds flags; merge calls' files with
+    # copy-summary.
+    # Expected time, estimated (not yet timed on a GPU) from grid23's H100 rows
+    # (8K: plain ~0.55 s, self modes 1-1.9 s per 256-token answer): per
+    # process 6 engine starts (~40 s each), 80 plain answers of at most 128
+    # tokens (~30 s), ~20 kept spans of 16-96 tokens x 7 mode runs (~1 min):
+    # about 5-6 minutes side by side, under side_by_side's 575 s a process. If
+    # one times out, split the modes over two calls (COPY_MODES="none self_full
+    # self_streaming self_cmr", then "none cmr_compact ngram").
+    smollm2_target copy46 || exit 1
+    SIDE_BY_SIDE_DATASETS=--copy-sources SIDE_BY_SIDE_LENGTHS=--copy-lengths \
+      side_by_side copy46 "${COPY_SOURCE:-govreport pydoc}" "${COPY_LENGTH:-2048 4096 8192}" \
+      --target /root/pair/target --draft /root/pair/target --tasks quote edit \
+      --modes ${COPY_MODES:-none self_full self_streaming self_cmr cmr_compact ngram} \
+      --score-layers -1 21 --working-sets 512 --batch-size 1 \
+      --copy-prompts ${COPY_PROMPTS:-40} ${COPY_ARGS:-}
+    rc=$?
+    # Two processes or fewer leave their files in $OUT, more pack them.
+    mkdir -p /tmp/copy46 && rm -f /tmp/copy46/*.json
+    [ -f "$OUT/copy46.tgz" ] && tar -C /tmp/copy46 -xzf "$OUT/copy46.tgz" --wildcards '*.json'
+    cp "$OUT"/copy46_*.json /tmp/copy46/ 2>/dev/null
+    python3 -m benchmarks.eval_longinput copy-summary /tmp/copy46/*.json \
+      --out "$OUT/copy_tasks_summary.json" > "$OUT/copy46_summary.log" 2>&1 || rc=$?
+    tail -40 "$OUT/copy46_summary.log"
+    echo "copy46 rc=$rc"; exit $rc ;;
+  *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|tp-tests|serve12|soak21|gguf|pair|eval|analyses|needle|grid23|copy46|options|fp8draft|viewattn|prefillfloor" >&2; exit 2 ;;
 esac

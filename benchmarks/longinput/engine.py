@@ -9,7 +9,9 @@ draft model). The ``streaming`` and ``cmr`` modes share the spec_extend engine,
 their ``_compact`` twins the other, and ``self_full`` / ``self_streaming`` /
 ``self_cmr`` (full KV, window, retrieval) the self_draft engine: between runs
 the live proposer is switched with ``harness.drafter.reconfigure``, so a policy
-or parameter change costs no engine start-up. Engines run in this process
+or parameter change costs no engine start-up. ``ngram`` is vLLM's own prompt
+lookup (``method: "ngram"``, plugin off): the free competitor where the output
+repeats the input. Engines run in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) to reach the drafter.
 """
 
@@ -22,11 +24,12 @@ import time
 from dataclasses import dataclass, field
 
 MODES = ("none", "draft_model", "streaming", "cmr", "streaming_compact", "cmr_compact",
-         "self_full", "self_streaming", "self_cmr")
+         "self_full", "self_streaming", "self_cmr", "ngram")
 DEFAULT_MODES = MODES[:4]
-SPEC_EXTEND_MODES = MODES[2:]
-SELF_DRAFT_MODES = MODES[6:]
-KINDS = ("none", "draft_model", "spec_extend", "spec_extend_compact", "self_draft")
+SPEC_EXTEND_MODES = MODES[2:9]
+SELF_DRAFT_MODES = MODES[6:9]
+KINDS = ("none", "draft_model", "spec_extend", "spec_extend_compact", "self_draft",
+         "ngram")
 _request_ids = itertools.count()
 
 
@@ -63,6 +66,9 @@ class EngineSettings:
     seed: int = 0
     max_num_batched_tokens: int | None = None
     cudagraph_sizes: list[int] = field(default_factory=list)
+    # ngram: vLLM's prompt_lookup_max / prompt_lookup_min
+    ngram_max: int = 4
+    ngram_min: int = 2
 
 
 def build(s: EngineSettings, kind: str, spec_extend: dict | None = None):
@@ -93,6 +99,13 @@ def build(s: EngineSettings, kind: str, spec_extend: dict | None = None):
         # The plugin makes the target its own draft (no draft model).
         kwargs["speculative_config"] = {"num_speculative_tokens": s.num_spec_tokens}
         spec_extend = {**(spec_extend or {}), "self_draft": True}
+    elif kind == "ngram":
+        kwargs["speculative_config"] = {
+            "method": "ngram",
+            "num_speculative_tokens": s.num_spec_tokens,
+            "prompt_lookup_max": s.ngram_max,
+            "prompt_lookup_min": s.ngram_min,
+        }
     elif kind != "none":
         kwargs["speculative_config"] = {
             "method": "draft_model",
@@ -121,6 +134,11 @@ class Batch:
     decode_s: float
     decode_tokens: int
     request_ids: list[str]
+    # Per request: target forwards after its first token (the steps in which
+    # its output grew). Tokens per forward, (len(output) - 1) / forwards, is
+    # the accepted length of any drafter: vLLM's counters skip steps without
+    # drafts, which prompt lookup has whenever no n-gram matches.
+    forwards: list[int] = field(default_factory=list)
 
 
 def generate(llm, prompts: list[list[int]], params) -> Batch:
@@ -137,11 +155,15 @@ def generate(llm, prompts: list[list[int]], params) -> Batch:
         for rid, p in zip(ids, prompts, strict=True)
     ]
     tokens: dict[str, list[int]] = {}
+    forwards = dict.fromkeys(ids, 0)
     decode_start = None
     at_decode_start = 0
     while engine.has_unfinished_requests():
         for out in engine.step():
-            tokens[out.request_id] = list(out.outputs[0].token_ids)
+            grown = list(out.outputs[0].token_ids)
+            if tokens.get(out.request_id) and len(grown) > len(tokens[out.request_id]):
+                forwards[out.request_id] += 1
+            tokens[out.request_id] = grown
         if decode_start is None and len(tokens) == len(ids) and all(tokens.values()):
             decode_start = time.perf_counter()
             at_decode_start = sum(map(len, tokens.values()))
@@ -154,4 +176,5 @@ def generate(llm, prompts: list[list[int]], params) -> Batch:
         decode_s=end - decode_start if decode_start is not None else 0.0,
         decode_tokens=total - at_decode_start,
         request_ids=internal,
+        forwards=[forwards[rid] for rid in ids],
     )

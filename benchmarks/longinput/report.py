@@ -14,11 +14,11 @@ import hashlib
 import json
 from collections import defaultdict
 
-from benchmarks.longinput import engine
+from benchmarks.longinput import copytasks, engine
 
 MODE_ORDER = {"none": 0, "draft_model": 1, "streaming": 2, "cmr": 3,
               "streaming_compact": 4, "cmr_compact": 5, "self_full": 6,
-              "self_streaming": 7, "self_cmr": 8}
+              "self_streaming": 7, "self_cmr": 8, "ngram": 9}
 
 
 def working_set(config: dict | None) -> int | None:
@@ -63,20 +63,23 @@ def run_key(row: dict) -> tuple:
 def count_mismatches(rows: list[dict]) -> None:
     """Set ``mismatches`` on every speculative run: how many of its greedy
     outputs differ from plain decoding's (``none``) on the same prompt; None
-    where no plain run of any of its prompts exists."""
-    plain = {
-        prompt: output
-        for r in rows if r["mode"] == "none"
-        for prompt, output in zip(r["prompt_hashes"], r["output_hashes"],
-                                  strict=True)
-    }
+    where no plain run of any of its prompts exists. A plain row's
+    ``prefix_hashes`` (the copy tasks') are the outputs that runs cut short
+    at that prefix must produce."""
+    plain = {}
+    for r in rows:
+        if r["mode"] == "none":
+            for prompt, *outputs in zip(r["prompt_hashes"], r["output_hashes"],
+                                        r.get("prefix_hashes") or r["output_hashes"],
+                                        strict=True):
+                plain[prompt] = set(outputs)
     for row in rows:
         if row["mode"] == "none":
             continue
         pairs = [(out, plain[p]) for p, out in zip(row["prompt_hashes"],
                                                     row["output_hashes"], strict=True)
                  if p in plain]
-        row["mismatches"] = sum(a != b for a, b in pairs) if pairs else None
+        row["mismatches"] = sum(a not in b for a, b in pairs) if pairs else None
 
 
 def _fmt(value, digits: int = 2) -> str:
@@ -140,6 +143,26 @@ def eval_table(rows: list[dict]) -> str:
          "acceptance rate", "decode tok/s", "e2e tok/s", "decode speedup vs none",
          "draft context %", "top chunk held %", "attention held %",
          "mismatches vs none"],
+        lines,
+    )
+
+
+def copy_table(rows: list[dict]) -> str:
+    """quote / edit runs: every prompt a run ran (``copy-summary`` keeps
+    only those answered right)."""
+    runs = sorted((r for r in rows if r["task"] in copytasks.TASKS),
+                  key=lambda r: (r["task"], *_key(r)))
+    lines = [[
+        r["task"], r["dataset"], r["length"], r["prompt_len"], r["mode"],
+        r.get("working_set"), score_layer(r), r["num_prompts"], sum(r["correct"]),
+        r["mean_accepted_length"], r["tokens_per_forward"], interval(r),
+        r["decode_tok_s"], r.get("mismatches"),
+    ] for r in runs]
+    return _table(
+        ["task", "dataset", "length", "prompt tokens", "mode", "working set",
+         "scoring layer", "prompts run", "answered right",
+         "accepted length (drafted steps)", "tokens per forward",
+         "95% interval (drafted steps)", "decode tok/s", "mismatches vs none"],
         lines,
     )
 
@@ -297,4 +320,6 @@ def markdown(result: dict) -> str:
         parts += ["## Sweep (chunk size x top-k x retrieve every)", sweep_table(rows)]
     if "needle" in tasks:
         parts += ["## Passkey retrieval by the draft", needle_table(rows)]
+    if tasks & set(copytasks.TASKS):
+        parts += ["## Copy tasks (quote, edit)", copy_table(rows)]
     return "\n\n".join(parts) + "\n"

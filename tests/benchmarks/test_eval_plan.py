@@ -148,3 +148,82 @@ def test_an_engine_starts_with_its_largest_compaction_scratch(plan):
     start = eval_longinput.starting_config(runs)
     assert eval_longinput.report.working_set(start) == 1024
     assert eval_longinput.starting_config([]) is None
+
+
+def test_copy_tasks_run_every_mode_and_scoring_layer_on_the_same_cases(plan):
+    _, runs = plan("--tasks", "quote", "edit", "--copy-sources", "govreport",
+                   "--copy-lengths", "2048", "--copy-prompts", "2", "--modes", "none",
+                   "self_streaming", "self_cmr", "ngram", "--working-sets", "512",
+                   "--score-layers", "-1", "1")
+    for task in ("quote", "edit"):
+        mine = [r for r in runs if r.task == task]
+        got = [(r.mode, eval_longinput.report.engine_score_layer({"config": r.config}))
+               for r in mine]
+        # The window ranks nothing: it runs once, on the first layer's engine.
+        assert got == [("none", None), ("self_streaming", -1), ("self_cmr", -1),
+                       ("self_cmr", 1), ("ngram", None)]
+        for r in mine:
+            assert (r.dataset, r.length, r.batch_size, r.max_new_tokens) == (
+                "govreport", 2048, 1, 128)
+            assert r.stop == ["\n\n"]  # an answer is one paragraph
+            assert r.prompts == mine[0].prompts and r.cases == mine[0].cases
+            assert [c.task for c in r.cases] == [task, task]
+            assert all(len(p) == 2048 for p in r.prompts)
+    groups = eval_longinput.engines(runs)
+    # Plain decoding first (the screen learns from it), a self_draft engine per
+    # scoring layer (fixed at start-up), vLLM's ngram with no plugin.
+    assert list(groups) == [("none", None), ("self_draft", -1), ("self_draft", 1),
+                            ("ngram", None)]
+    assert [r.mode for r in groups[("self_draft", 1)]] == ["self_cmr", "self_cmr"]
+    assert all(r.config is None for r in groups[("ngram", None)])
+
+
+def test_ngram_needs_no_draft_and_passes_prompt_lookup(tiny_target, monkeypatch):
+    import vllm
+
+    args = eval_longinput.parse_args(["run", "--target", tiny_target, "--out", "x.json",
+                                      "--modes", "none", "ngram", "--ngram-max", "5",
+                                      "--ngram-min", "3"])
+    built = {}
+    monkeypatch.setattr(vllm, "LLM", lambda **kwargs: built.update(kwargs))
+    eval_longinput.engine.build(eval_longinput.settings(args), "ngram")
+    assert built["speculative_config"] == {
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 5,
+        "prompt_lookup_min": 3}
+    assert "additional_config" not in built  # the plugin stays off
+
+
+class FakeEngine:
+    """Steps that grow one request's output as ``growth`` says (tokens per
+    step; 0: a step that wrote nothing, as a prefill chunk)."""
+
+    def __init__(self, growth):
+        self.growth = list(growth)
+        self.tokens: list[int] = []
+
+    def add_request(self, request_id, prompt, params):
+        self.id = request_id
+        return request_id
+
+    def has_unfinished_requests(self):
+        return bool(self.growth)
+
+    def step(self):
+        from types import SimpleNamespace
+
+        self.tokens += range(len(self.tokens), len(self.tokens) + self.growth.pop(0))
+        output = SimpleNamespace(token_ids=list(self.tokens))
+        return [SimpleNamespace(request_id=self.id, outputs=[output])]
+
+
+def test_generate_counts_the_target_forwards_after_the_first_token():
+    from types import SimpleNamespace
+
+    engine = FakeEngine([0, 0, 1, 3, 1, 5, 0, 2])  # prefill chunks, then decode
+    batch = eval_longinput.engine.generate(SimpleNamespace(llm_engine=engine),
+                                           [[1, 2, 3]], None)
+    assert batch.outputs == [list(range(12))]
+    # Four forwards wrote the 11 tokens after the first (2.75 each); the
+    # steps that wrote nothing were no forwards of this request's decode.
+    assert batch.forwards == [4]
+    assert batch.decode_tokens == 11

@@ -18,7 +18,8 @@ FAKE_PYTHON = textwrap.dedent("""\
     #!/bin/bash
     argv=$(printf '<%s>' "$@")
     while [ $# -gt 0 ]; do
-      case $1 in --datasets) ds=$2; shift ;; --lengths) len=$2; shift ;;
+      case $1 in --datasets|--copy-sources) ds=$2; shift ;;
+        --lengths|--copy-lengths) len=$2; shift ;;
         --out) out=$2; shift ;; esac; shift
     done
     touch "$MARKS/$(basename "$out")"
@@ -148,6 +149,25 @@ def test_a_process_that_left_no_results_is_packed_with_the_rest(tmp_path):
         names = set(tar.getnames())
     assert {"grid23_2048_pg19.log", "grid23_4096_pg19.log"} <= names
     assert "grid23_2048_pg19.json" not in names and len(names) == 8
+
+
+def test_copy_tasks_name_sources_and_lengths_with_their_own_flags(tmp_path):
+    """copy46: a process per source and length, named with the copy tasks'
+    flags (the eval's --datasets / --lengths would leave them at defaults)."""
+    flags = {"SIDE_BY_SIDE_DATASETS": "--copy-sources",
+             "SIDE_BY_SIDE_LENGTHS": "--copy-lengths"}
+    done = run(tmp_path, flags, datasets="govreport pydoc", args="--target T",
+               lengths="2048", tag="copy46")
+    assert done.stdout.strip().endswith("rc=0"), done.stdout + done.stderr
+    for ds in ("govreport", "pydoc"):
+        assert (tmp_path / "out" / f"copy46_2048_{ds}.json").exists()
+        line = next(x for x in done.stdout.splitlines()
+                    if x.startswith(f"table of {ds}:"))
+        assert f"<--copy-sources><{ds}><--copy-lengths><2048>" in line
+        assert "<--datasets>" not in line and "<--lengths>" not in line
+    done = run(tmp_path / "twice", flags, args="--target T --copy-sources pg19")
+    assert done.stdout.strip().endswith("rc=2")
+    assert "not --copy-sources" in done.stderr
 
 
 def test_blank_lists_run_nothing(tmp_path):
