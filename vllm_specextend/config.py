@@ -20,6 +20,7 @@ from typing import Any
 ADDITIONAL_CONFIG_KEY = "spec_extend"
 POLICIES = ("cmr", "streaming", "full")
 DRAFT_GRAPH_MODES = ("auto", "off", "static")
+DRAFT_PLACEMENTS = ("auto", "sharded", "replicated")
 METHODS = ("draft_model", "eagle", "eagle3")
 
 
@@ -100,6 +101,16 @@ class SpecExtendConfig:
     ``cmr`` or ``streaming`` policy; a step whose K vLLM set to 0 drafts
     nothing and writes its chunk's draft KV in full."""
 
+    draft_placement: str = "auto"
+    """Where a draft model runs under tensor parallelism (``replicated.py``).
+    ``sharded``: split over the ranks as the target (vLLM's draft_model);
+    every draft forward all-reduces twice a layer. ``replicated``: the whole
+    draft, its weights and KV, on every rank, and no collective in a draft
+    forward. ``auto``: replicated at TP > 1 for a draft model (the measured
+    choice, docs/results.md "Tensor parallel"); without TP both are the same.
+    A draft model only (an EAGLE head shares the target's sharded embedding;
+    ``self_draft`` is the target)."""
+
     def __post_init__(self) -> None:
         _raise_if_unknown_policy(self)
         _raise_if_out_of_range(self)
@@ -108,6 +119,7 @@ class SpecExtendConfig:
         _raise_if_bad_optional_counts(self)
         _raise_if_bad_compact_positions(self)
         _raise_if_bad_draft_graph(self)
+        _raise_if_bad_draft_placement(self)
         _raise_if_sinks_not_whole_chunks(self)
 
     @classmethod
@@ -204,6 +216,15 @@ def compaction_on(cfg: SpecExtendConfig, facts: EngineFacts) -> bool:
     return facts.draft_max_model_len < facts.max_model_len
 
 
+def replicated_draft(cfg: SpecExtendConfig, facts: EngineFacts) -> bool:
+    """Whether every TP rank holds the whole draft (``draft_placement``)."""
+    if facts.tensor_parallel_size <= 1 or cfg.draft_placement == "sharded":
+        return False
+    if cfg.draft_placement == "replicated":
+        return True
+    return facts.method == "draft_model" and not cfg.self_draft
+
+
 def _raise_if_bad_self_draft(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
     if not cfg.self_draft:
         return
@@ -227,6 +248,7 @@ def validate_engine(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
     _raise_if_unsupported_method(facts)
     _raise_if_bad_self_draft(cfg, facts)
     _raise_if_draft_vocab_on_eagle(cfg, facts)
+    _raise_if_replicated_not_draft_model(cfg, facts)
     raise_if_prefill_window_unsupported(cfg, facts)
     _raise_if_unpadded_drafter_batch(facts)
     _raise_if_chunk_not_block_multiple(cfg, facts)
@@ -370,6 +392,28 @@ def _raise_if_unsupported_method(facts: EngineFacts) -> None:
         raise SpecExtendConfigError(
             f"--spec-extend supports the speculative methods {METHODS}, got "
             f"{facts.method!r}. Pass a draft checkpoint with --speculative-model."
+        )
+
+
+def _raise_if_bad_draft_placement(cfg: SpecExtendConfig) -> None:
+    if cfg.draft_placement not in DRAFT_PLACEMENTS:
+        raise SpecExtendConfigError(
+            f"spec_extend.draft_placement={cfg.draft_placement!r} must be one "
+            f"of {DRAFT_PLACEMENTS}."
+        )
+
+
+def _raise_if_replicated_not_draft_model(cfg: SpecExtendConfig,
+                                         facts: EngineFacts) -> None:
+    if cfg.draft_placement != "replicated":
+        return
+    if cfg.self_draft or facts.method != "draft_model":
+        what = "self_draft drafts with the target" if cfg.self_draft else (
+            f"a {facts.method} head shares the target's sharded embedding")
+        raise SpecExtendConfigError(
+            f"spec_extend.draft_placement=\"replicated\" places a draft model "
+            f"whole on every rank, but {what}. Use draft_placement \"auto\" "
+            "or \"sharded\"."
         )
 
 

@@ -44,6 +44,7 @@ def on_engine_config(vllm_config) -> None:
     if not enabled(vllm_config):
         return
     settings = Settings.from_vllm(vllm_config)
+    _hash_draft_placement(vllm_config, settings)
     compat.require_v1_model_runner(vllm_config)
     worker_cls = compat.select_worker_cls(vllm_config)
     metrics.install_collector(
@@ -54,6 +55,22 @@ def on_engine_config(vllm_config) -> None:
     compat.logger.info(
         "SpecExtend %s with worker %s", settings.config.policy, worker_cls
     )
+
+
+def _hash_draft_placement(vllm_config, settings) -> None:
+    """The resolved draft placement into ``spec_extend``, so into the config's
+    hash: vLLM 0.26 keys its compile cache by that hash and each piece's shape,
+    not by the traced graph, so a sharded draft's cached pieces must never be
+    found for a replicated one (vLLM's own reason to refuse a draft TP that
+    differs from the target's)."""
+    from vllm_specextend import compat
+    from vllm_specextend.config import ADDITIONAL_CONFIG_KEY
+
+    extra = compat.additional_config(vllm_config)
+    extra[ADDITIONAL_CONFIG_KEY] = {
+        **(extra.get(ADDITIONAL_CONFIG_KEY) or {}),
+        "draft_placement": "replicated" if settings.replicated_draft else "sharded",
+    }
 
 
 def register() -> None:

@@ -50,6 +50,7 @@ from vllm_specextend.kept_passes import KeptPasses
 from vllm_specextend.metrics import SpecExtendStats, StatsReporter
 from vllm_specextend.planner import BatchLens
 from vllm_specextend.reconfigure import Reconfigurable
+from vllm_specextend.replicated import ReplicatedDraft
 from vllm_specextend.retriever import Retriever
 from vllm_specextend.self_draft import TargetAsDraft
 from vllm_specextend.settings import Settings
@@ -305,8 +306,10 @@ class SeparateDraft:
         return lens.decoding
 
 
-class SpecExtendProposer(SpecExtendMixin, SeparateDraft, compat.DraftModelProposer):
-    """``draft_model`` with Cross-model Retrieval."""
+class SpecExtendProposer(ReplicatedDraft, SpecExtendMixin, SeparateDraft,
+                         compat.DraftModelProposer):
+    """``draft_model`` with Cross-model Retrieval; sharded or replicated at TP
+    (``replicated.py``)."""
 
     _graphable = True
     _defers_prefill = True

@@ -21,6 +21,7 @@ from vllm_specextend.config import (
     EngineFacts,
     SpecExtendConfig,
     compaction_on,
+    replicated_draft,
     validate_engine,
 )
 
@@ -42,6 +43,8 @@ class Settings:
     """The draft's max_model_len while compacting, else None (no limit)."""
     min_view_context: int
     """Context length from which a row drafts through a view."""
+    replicated_draft: bool = False
+    """Every TP rank holds the whole draft (``draft_placement``, resolved)."""
     engine_index: int = 0
     """This engine's ``engine`` label on /metrics (its data-parallel rank)."""
 
@@ -61,6 +64,7 @@ class Settings:
             min_view_context=config.min_view_context(
                 draft_len, facts.num_speculative_tokens
             ),
+            replicated_draft=replicated_draft(config, facts),
             engine_index=engine_index,
         )
 

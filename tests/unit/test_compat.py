@@ -448,6 +448,7 @@ def test_declared_patches():
         "Attention.kv_cache",
         "GPUModelRunner.kv_caches",
         "GPUModelRunner._sample",
+        "parallel_state._TP",
     ]
     table = compat.__doc__
     for patch in compat.PATCHES:
@@ -600,3 +601,31 @@ def test_target_attention_refuses_a_sliding_window_layer(monkeypatch):
     assert compat.target_attention(None, set(), SpecExtendConfig(score_layer=2))[0] == 2
     with pytest.raises(SpecExtendConfigError, match="sliding-window layer .4096 tokens.; choose"):
         compat.target_attention(None, set(), SpecExtendConfig(score_layer=-1))
+
+
+def test_draft_tp_group_stands_in_for_the_tp_group_only_inside():
+    # A replicated draft is built and run against a one-rank group, while the
+    # plugin's own collectives (chunk scores, the selection) keep the target's.
+    from vllm.distributed import get_tp_group, parallel_state
+
+    target = types.SimpleNamespace(rank_in_group=1, world_size=2)
+    draft = types.SimpleNamespace(rank_in_group=0, world_size=1)
+    saved = parallel_state._TP
+    parallel_state._TP = target
+    try:
+        with compat.draft_tp_group(draft):
+            assert get_tp_group() is draft
+            assert compat.tp_rank_and_size() == (1, 2)
+            with compat.draft_tp_group(draft):  # nested: the outer state stays
+                assert get_tp_group() is draft
+            assert get_tp_group() is draft
+            assert compat.REGISTRY.is_applied(patches.DRAFT_TP_GROUP, parallel_state)
+        assert get_tp_group() is target
+        assert not compat.REGISTRY.is_applied(patches.DRAFT_TP_GROUP, parallel_state)
+        with compat.draft_tp_group(None):  # sharded: nothing changes
+            assert get_tp_group() is target
+        with pytest.raises(RuntimeError), compat.draft_tp_group(draft):
+            raise RuntimeError("a failing draft forward")
+        assert get_tp_group() is target and compat.tp_rank_and_size() == (1, 2)
+    finally:
+        parallel_state._TP = saved

@@ -402,3 +402,42 @@ def test_validate_engine_refuses_a_prefill_window_it_cannot_serve(cfg, facts, ma
 def test_validate_engine_takes_a_prefill_window_for_a_draft_model():
     validate_engine(SpecExtendConfig(draft_prefill_window=1024),
                     good_facts(max_model_len=65536, draft_max_model_len=65536))
+
+
+# --- draft placement ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["whole", "", None, 1])
+def test_draft_placement_takes_only_its_names(value):
+    with pytest.raises(SpecExtendConfigError, match=r"spec_extend\.draft_placement=.* one of"):
+        SpecExtendConfig.from_dict({"draft_placement": value})
+
+
+@pytest.mark.parametrize("placement, tp, method, self_draft, replicated", [
+    ("auto", 1, "draft_model", False, False),  # one rank: nothing to place
+    ("auto", 2, "draft_model", False, True),
+    ("auto", 4, "eagle3", False, False),  # a head shares the sharded embedding
+    ("auto", 2, "draft_model", True, False),  # the target drafts
+    ("sharded", 4, "draft_model", False, False),
+    ("replicated", 4, "draft_model", False, True),
+    ("replicated", 1, "draft_model", False, False),
+])
+def test_draft_placement_resolves(placement, tp, method, self_draft, replicated):
+    from vllm_specextend.config import replicated_draft
+
+    cfg = SpecExtendConfig(draft_placement=placement, self_draft=self_draft)
+    assert replicated_draft(cfg, good_facts(tensor_parallel_size=tp, method=method)) \
+        is replicated
+
+
+@pytest.mark.parametrize("method, self_draft, match", [
+    ("eagle3", False, "eagle3 head shares"),
+    ("draft_model", True, "self_draft drafts with the target"),
+])
+def test_validate_engine_refuses_replicating_what_is_not_a_draft_model(
+        method, self_draft, match):
+    cfg = SpecExtendConfig(draft_placement="replicated", self_draft=self_draft)
+    facts = good_facts(method=method, tensor_parallel_size=2,
+                       model="m", draft_model="m" if self_draft else "d")
+    with pytest.raises(SpecExtendConfigError, match=match):
+        validate_engine(cfg, facts)

@@ -52,6 +52,7 @@ EAGLE-3 ``model.fc.input_size``                     read        width of the hea
 ``RotaryEmbedding._compute_inv_freq``               call        frequencies for re-rotation
 ``distributed`` TP rank, all-reduce, broadcast      call        one chunk choice across TP ranks
 ``parallel_state.graph_capture``                    call        draft routine's collectives captured
+``parallel_state._TP``                              patch       a replicated draft's one-rank TP group
 ==================================================  ==========  =======================================
 
 Each ``patch`` row is a declared patch in ``compat.patches`` (``PATCHES``),
@@ -74,6 +75,8 @@ import vllm
 from vllm_specextend.compat.args import has_option, option_action
 from vllm_specextend.compat.distributed import (
     capture_stream,
+    draft_tp_group,
+    one_rank_tp_group,
     tp_all_reduce,
     tp_broadcast,
     tp_rank_and_size,

@@ -278,6 +278,19 @@ EARLY_OUTPUT_COPY = Patch(
     per_instance=True,
 )
 
+DRAFT_TP_GROUP = Patch(
+    name="parallel_state._TP",
+    target="vllm.distributed.parallel_state._TP, while a replicated draft is "
+    "built and while it drafts (compat.draft_tp_group)",
+    why="vLLM 0.26 sizes a layer from get_tp_group() when it is built and "
+    "gathers logits over it in a forward; a one-rank group in its place builds "
+    "and runs the draft whole on each rank (draft_placement: replicated), with "
+    "no collective in a draft forward. Undone when the block ends.",
+    attrs=("_TP",),
+    replace=lambda parallel_state, group: {"_TP": group},
+    per_instance=True,
+)
+
 PATCHES = (
     ENGINE_ARGS_CLI,
     ENGINE_ARGS_CONFIG,
@@ -292,6 +305,7 @@ PATCHES = (
     DRAFT_KV_CACHE,
     RUNNER_KV_CACHES,
     EARLY_OUTPUT_COPY,
+    DRAFT_TP_GROUP,
 )
 REGISTRY = PatchRegistry(PATCHES)
 
