@@ -8,7 +8,9 @@ tests can read the live proposer's statistics and selection store
 from __future__ import annotations
 
 import gc
+import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -143,19 +145,24 @@ def _selections_and_stats(worker):
     from benchmarks.harness.drafter import worker_drafter
 
     proposer = worker_drafter(worker)
-    return proposer.test_selections, stats(proposer)
+    heads = {m.num_kv_heads for m in proposer.model.modules()
+             if hasattr(m, "num_kv_heads") and hasattr(m, "impl")}
+    return proposer.test_selections, stats(proposer), proposer.draft_placement, heads
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core per TP rank")
+@pytest.mark.parametrize("placement", ["sharded", "replicated"])
 def test_tensor_parallel_ranks_agree(tiny_target, tiny_draft, prompts, plain_outputs,
-                                     monkeypatch):
+                                     monkeypatch, placement):
     # Each rank scores its own KV heads; the reduced scores must give every rank
-    # the same chunks, or the ranks' draft shards would attend to different KV.
+    # the same chunks, or the ranks' drafts would attend to different KV.
     # The draft routine runs on its static buffers ("static": the body a GPU
     # captures, collectives included), as every rank must take the same
-    # replay-or-eager decision.
+    # replay-or-eager decision. Replicated: each rank holds the whole draft
+    # (all its KV heads) and drafts the same tokens.
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
-    llm = make_llm(tiny_target, tiny_draft, {**CMR, "draft_graph": "static"},
+    llm = make_llm(tiny_target, tiny_draft,
+                   {**CMR, "draft_graph": "static", "draft_placement": placement},
                    tensor_parallel_size=2, distributed_executor_backend="mp")
     llm.collective_rpc(_record_selections)
     outputs = generate(llm, prompts)
@@ -164,11 +171,16 @@ def test_tensor_parallel_ranks_agree(tiny_target, tiny_draft, prompts, plain_out
 
     assert outputs == plain_outputs
     assert len(per_rank) == 2
-    (sel0, stats0), (sel1, stats1) = per_rank
+    (sel0, stats0, where0, heads0), (sel1, stats1, where1, heads1) = per_rank
     assert sel0 and sel0 == sel1
     assert stats0["view_rows"] > 0 and stats0["graph_steps"] > 0
     stats0.pop("scoring_seconds"), stats1.pop("scoring_seconds")
     assert stats0 == stats1
+    assert where0 == where1 == placement
+    draft_kv_heads = json.loads((Path(tiny_draft) / "config.json").read_text())[
+        "num_key_value_heads"]
+    per_rank_heads = draft_kv_heads if placement == "replicated" else draft_kv_heads // 2
+    assert heads0 == heads1 == {per_rank_heads}
 
 
 def test_abort_frees_state(tiny_target, tiny_draft, prompts):
