@@ -297,13 +297,16 @@ PY
     # it) crashed CUDA-graph capture of any 8B TP=2 engine, so it is off, and
     # symmetric-memory all-reduce too, in every mode. An engine per mode
     # (TP_MODES, one or two per call: a 70B engine takes minutes to start);
-    # TP_CONTEXTS, TP_BATCHES name the cells; TP_ARGS adds flags.
+    # TP_CONTEXTS, TP_BATCHES name the cells; TP_ARGS adds flags; TP_TAG ends
+    # the files' names (a variant: TP_ARGS='--spec-extend {"top_k":32,
+    # "recent_tokens":256,"draft_placement":"sharded"}' TP_TAG=sharded, no
+    # spaces in the JSON).
     export VLLM_ALLREDUCE_USE_SYMM_MEM=0
     stop_leftovers || exit 1
     target=${TP_TARGET:-70b}; size=${TP_SIZE:-4}
     case $target in 70b) cfg=$M/llama31_70b ;; 8b) cfg=$M/llama31_8b ;;
       *) echo "TP_TARGET: 70b or 8b" >&2; exit 2 ;; esac
-    modes=${TP_MODES:-spec_extend plain}; tag=${target}-1b_tp${size}_$(echo $modes | tr ' ' -)
+    modes=${TP_MODES:-spec_extend plain}; tag=${target}-1b_tp${size}_$(echo $modes | tr ' ' -)${TP_TAG:+_$TP_TAG}
     timeout ${TP_TIMEOUT:-570} python3 -m benchmarks.bench_decode --target-config $cfg \
       --draft-config $M/llama32_1b --contexts ${TP_CONTEXTS:-32768} \
       --batch-sizes ${TP_BATCHES:-1} --output-len 1024 --runs 3 --fresh-prompts \
@@ -315,10 +318,10 @@ PY
     grep -m3 -E "Error|error:|draft routine" "$OUT/decode_$tag.log" ;;
   tp-tests)
     # Issue #44: the captured draft routine at TP=2 and TP=4 against vLLM's
-    # own speculation (tests/kernels/test_tp_gpu.py).
+    # own speculation (tests/kernels/test_tp_gpu.py); TP_TESTS_K selects (-k).
     export VLLM_ALLREDUCE_USE_SYMM_MEM=0
     timeout ${GPU_TESTS_TIMEOUT:-400} python3 -m pytest -v -p no:cacheprovider \
-      tests/kernels/test_tp_gpu.py > "$OUT/tp_tests.txt" 2>&1
+      ${TP_TESTS_K:+-k "$TP_TESTS_K"} tests/kernels/test_tp_gpu.py > "$OUT/tp_tests.txt" 2>&1
     echo "tp-tests rc=$?"; grep -E "PASSED|FAILED|ERROR|passed|failed|Error|assert" \
       "$OUT/tp_tests.txt" | tail -20 ;;
   serve12)
