@@ -310,6 +310,9 @@ def run_engine(args, mode: str, index: int, out: Path) -> int:
         kv_cache_tokens=kv_cache_tokens(llm),
         plugin_active=plugin,
     )
+    if plugin and (args.tensor_parallel_size or 1) > 1:
+        # As the engine resolved it (``draft_placement: auto``).
+        engine["draft_placement"] = access.worker_state(llm)[0].get("draft_placement")
     append(out, "engines", engine)
     timed = args.draft_timing and mode != "plain"
     if timed:

@@ -107,7 +107,14 @@ def variant(result: dict, mode: str, row: dict | None = None) -> str | None:
             if e.get("mode") == mode:
                 env.update(e.get("plugin_env") or {})
     config = config_switches((result["meta"].get("config") or {}).get("spec_extend"))
-    return " ".join(v for v in (tuning_switches(env), config) if v) or None
+    # A TP engine's resolved placement (``draft_placement: auto``).
+    placed = " ".join(sorted({f"draft_placement={json.dumps(e['draft_placement'])}"
+                              for e in result.get("engines", [])
+                              if e.get("mode") == mode
+                              and e.get("draft_placement") == "replicated"}))
+    if placed and placed in (config or ""):
+        placed = ""
+    return " ".join(v for v in (tuning_switches(env), config, placed) if v) or None
 
 
 def decode_rows(result: dict, file: str) -> list[dict]:

@@ -81,6 +81,10 @@ SPEED_SPEC_EXTEND = {"top_k": 32, "recent_tokens": 256}
 the headline tables hold runs with it; other keys make a variant row."""
 
 
+AS_DEFAULT = {"draft_placement": ("auto", "sharded")}
+"""Values that name what the default resolves to: no variant."""
+
+
 def config_switches(spec_extend: str | dict | None) -> str | None:
     """What a run's plugin config (``--spec-extend``, as recorded) sets beyond
     ``SPEED_SPEC_EXTEND``, e.g. ``draft_vocab=32768``; None where nothing is
@@ -88,7 +92,8 @@ def config_switches(spec_extend: str | dict | None) -> str | None:
     if isinstance(spec_extend, str):
         spec_extend = json.loads(spec_extend)
     changed = {k: v for k, v in (spec_extend or {}).items()
-               if SPEED_SPEC_EXTEND.get(k, object()) != v}
+               if SPEED_SPEC_EXTEND.get(k, object()) != v
+               and v not in AS_DEFAULT.get(k, ())}
     return " ".join(f"{k}={json.dumps(v)}" for k, v in sorted(changed.items())) or None
 
 

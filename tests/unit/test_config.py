@@ -415,9 +415,8 @@ def test_draft_placement_takes_only_its_names(value):
 
 @pytest.mark.parametrize("placement, tp, method, self_draft, replicated", [
     ("auto", 1, "draft_model", False, False),  # one rank: nothing to place
-    ("auto", 2, "draft_model", False, True),
-    ("auto", 4, "eagle3", False, False),  # a head shares the sharded embedding
-    ("auto", 2, "draft_model", True, False),  # the target drafts
+    ("auto", 2, "draft_model", False, False),  # measured: sharded is faster
+    ("auto", 4, "eagle3", False, False),
     ("sharded", 4, "draft_model", False, False),
     ("replicated", 4, "draft_model", False, True),
     ("replicated", 1, "draft_model", False, False),

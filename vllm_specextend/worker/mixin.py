@@ -92,6 +92,7 @@ class SpecExtendWorkerMixin:
             "tracked_requests": len(drafter.state),
             "request_slots": drafter.state.num_slots_held,
             "stats": drafter.stats.snapshot(),
+            "draft_placement": getattr(drafter, "draft_placement", "sharded"),
         }
 
     @override
