@@ -1,5 +1,7 @@
 """Shared pytest fixtures: tiny offline models and long prompts (markers are
-registered in pyproject.toml).
+registered in pyproject.toml); the background lane's hooks (``background.py``:
+the modules with background jobs run last, their jobs start with the session,
+and the summary lists each job's seconds).
 
 Models are built once per session into a cache directory: ``$SPECEXTEND_TEST_CACHE``
 if set (reused across runs), else a pytest temp dir.  Directory names include
