@@ -1,5 +1,7 @@
 """Shared pytest fixtures: tiny offline models and long prompts (markers are
-registered in pyproject.toml).
+registered in pyproject.toml); the background lane's hooks (``background.py``:
+the modules with background jobs run last, their jobs start with the session,
+and the summary lists each job's seconds).
 
 Models are built once per session into a cache directory: ``$SPECEXTEND_TEST_CACHE``
 if set (reused across runs), else a pytest temp dir.  Directory names include
@@ -14,6 +16,7 @@ import json
 import os
 from pathlib import Path
 
+import background
 import pytest
 
 from benchmarks import prompts as _prompts
@@ -27,6 +30,28 @@ TINY_SHORT_DRAFT_KWARGS = dict(seed=2, max_position_embeddings=256)
 TINY_SHORT_TARGET_KWARGS = dict(seed=0, max_position_embeddings=256)
 TINY_LONG_TARGET_KWARGS = dict(seed=0, max_position_embeddings=32768)
 TINY_LONG_DRAFT_KWARGS = dict(seed=1, num_layers=1, max_position_embeddings=32768)
+
+
+@pytest.hookimpl(tryfirst=True)  # all that was collected, before -m and -k
+def pytest_collection_modifyitems(items):
+    # The tests that read background jobs last: the rest runs beside the jobs.
+    items[:] = background.order(items)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def background_jobs(request):
+    """Starts the jobs of the modules this session runs (``background.py``)."""
+    background.start(request)
+    yield
+    background.stop()
+
+
+def pytest_terminal_summary(terminalreporter):
+    lines = background.summary()
+    if lines:
+        terminalreporter.section("background jobs (beside the tests)")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 def _cache_name(name: str, kwargs: dict) -> str:

@@ -17,6 +17,15 @@ def common(max_model_len: int = MAX_MODEL_LEN, kv_cache_bytes: str = "1G") -> li
 
 
 COMMON = common()
+# The plugin's API-key middleware, as the deployments start the server.
+MIDDLEWARE = ["--middleware", "vllm_specextend.auth.ApiKeyMiddleware"]
+
+
+def spec_args(draft: str, spec_extend: str = SPEC_EXTEND) -> list[str]:
+    """SpecExtend with ``draft`` drafting 3 tokens."""
+    return ["--speculative-model", draft, "--num-speculative-tokens", "3",
+            "--spec-extend", spec_extend]
+
 STARTUP_S = 300
 # Bytecode beside the sources (the venv's own), for faster server starts.
 ENV = {**os.environ, "VLLM_LOG_STATS_INTERVAL": "1"}

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import background
 import pytest
 
 pytestmark = pytest.mark.engine
@@ -26,25 +27,49 @@ CPU = ["--load-format", "auto", "--dtype", "float32", "--acceptance-length", "0"
        "--enforce-eager", "--kv-cache-memory-bytes", "1000000000", "--block-size", "32"]
 
 
-def bench(out: Path, *args: str) -> subprocess.CompletedProcess:
+def bench(out: Path, *args: str):
+    """The job of one script run (``background.py``), writing ``out``."""
     env = dict(os.environ)
     # In-process engine tests of this session set it; users' runs do not.
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     cmd = [sys.executable, "-m", "benchmarks.bench_decode", *CPU, *args,
            "--out", str(out)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env,
-                          stdin=subprocess.DEVNULL, cwd=REPO_ROOT)
+    # Bounds a hang: the run shares the machine with the rest of the suite.
+    return lambda: background.run(cmd, timeout=1800, env=env, stdin=subprocess.DEVNULL,
+                                  cwd=REPO_ROOT)
+
+
+def _decode_job(fixture):
+    """All four modes, two contexts x two batch sizes (~4 min on 2 cores)."""
+    out = fixture("tmp_path_factory").mktemp("bench_decode") / "decode.json"
+    job = bench(out, "--target-config", fixture("tiny_target"),
+                "--draft-config", fixture("tiny_draft"),
+                "--modes", *MODES, "--contexts", *map(str, CONTEXTS),
+                "--batch-sizes", *map(str, BATCHES), "--runs", str(RUNS),
+                "--output-len", str(OUTPUT_LEN), "--num-spec-tokens", str(K),
+                "--spec-extend", json.dumps(SPEC_EXTEND), "--draft-timing")
+    return lambda: (job(), out)
+
+
+def _eagle3_job(fixture):
+    """The 256-position EAGLE-3 head on 1024-token prompts (~2 min)."""
+    out = fixture("tmp_path_factory").mktemp("bench_decode_eagle3") / "decode.json"
+    job = bench(out, "--target-config", fixture("tiny_target"),
+                "--draft-config", fixture("tiny_short_eagle3"), "--method", "eagle3",
+                "--modes", "draft_model", "spec_extend",
+                "--spec-extend", json.dumps(EAGLE_SPEC_EXTEND),
+                "--contexts", "1024", "--batch-sizes", "1", "--runs", "1",
+                "--output-len", "16", "--num-spec-tokens", "3", "--draft-timing",
+                "--eagle-v1-baseline")
+    return lambda: (job(), out)
+
+
+BACKGROUND = {"decode": _decode_job, "eagle3": _eagle3_job}
 
 
 @pytest.fixture(scope="module")
-def decode_run(tiny_target, tiny_draft, tmp_path_factory):
-    """All four modes, two contexts x two batch sizes (~4 min on 2 cores)."""
-    out = tmp_path_factory.mktemp("bench_decode") / "decode.json"
-    proc = bench(out, "--target-config", tiny_target, "--draft-config", tiny_draft,
-                 "--modes", *MODES, "--contexts", *map(str, CONTEXTS),
-                 "--batch-sizes", *map(str, BATCHES), "--runs", str(RUNS),
-                 "--output-len", str(OUTPUT_LEN), "--num-spec-tokens", str(K),
-                 "--spec-extend", json.dumps(SPEC_EXTEND), "--draft-timing")
+def decode_run(request):
+    proc, out = background.result(request, "decode")
     assert out.is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc, json.loads(out.read_text())
 
@@ -129,18 +154,10 @@ def test_greedy_outputs_equal_across_modes(decode_run):
     assert all(len(d) == 1 for d in digests.values()), digests
 
 
-def test_eagle3_head_shorter_than_the_context(tiny_target, tiny_short_eagle3,
-                                              tmp_path):
+def test_eagle3_head_shorter_than_the_context(request):
     """The 256-position EAGLE-3 head on 1024-token prompts: vLLM alone never
     runs it; SpecExtend drafts through compacted views; both lossless."""
-    out = tmp_path / "decode.json"
-    proc = bench(out, "--target-config", tiny_target,
-                 "--draft-config", tiny_short_eagle3, "--method", "eagle3",
-                 "--modes", "draft_model", "spec_extend",
-                 "--spec-extend", json.dumps(EAGLE_SPEC_EXTEND),
-                 "--contexts", "1024", "--batch-sizes", "1", "--runs", "1",
-                 "--output-len", "16", "--num-spec-tokens", "3", "--draft-timing",
-                 "--eagle-v1-baseline")
+    proc, out = background.result(request, "eagle3")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(out.read_text())
     alone, extend = (r["runs"][0] for r in result["results"])

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import background
 import pytest
 from cpu_serve import COMMON, ENV, SPEC_EXTEND
 
@@ -27,11 +28,12 @@ OUTPUT_LENS = {"long": 24, "shared-doc": 16, "short": 8}
 INPUT_LEN, CONCURRENCY, NUM_PROMPTS, RUNS, K = 512, 2, 2, 3, 3
 
 
-@pytest.fixture(scope="module")
-def run(tiny_target, long_prompts, tmp_path_factory):
+def _serve_job(fixture):
     """One script run: two servers (and self_draft's), 3 workloads x 3 runs
-    each (~7 min on 2 cores)."""
-    out = tmp_path_factory.mktemp("bench_serve")
+    each (~7 min on 2 cores). ``long_prompts``: skips without the data."""
+    fixture("long_prompts")
+    tiny_target = fixture("tiny_target")
+    out = fixture("tmp_path_factory").mktemp("bench_serve")
     cmd = [sys.executable, "-m", "benchmarks.bench_serve", "--target", tiny_target,
            "--draft", tiny_target, "--modes", *MODES, "--workloads", *WORKLOADS,
            "--input-lens", str(INPUT_LEN), "--concurrency", str(CONCURRENCY),
@@ -41,8 +43,17 @@ def run(tiny_target, long_prompts, tmp_path_factory):
            "--short-output-len", str(OUTPUT_LENS["short"]),
            "--num-spec-tokens", str(K), "--spec-extend", SPEC_EXTEND,
            "--startup-timeout", "300", "--out-dir", str(out), "--", *COMMON]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, env=ENV,
-                          stdin=subprocess.DEVNULL, cwd=REPO_ROOT)
+    # Bounds a hang: the run shares the machine with the rest of the suite.
+    return lambda: (background.run(cmd, timeout=2400, env=ENV,
+                                   stdin=subprocess.DEVNULL, cwd=REPO_ROOT), out)
+
+
+BACKGROUND = {"bench_serve": _serve_job}
+
+
+@pytest.fixture(scope="module")
+def run(request):
+    proc, out = background.result(request, "bench_serve")
     assert (out / "results.json").is_file(), proc.stdout[-4000:] + proc.stderr[-3000:]
     return proc, out, json.loads((out / "results.json").read_text())
 

@@ -27,7 +27,19 @@ def prompts(long_prompts):
     return long_prompts(LENGTHS)
 
 
+_RUNS: dict[tuple, dict] = {}
+
+
 def _run(target, draft, prompts, window, defer=True):
+    """One engine's run; the same run asked for again (the windowed run with
+    deferral) is read from the first, not run twice."""
+    key = (target, draft, tuple(map(tuple, prompts)), window, defer)
+    if key not in _RUNS:
+        _RUNS[key] = _engine_run(target, draft, prompts, window, defer)
+    return _RUNS[key]
+
+
+def _engine_run(target, draft, prompts, window, defer):
     llm = make_llm(target, draft, {**CMR, "draft_prefill_window": window,
                                    "defer_prefill_draft": defer}, **CHUNKED)
     recorder = DraftRecorder(llm)

@@ -88,12 +88,20 @@ def prompts(long_prompts):
     return batch
 
 
+_PLAIN: dict[tuple, list[list[int]]] = {}
+
+
 def plain_reference(target, prompts, max_tokens=MAX_TOKENS):
-    """Greedy outputs of plain decoding: what every speculative run must match."""
-    llm = make_llm(target)
-    outputs = generate(llm, prompts, max_tokens=max_tokens)
-    shutdown(llm)
-    return outputs
+    """Greedy outputs of plain decoding: what every speculative run must match.
+    One engine per target, batch and length in the session: the modules that
+    share a batch (this one's, ``test_self_draft_lossless``'s,
+    ``test_preemption``'s) share its reference."""
+    key = (target, tuple(map(tuple, prompts)), max_tokens)
+    if key not in _PLAIN:
+        llm = make_llm(target)
+        _PLAIN[key] = generate(llm, prompts, max_tokens=max_tokens)
+        shutdown(llm)
+    return [list(tokens) for tokens in _PLAIN[key]]
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,10 @@
 """End-to-end ``vllm serve --spec-extend`` on CPU: OpenAI API, /metrics, aborts,
-greedy equivalence with a plain server, startup errors for bad configs, and the
-API key every deployment sets (``deploy/README.md``): the shared server runs
-with ``VLLM_API_KEY`` and ``--middleware vllm_specextend.auth.ApiKeyMiddleware``
-as the deployments start it."""
+greedy equivalence with a plain server, and the API key every deployment sets
+(``deploy/README.md``): the shared server runs with ``VLLM_API_KEY`` and
+``--middleware vllm_specextend.auth.ApiKeyMiddleware`` as the deployments start
+it. Two servers in all, one with SpecExtend and one plain, shared by the
+module's tests. ``vllm serve``'s command line (errors at startup, help):
+``test_serve_cli.py``."""
 
 from __future__ import annotations
 
@@ -11,18 +13,16 @@ import json
 import re
 import shutil
 import stat
-import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
-from cpu_serve import COMMON, ENV, MAX_MODEL_LEN, SPEC_EXTEND, STARTUP_S, common
+from cpu_serve import ENV, MAX_MODEL_LEN, MIDDLEWARE, STARTUP_S, common, spec_args
 from waiting import wait_for
 
-from benchmarks.harness.server import free_port, scrape, vllm_command
+from benchmarks.harness.server import scrape
 from benchmarks.harness.server import serve as start_server
-from benchmarks.harness.server import stop as stop_server
 from vllm_specextend.auth import KEY_ENV
 from vllm_specextend.metrics import METRICS_DIR_ENV
 
@@ -31,12 +31,6 @@ pytestmark = pytest.mark.server
 # The shared server requires it, as the deployments do (VLLM_API_KEY): long
 # enough for the middleware's floor (auth.MIN_KEY_CHARS).
 API_KEY = "test-key-" + "k" * 32
-MIDDLEWARE = ["--middleware", "vllm_specextend.auth.ApiKeyMiddleware"]
-
-
-def _spec_args(draft: str, spec_extend: str = SPEC_EXTEND) -> list[str]:
-    return ["--speculative-model", draft, "--num-speculative-tokens", "3",
-            "--spec-extend", spec_extend]
 
 
 @contextlib.contextmanager
@@ -62,16 +56,36 @@ def prompt(long_prompts) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_long_target, tiny_long_draft, tmp_path_factory):
+def metrics_dir(tmp_path_factory) -> Path:
+    """The shared server's snapshot directory, private as the plugin wants it
+    (``test_metrics_dir_trouble_never_reaches_the_engine`` takes it away under
+    the running server)."""
+    directory = tmp_path_factory.mktemp("serve-metrics") / "metrics"
+    directory.mkdir(mode=0o700)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def server(tiny_long_target, tiny_long_draft, metrics_dir, tmp_path_factory):
+    """The SpecExtend server every test here that needs one shares."""
     log = tmp_path_factory.mktemp("serve") / "vllm_serve.log"
     # Logged requests: the log names each request the server aborts. All the
     # models' positions: room for a request that cannot end before its abort.
     positions = json.loads((Path(tiny_long_target) / "config.json").read_text())[
         "max_position_embeddings"]
     with serve(tiny_long_target,
-               [*_spec_args(tiny_long_draft), "--enable-log-requests", *MIDDLEWARE],
-               log, env={KEY_ENV: API_KEY}, max_model_len=positions) as spec_server:
+               [*spec_args(tiny_long_draft), "--enable-log-requests", *MIDDLEWARE],
+               log, env={KEY_ENV: API_KEY, METRICS_DIR_ENV: str(metrics_dir)},
+               max_model_len=positions) as spec_server:
         yield spec_server
+
+
+@pytest.fixture(scope="module")
+def plain_server(tiny_long_target, tmp_path_factory):
+    """The same target without speculation: the greedy reference."""
+    log = tmp_path_factory.mktemp("serve-plain") / "plain.log"
+    with serve(tiny_long_target, [], log) as plain:
+        yield plain
 
 
 def _client(base: str):
@@ -196,57 +210,15 @@ def test_chat_completion(client, tiny_tokenizer, prompt):
     assert resp.usage.completion_tokens == 16
 
 
-def test_greedy_matches_plain_server(client, tiny_long_target, prompt, tmp_path):
+def test_greedy_matches_plain_server(client, plain_server, prompt):
     """Greedy output with SpecExtend equals a server without speculation."""
     spec = _complete(client, prompt, 24).choices[0].text
-    with serve(tiny_long_target, [], tmp_path / "plain.log") as plain_server:
-        plain = _complete(_client(plain_server.base), prompt, 24).choices[0].text
-        # The plugin is installed but not enabled: no SpecExtend series.
-        exported = [k for k in scrape(plain_server.base)
-                    if k.startswith("vllm:spec_extend_")]
+    plain = _complete(_client(plain_server.base), prompt, 24).choices[0].text
+    # The plugin is installed but not enabled: no SpecExtend series.
+    exported = [k for k in scrape(plain_server.base)
+                if k.startswith("vllm:spec_extend_")]
     assert spec == plain
     assert exported == []
-
-
-def test_metrics_dir_trouble_never_reaches_the_engine(tiny_target, tiny_draft,
-                                                     prompt, tmp_path):
-    """The snapshot directory removed, then replaced by a file, under a running
-    server: it keeps answering, token-identical to plain decoding; the worker
-    makes the directory again and /metrics recovers; while it is refused the
-    series are left out; each process warns once, not per step."""
-    with serve(tiny_target, [], tmp_path / "plain.log") as plain_server:
-        plain = _complete(_client(plain_server.base), prompt, 24).choices[0].text
-    directory = tmp_path / "metrics"
-    directory.mkdir(mode=0o700)
-    log = tmp_path / "spec.log"
-    retrievals = "vllm:spec_extend_retrievals_total"
-    with serve(tiny_target, _spec_args(tiny_draft), log,
-               env={METRICS_DIR_ENV: str(directory)}) as spec_server:
-        client = _client(spec_server.base)
-        shutil.rmtree(directory)
-        assert _complete(client, prompt, 24).choices[0].text == plain
-        # The worker publishes (and makes the directory again) at the latest
-        # when the batch empties.
-        m = wait_for(lambda: scrape(spec_server.base),
-                      lambda m: m.get(retrievals, 0) > 0, "/metrics recovered")
-        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
-        shutil.rmtree(directory)
-        directory.write_text("")  # cannot be made again: not a directory
-        assert _complete(client, prompt, 24).choices[0].text == plain
-
-        def refused(_) -> bool:  # by the API server's scrape and the worker
-            return log.read_text().count("is not a directory") >= 2
-
-        m = wait_for(lambda: scrape(spec_server.base), refused,
-                      "the worker's and the API server's refusals")
-        assert not [k for k in m if k.startswith("vllm:spec_extend_")]
-        directory.unlink()
-    warnings = [line for line in log.read_text().splitlines()
-                if "SpecExtend metrics:" in line and str(directory) in line]
-    # One per process and trouble, though every report failed: the worker's
-    # "made again" and "refused", the API server's "refused".
-    assert len(warnings) == 3, warnings
-    assert sum("was missing" in w for w in warnings) == 1, warnings
 
 
 def test_abort_leaves_no_state(server, client, prompt):
@@ -282,90 +254,41 @@ def test_abort_leaves_no_state(server, client, prompt):
               lambda log: line in log, f"{line!r} in the server log")
 
 
-def _bad_args(case: str, draft: str) -> list[str]:
-    if case == "no-draft":
-        return ["--spec-extend", "{}"]
-    if case == "ngram":
-        return ["--spec-extend", "--speculative-config", '{"method": "ngram", '
-                '"num_speculative_tokens": 3, "prompt_lookup_max": 3}']
-    return _spec_args(draft, {
-        "unknown-key": '{"bogus": 1}',
-        "top-k": '{"top_k": 0}',
-        "not-json": "not json",
-        "chunk-vs-block": '{"chunk_size": 48, "sink_tokens": 0}',
-    }[case])
+def test_metrics_dir_trouble_never_reaches_the_engine(server, client, plain_server,
+                                                     metrics_dir, prompt):
+    """The snapshot directory removed, then replaced by a file, under the
+    running server: it keeps answering, token-identical to plain decoding; the
+    worker makes the directory again and /metrics recovers; while it is
+    refused the series are left out; each process warns once, not per step.
+    (The last test of the shared server: its directory is given back after.)"""
+    plain = _complete(_client(plain_server.base), prompt, 24).choices[0].text
+    directory, log = metrics_dir, server.log
+    retrievals = "vllm:spec_extend_retrievals_total"
+    try:
+        shutil.rmtree(directory)
+        assert _complete(client, prompt, 24).choices[0].text == plain
+        # The worker publishes (and makes the directory again) at the latest
+        # when the batch empties; the earlier tests' counts left with the
+        # directory's snapshots.
+        m = wait_for(lambda: scrape(server.base),
+                      lambda m: m.get(retrievals, 0) > 0, "/metrics recovered")
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+        shutil.rmtree(directory)
+        directory.write_text("")  # cannot be made again: not a directory
+        assert _complete(client, prompt, 24).choices[0].text == plain
 
+        def refused(_) -> bool:  # by the API server's scrape and the worker
+            return log.read_text().count("is not a directory") >= 2
 
-@pytest.mark.parametrize("case, status, message", [
-    # Parse time: argparse's usage error.
-    ("unknown-key", 2, "Unknown spec_extend key"),
-    ("top-k", 2, "spec_extend.top_k=0 must be"),
-    ("not-json", 2, "expects a JSON object"),
-    # Engine-config time: one line too, from the plugin's excepthook.
-    ("no-draft", 1, "vllm: error: --spec-extend needs a draft model"),
-    ("chunk-vs-block", 1, "must be a multiple of the KV block size 32"),
-    ("ngram", 1, "vllm: error: --spec-extend supports the speculative methods"),
-])
-def test_bad_config_fails_at_startup(tiny_target, tiny_draft, tmp_path,
-                                     case, status, message):
-    """Bad --spec-extend setups stop ``vllm serve`` with our message on one
-    line and no traceback."""
-    proc = _vllm(["serve", tiny_target, *_bad_args(case, tiny_draft), *COMMON,
-                  "--host", "127.0.0.1", "--port", str(free_port())], tmp_path)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == status, output[-3000:]
-    assert "Traceback" not in output, output[-3000:]
-    lines = [line for line in output.splitlines() if message in line]
-    assert len(lines) == 1, output[-3000:]
-
-
-def test_short_api_key_fails_at_startup(tiny_target, tmp_path):
-    """The plugin's middleware with a key under 32 characters: ``vllm serve``
-    stops while parsing its arguments (exit 2, one line naming the fix, no
-    traceback). Without that check the server would start and answer 500
-    everywhere (Starlette builds middleware on the lifespan event, whose
-    errors uvicorn's lifespan "auto" swallows): the call would time out."""
-    proc = _vllm(["serve", tiny_target, *MIDDLEWARE, *COMMON, "--host",
-                  "127.0.0.1", "--port", str(free_port())], tmp_path,
-                 env={KEY_ENV: "k" * 31})
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 2, output[-3000:]
-    assert "Traceback" not in output, output[-3000:]
-    lines = [line for line in output.splitlines() if "openssl rand -hex 32" in line]
-    assert len(lines) == 1, output[-3000:]
-    assert f"argument --middleware: {KEY_ENV} is too short" in lines[0]
-
-
-def _vllm(argv: list[str], tmp_path: Path, timeout_s: float = 180,
-          env: dict | None = None):
-    """``vllm ARGV`` to its end, output captured; ``env`` added to ENV. On a
-    timeout it is stopped as the bench stops a server, with its whole process
-    group (an engine a wrongly started server spawned too), not alone."""
-    env = {**ENV, METRICS_DIR_ENV: str(tmp_path), **(env or {})}
-    cmd = [*vllm_command(), *argv]
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, env=env, stdin=subprocess.DEVNULL,
-                          start_new_session=True) as proc:
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired as e:
-            stop_server(proc, grace_s=0)
-            e.stdout, e.stderr = proc.communicate(timeout=30)
-            raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def test_help_shows_the_spec_extend_group(tmp_path):
-    """``vllm serve --help`` lists the group with its flags; ``--help=SpecExtend``
-    shows the flags' help."""
-    plain = _vllm(["serve", "--help"], tmp_path)
-    assert plain.returncode == 0, plain.stderr[-3000:]
-    group = [line for line in plain.stdout.splitlines()
-             if line.strip().startswith("SpecExtend ")]
-    assert len(group) == 1, plain.stdout[-3000:]
-    assert "--spec-extend" in group[0] and "--speculative-model" in group[0]
-    section = _vllm(["serve", "--help=SpecExtend"], tmp_path)
-    assert section.returncode == 0, section.stderr[-3000:]
-    assert "No group or arguments matching" not in section.stdout
-    for flag in ("--spec-extend", "--speculative-model", "--num-speculative-tokens"):
-        assert flag in section.stdout, section.stdout[-3000:]
+        m = wait_for(lambda: scrape(server.base), refused,
+                      "the worker's and the API server's refusals")
+        assert not [k for k in m if k.startswith("vllm:spec_extend_")]
+        warnings = [line for line in log.read_text().splitlines()
+                    if "SpecExtend metrics:" in line and str(directory) in line]
+    finally:
+        if directory.is_file():
+            directory.unlink()  # the worker makes the directory again
+    # One per process and trouble, though every report failed: the worker's
+    # "made again" and "refused", the API server's "refused".
+    assert len(warnings) == 3, warnings
+    assert sum("was missing" in w for w in warnings) == 1, warnings

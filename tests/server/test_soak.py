@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import background
 import pytest
 from cpu_serve import ENV, SPEC_EXTEND, common
 
@@ -56,11 +57,13 @@ def plain_tokens(target: str, probes: list[list[int]], monkeypatch) -> list[list
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
-@pytest.fixture(scope="module")
-def result(tiny_target, tiny_tokenizer, long_prompts, tmp_path_factory):
-    """One soak run's result file (``long_prompts``: skips without the data)."""
-    out = tmp_path_factory.mktemp("soak")
-    probes = soak.probe_prompts(tiny_tokenizer, PROBE_LENS)
+def _soak_job(fixture):
+    """One soak run (``background.py``): the plain reference here, the run in
+    the background (``long_prompts``: skips without the data)."""
+    fixture("long_prompts")
+    tiny_target = fixture("tiny_target")
+    out = fixture("tmp_path_factory").mktemp("soak")
+    probes = soak.probe_prompts(fixture("tiny_tokenizer"), PROBE_LENS)
     with pytest.MonkeyPatch.context() as monkeypatch:
         tokens = plain_tokens(tiny_target, probes, monkeypatch)
     reference = out / "reference.json"
@@ -79,8 +82,17 @@ def result(tiny_target, tiny_tokenizer, long_prompts, tmp_path_factory):
            "--", *common(MAX_MODEL_LEN, KV_CACHE)]
     # No snapshot dir named: the server makes its own private one.
     env = {k: v for k, v in ENV.items() if k != METRICS_DIR_ENV}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO_ROOT,
-                          timeout=RUN_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    return lambda: (background.run(cmd, timeout=RUN_TIMEOUT_S, env=env, cwd=REPO_ROOT,
+                                   stdin=subprocess.DEVNULL), out)
+
+
+BACKGROUND = {"soak": _soak_job}
+
+
+@pytest.fixture(scope="module")
+def result(request):
+    """One soak run's result file."""
+    proc, out = background.result(request, "soak")
     files = sorted((out / "results").glob("*_cpu.json"))
     why = proc.stdout[-3000:] + proc.stderr[-3000:]
     assert len(files) == 1, why
