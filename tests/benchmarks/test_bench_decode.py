@@ -1,6 +1,6 @@
 """``python -m benchmarks.bench_decode`` end to end on CPU (fp32, real rejection
 sampling): every mode on vLLM's default engine (its core in its own process),
-three runs per cell, the plugin's counters from the workers, greedy outputs
+two runs per cell, the plugin's counters from the workers, greedy outputs
 equal across modes."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.engine
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODES = ["plain", "draft_model", "spec_extend", "self_draft"]
-CONTEXTS, BATCHES, RUNS, OUTPUT_LEN, K = [512, 1024], [1, 2], 3, 16, 3
+CONTEXTS, BATCHES, RUNS, OUTPUT_LEN, K = [512, 1024], [1, 2], 2, 16, 3
 SPEC_EXTEND = {"top_k": 4, "recent_tokens": 64, "min_context": 256}
 # Fits the head's 256 positions with K=3 (working set 206).
 EAGLE_SPEC_EXTEND = {"top_k": 2, "recent_tokens": 64, "retrieve_every": 2,

@@ -1,5 +1,5 @@
 """``python -m benchmarks.bench_serve`` end to end on CPU: a plain server, a
-SpecExtend server and the self_draft mode, every workload, three runs per
+SpecExtend server and the self_draft mode, every workload, two runs per
 cell, real rejection sampling (so greedy outputs must match across servers).
 """
 
@@ -25,11 +25,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 MODES = ["plain", "spec_extend", "self_draft"]
 WORKLOADS = ["long", "shared-doc", "short"]
 OUTPUT_LENS = {"long": 24, "shared-doc": 16, "short": 8}
-INPUT_LEN, CONCURRENCY, NUM_PROMPTS, RUNS, K = 512, 2, 2, 3, 3
+INPUT_LEN, CONCURRENCY, NUM_PROMPTS, RUNS, K = 512, 2, 2, 2, 3
 
 
 def _serve_job(fixture):
-    """One script run: two servers (and self_draft's), 3 workloads x 3 runs
+    """One script run: two servers (and self_draft's), 3 workloads x 2 runs
     each (~7 min on 2 cores). ``long_prompts``: skips without the data."""
     fixture("long_prompts")
     tiny_target = fixture("tiny_target")
