@@ -629,3 +629,18 @@ def test_draft_tp_group_stands_in_for_the_tp_group_only_inside():
         assert get_tp_group() is target and compat.tp_rank_and_size() == (1, 2)
     finally:
         parallel_state._TP = saved
+
+
+@pytest.mark.parametrize("placement, tp, resolved", [
+    (None, 1, "sharded"), (None, 4, "sharded"), ("replicated", 4, "replicated"),
+    ("sharded", 2, "sharded"),
+])
+def test_resolved_draft_placement_goes_into_the_hashed_config(placement, tp, resolved):
+    # vLLM 0.26 keys its compile cache by the config's hash, not the traced
+    # graph: a sharded draft's cached pieces must never serve a replicated one.
+    spec_extend = {"top_k": 4} if placement is None else {
+        "top_k": 4, "draft_placement": placement}
+    cfg = _fake_vllm_config(spec_extend, tp=tp)
+    plugin.on_engine_config(cfg)
+    assert cfg.additional_config["spec_extend"] == {"top_k": 4,
+                                                   "draft_placement": resolved}
