@@ -70,10 +70,11 @@ class ReplicatedDraft:
             super().capture_graphs()
 
     @override
-    def on_requests_done(self, req_ids) -> None:
-        # Kept passes over prompt chunks may run here.
+    def _run_kept_passes(self) -> None:
+        # Kept passes over prompt chunks run from propose, and also when
+        # requests end, before vLLM copies KV blocks, and on a reconfigure.
         with compat.draft_tp_group(self._draft_group):
-            super().on_requests_done(req_ids)
+            super()._run_kept_passes()
 
     @property
     def draft_placement(self) -> str:
