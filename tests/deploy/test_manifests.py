@@ -8,6 +8,8 @@ selecting the pod, the ``--spec-extend`` JSON accepted by ``SpecExtendConfig``,
 the API key taken from the Secret, and least privilege (the image's user, a
 read-only root filesystem with writable caches, no capabilities). checkov's
 security checks run in ``test_checkov.py``.
+The 4-GPU overlay (``deploy/k8s-tp4``) is rendered with ``kubectl
+kustomize`` and its objects go through the same schemas.
 Nothing is applied to a cluster or started here.
 """
 
@@ -16,6 +18,8 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -34,8 +38,10 @@ DOCKER = REPO / "docker"
 # stable APIs (apps/v1, v1), so later releases accept them too.
 K8S_VERSION = "1.35"
 
-YAML_FILES = sorted([*K8S.glob("*.y*ml"), *DOCKER.glob("*.y*ml")])
-K8S_FILES = sorted(K8S.glob("*.y*ml"))
+K8S_TP4 = REPO / "deploy" / "k8s-tp4"
+YAML_FILES = sorted([*K8S.glob("*.y*ml"), *DOCKER.glob("*.y*ml"), *K8S_TP4.glob("*.y*ml")])
+# The objects; kustomization.yaml lists them for `kubectl apply -k`.
+K8S_FILES = sorted(p for p in K8S.glob("*.y*ml") if p.name != "kustomization.yaml")
 
 
 def _docs(path: Path) -> list[dict]:
@@ -305,3 +311,43 @@ def test_compose():
     scrape = _docs(DOCKER / "prometheus.yml")[0]["scrape_configs"][0]
     assert scrape["metrics_path"] == "/metrics"
     assert scrape["static_configs"][0]["targets"] == ["vllm:8000"]
+
+
+# --- the kustomize base and the 4-GPU overlay --------------------------------------------
+
+
+def test_kustomize_base_lists_every_manifest_but_the_example_secret():
+    (kustomization,) = _docs(K8S / "kustomization.yaml")
+    assert sorted(kustomization["resources"]) == sorted(
+        p.name for p in K8S_FILES if p.name != "secret.example.yaml")
+
+
+def _render(directory: Path) -> list[dict]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (with its kustomize) is not installed here")
+    out = subprocess.run([kubectl, "kustomize", str(directory)], check=True,
+                         capture_output=True, text=True, timeout=60).stdout
+    return [d for d in yaml.safe_load_all(out) if d is not None]
+
+
+def test_tp4_overlay_runs_one_pod_on_four_gpus():
+    objects = _render(K8S_TP4)
+    for obj in objects:
+        assert _validate(obj) == K8S_VERSION
+    base = [o for o in _k8s_objects() if o["kind"] != "Secret"]
+    assert sorted(o["kind"] for o in objects) == sorted(o["kind"] for o in base)
+    (dep,) = [o for o in objects if o["kind"] == "Deployment"]
+    container = _container(dep)
+    for bound in ("requests", "limits"):
+        assert container["resources"][bound]["nvidia.com/gpu"] == 4
+    # The base's arguments, then the tensor-parallel size.
+    base_args = _container(_one("Deployment"))["args"]
+    assert container["args"] == [*base_args, "--tensor-parallel-size", "4"]
+    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+    assert dep["spec"]["strategy"]["type"] == "Recreate"
+    assert container["securityContext"] == _container(_one("Deployment"))["securityContext"]
+    (cm,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert cm["data"]["target-model"].endswith("Llama-3.1-70B-Instruct")
+    SpecExtendConfig.from_json(cm["data"]["spec-extend.json"])
