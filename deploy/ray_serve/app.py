@@ -89,12 +89,15 @@ def llm_config_kwargs(
     max_model_len: int | str | None = None,
     engine_kwargs: dict[str, Any] | str | None = None,
     accelerator: str = "gpu",
+    tensor_parallel_size: int | str = 1,
 ) -> dict[str, Any]:
     """Keyword arguments for ``ray.serve.llm.LLMConfig``. Pure: no Ray needed.
 
     ``target`` and ``draft`` are Hugging Face ids or local checkpoint paths.
     ``engine_kwargs`` adds vLLM engine arguments (``dtype``, ``block_size``,
     ``kv_cache_memory_bytes``, ``enforce_eager``, ...) to the ones set here.
+    ``tensor_parallel_size``: GPUs per replica (Ray Serve LLM places a
+    replica's engine on that many GPUs of one node).
     """
     spec_extend = (dict(DEFAULT_SPEC_EXTEND) if spec_extend is None
                    else _mapping("spec_extend", spec_extend))
@@ -103,6 +106,10 @@ def llm_config_kwargs(
         raise ValueError(
             f"accelerator must be one of {ACCELERATORS}, got {accelerator!r}")
     replicas = int(replicas)
+    tensor_parallel_size = int(tensor_parallel_size)
+    if tensor_parallel_size < 1:
+        raise ValueError(
+            f"tensor_parallel_size must be 1 or more, got {tensor_parallel_size}")
     engine: dict[str, Any] = {
         "speculative_config": {
             "method": "draft_model",
@@ -110,8 +117,8 @@ def llm_config_kwargs(
             "num_speculative_tokens": int(num_speculative_tokens),
         },
         "additional_config": {"spec_extend": spec_extend},
-        # The plugin supports tensor and pipeline parallel size 1 only.
-        "tensor_parallel_size": 1,
+        "tensor_parallel_size": tensor_parallel_size,
+        # The plugin refuses pipeline parallelism (config.py).
         "pipeline_parallel_size": 1,
     }
     if max_model_len is not None:
@@ -219,7 +226,7 @@ def app_builder(args: dict[str, Any] | None = None):
 
     Keys: target, draft, spec_extend (JSON), replicas, num_speculative_tokens,
     model_id, max_model_len, engine_kwargs (JSON), accelerator (gpu or cpu),
-    api_key_env (default VLLM_API_KEY), require_api_key (default true).
+    tensor_parallel_size (GPUs per replica, default 1), api_key_env (default VLLM_API_KEY), require_api_key (default true).
     """
     return build_app(**dict(args or {}))
 

@@ -95,6 +95,14 @@ def test_ray_app_llm_config_kwargs():
     assert kw["engine_kwargs"]["dtype"] == "float32"
     assert kw["deployment_config"]["autoscaling_config"]["max_replicas"] == 3
     assert kw["accelerator_config"] == {"kind": "cpu"}
+    assert engine["tensor_parallel_size"] == 1
+    kw = module.llm_config_kwargs(tensor_parallel_size="4")
+    assert kw["engine_kwargs"]["tensor_parallel_size"] == 4
+    assert kw["engine_kwargs"]["pipeline_parallel_size"] == 1
+    with pytest.raises(ValueError, match="tensor_parallel_size must be 1 or more"):
+        module.llm_config_kwargs(tensor_parallel_size=0)
+    with pytest.raises(ValueError, match="must not set"):
+        module.llm_config_kwargs(engine_kwargs={"tensor_parallel_size": 2})
     with pytest.raises(ValueError):
         module.llm_config_kwargs(spec_extend={"no_such_key": 1})
     with pytest.raises(ValueError, match="accelerator"):
