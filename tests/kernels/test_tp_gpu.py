@@ -1,15 +1,16 @@
 """GPUs: the captured draft routine under tensor parallelism is lossless.
 
 At TP=2 and TP=4 (vLLM's ``mp`` executor, CUDA graphs on, vLLM's defaults
-but for the fusion of all-reduce and RMSNorm, which these hosts cannot run:
-``FUSION_OFF``), the plugin's greedy outputs must equal vLLM's own
-speculation with the same draft and K: under CUDA graphs vLLM's verification
-is the reference (``test_draft_graph_gpu.py``). Every rank must have replayed
-the captured routine (its collectives inside the graph) and counted the same
-steps, views and retrievals, with the draft sharded as vLLM shards it or
-whole on every rank (``draft_placement``): a rank that replayed while another drafted
-eagerly would hang the collectives or draft from another view. fp16; head_dim
-64 so that FlashAttention serves the draft and the routine is captured.
+but for the fusion of all-reduce and RMSNorm, which these hosts cannot run,
+and fewer graph sizes: ``COMPILATION``), the plugin's greedy outputs must
+equal vLLM's own speculation with the same draft and K: under CUDA graphs
+vLLM's verification is the reference (``test_draft_graph_gpu.py``). Every
+rank must have replayed the captured routine (its collectives inside the
+graph) and counted the same steps, views and retrievals, with the draft
+sharded as vLLM shards it or whole on every rank (``draft_placement``): a
+rank that replayed while another drafted eagerly would hang the collectives
+or draft from another view. fp16; head_dim 64 so that FlashAttention serves
+the draft and the routine is captured.
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
 
 K = 4
 CMR = {"top_k": 8, "recent_tokens": 64, "min_context": 256}
-FUSION_OFF = {"pass_config": {"fuse_allreduce_rms": False}}
+COMPILATION = {"pass_config": {"fuse_allreduce_rms": False},
+               # Three requests of K + 1 tokens: graphs up to 16 tokens, for
+               # shorter engine starts (a TP=2 pair of engines with vLLM's 51
+               # sizes ran past a call's 330 s on 2026-11-27).
+               "cudagraph_capture_sizes": [1, 2, 4, 8, 16]}
 """vLLM 0.26 auto-selects FlashInfer's all-reduce + RMSNorm fusion at TP on
 Hopper with its ``mnnvl`` backend, which needs NVLink multicast; these hosts
 keep it off, and capture crashed (docs/results.md, "Tensor parallel")."""
@@ -47,7 +52,8 @@ def _generate(target, prompts, tp, spec_extend=None):
     torch.cuda.empty_cache()
     llm = LLM(model=target, dtype="float16", block_size=16, max_model_len=4096,
               gpu_memory_utilization=0.3, seed=0, tensor_parallel_size=tp,
-              distributed_executor_backend="mp", compilation_config=FUSION_OFF,
+              max_num_seqs=4,
+              distributed_executor_backend="mp", compilation_config=COMPILATION,
               speculative_config={"method": "draft_model", "model": target,
                                   "num_speculative_tokens": K},
               additional_config=({} if spec_extend is None
