@@ -5,8 +5,9 @@ Every list of the files (``results``, ``engines``, ``servers``; ``runs`` in
 older serve files) is concatenated in the order given; ``meta`` is the first
 file's, with the modes of all files, the earliest date, and ``meta.calls``
 keeping each call's modes, date and command. A merged ``benchmarks.bench_serve``
-result gets its ``summary.md`` and plots beside it; ``benchmarks.bench_decode``
-results go to ``benchmarks.summarize_decode`` / ``benchmarks.plot_decode``.
+result gets its ``summary.md`` and plots beside it;
+``benchmarks.decode.bench_decode`` results go to
+``benchmarks.decode.summarize_decode`` / ``benchmarks.decode.plot_decode``.
 ``--pool`` (decode files) makes the cells that several calls ran one cell:
 their runs concatenated, the spreads recomputed, ``runs_from_calls`` beside
 them (an A/B alternating calls on one machine pools each side's calls).
