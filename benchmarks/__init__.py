@@ -4,6 +4,8 @@ repository root, e.g. ``python -m benchmarks.decode.bench_decode --help``.
 
 * ``decode``: decode speed (``bench_decode``), its tables and plots, and the
   costs of a compaction and of the scoring kernel;
+* ``serve``: serving under load (``bench_serve``), its plots and timelines,
+  and the soak;
 * ``harness``: what the benchmarks share (server launcher, proposer accessors,
   run metadata, modes, measures);
 * ``prompts``: long prompts of exact token lengths from ``../shared/data``;

@@ -24,7 +24,7 @@ source benchmarks/gpu/detached.sh
 # the start of a command line, so the shell that runs this never matches; a
 # detached run (a soak, a long serving table: detached.sh) is left alone.
 stop_leftovers() {
-  local bench='^python3 -m benchmarks\.(bench_serve|soak) '
+  local bench='^python3 -m benchmarks\.serve\.(bench_serve|soak) '
   local vllm='^[^ ]*python[0-9.]* -m vllm\.entrypoints\.cli\.main serve |^[^ ]*/vllm serve |^VLLM::'
   local running
   if running=$(detached_running); then
@@ -384,7 +384,7 @@ PY
       res="$OUT/serve12_$tag"; limit=${SERVE_TIMEOUT:-480}
     fi
     [ "$detach" = 1 ] && [ -f "$dir/started" ] || stop_leftovers || exit 3
-    cmd=(timeout "$limit" python3 -m benchmarks.bench_serve --target $M/llama31_8b
+    cmd=(timeout "$limit" python3 -m benchmarks.serve.bench_serve --target $M/llama31_8b
       --draft $M/$draft --method $method --tokenizer .gpu/tokenizer --modes $mode
       --workloads $wl --input-lens $len $(serve_traffic)
       --runs 3 --acceptance-length 3.0 ${SERVE_SPEC_EXTEND:+--spec-extend "$SERVE_SPEC_EXTEND"}
@@ -404,7 +404,7 @@ PY
     cp "$OUT/serve12_$tag"/serve_*.png "$OUT"/ 2>/dev/null
     tar -C "$OUT" -czf "$OUT/serve12_$tag.tgz" "serve12_$tag" && rm -rf "$OUT/serve12_$tag" ;;
   soak21)
-    # Issue #21's soak (benchmarks/soak.py; docs/testing.md, "Soak"): vllm serve
+    # Issue #21's soak (benchmarks/serve/soak.py; docs/testing.md, "Soak"): vllm serve
     # --spec-extend, 8B/1B shapes, dummy weights, K=4, real rejection sampling
     # (SOAK_ACCEPTANCE=0, the default: the probes are compared with a plain
     # server's, started first; SOAK_ACCEPTANCE=3.0: synthetic, no comparison),
@@ -430,7 +430,7 @@ PY
     dir=$DETACHED_ROOT/soak21
     [ "${SOAK_FRESH:-0}" = 1 ] && rm -rf $dir
     [ -f $dir/started ] || stop_leftovers || exit 3
-    detached $dir ${SOAK_WAIT_S:-555} python3 -m benchmarks.soak --target $M/llama31_8b \
+    detached $dir ${SOAK_WAIT_S:-555} python3 -m benchmarks.serve.soak --target $M/llama31_8b \
       --draft $M/llama32_1b --tokenizer .gpu/tokenizer \
       --duration-s ${SOAK_DURATION_S:-600} --concurrency 32 --min-input-len 1024 \
       --max-input-len 32768 --max-output-len 512 --num-spec-tokens 4 \

@@ -1,4 +1,4 @@
-"""``benchmarks.bench_serve`` without a server: its datasets, the flags of
+"""``benchmarks.serve.bench_serve`` without a server: its datasets, the flags of
 each mode, acceptance, and the decode-phase throughput and GPU busy share
 from vLLM bench's per-request data."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_serve
+from benchmarks.serve import bench_serve
 from benchmarks.harness.gpu_busy import GpuBusy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -99,7 +99,7 @@ def test_dummy_weights_need_a_tokenizer_that_knows_every_id(tiny_target, tmp_pat
     the fix named; real weights, or a tokenizer that knows every id, pass."""
     import shutil
 
-    from benchmarks import soak
+    from benchmarks.serve import soak
     from benchmarks.harness.server import loads_dummy_weights
     from benchmarks.models.builders import pad_tokenizer
 
@@ -219,7 +219,7 @@ def test_plot_draws_every_series(tmp_path):
     """eagle3 rows get their line, the plugin on eagle3 its own; a mixed plot's
     title names both lengths."""
     pytest.importorskip("matplotlib")
-    from benchmarks import plot_serve
+    from benchmarks.serve import plot_serve
 
     fig = plot_serve.figure(merged_mixed_result(tmp_path), "mixed", 256)
     assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == SERIES
@@ -337,7 +337,8 @@ def test_summary_plots_join_the_headline_cells(tmp_path):
     """Per device, workload and length: the newest file's cell for each mode
     and concurrency, a variant's never, and only where two concurrencies or
     more were measured."""
-    from benchmarks import plot_serve, summarize
+    from benchmarks import summarize
+    from benchmarks.serve import plot_serve
 
     _serve_file(tmp_path, "20260101T0000Z_a", [("plain", 4, 10.0), ("spec_extend", 4, 20.0),
                                                ("plain", 16, 30.0), ("spec_extend", 16, 40.0)])
@@ -363,7 +364,8 @@ def test_summary_plot_draws_a_line_per_draft(tmp_path):
     """A cell measured with another draft gets a line of its own, not a
     vertical jump on the first draft's line."""
     pytest.importorskip("matplotlib")
-    from benchmarks import plot_serve, summarize
+    from benchmarks import summarize
+    from benchmarks.serve import plot_serve
 
     _serve_file(tmp_path, "20260101T0000Z_a", [("plain", 4, 10.0), ("spec_extend", 4, 20.0),
                                                ("plain", 16, 30.0), ("spec_extend", 16, 40.0)])
@@ -600,7 +602,7 @@ def test_next_rate():
 def test_rate_plots_apart_from_bursts(tmp_path):
     """A file with bursts and rates: a plot of each, the rates' against the rate."""
     pytest.importorskip("matplotlib")
-    from benchmarks import plot_serve
+    from benchmarks.serve import plot_serve
 
     result = rate_result(tmp_path)
     paths = plot_serve.plot_all(result, tmp_path)

@@ -65,11 +65,11 @@ modes with real rejection sampling). Per cell: min / median / max over the
 runs. Per server: its command, start-up time, whether vLLM turned async
 scheduling on (its log line), and whether it stopped cleanly.
 
-    python -m benchmarks.bench_serve --target TARGET --draft DRAFT \\
+    python -m benchmarks.serve.bench_serve --target TARGET --draft DRAFT \\
         --workloads long shared-doc --input-lens 16384 32768 --concurrency 1 4 16 32 \\
         --out-dir benchmarks/results/serve/<stamp> -- --max-model-len 33792 ...
-    python -m benchmarks.bench_serve --target TARGET --draft DRAFT --workloads long \\
-        --input-lens 16384 --request-rates 0.25 0.5 --load low high \\
+    python -m benchmarks.serve.bench_serve --target TARGET --draft DRAFT \\
+        --workloads long --input-lens 16384 --request-rates 0.25 0.5 --load low high \\
         --goodput ttft:20000 tpot:50 --out-dir ... -- --max-model-len 17664 ...
 
 Arguments after ``--`` go to every ``vllm serve`` (``--load-format dummy``,
@@ -77,7 +77,7 @@ Arguments after ``--`` go to every ``vllm serve`` (``--load-format dummy``,
 ``results.json`` (metadata, ``servers``, and a row per workload, input length,
 mode and concurrency or rate with its runs), ``summary.md`` (the tables),
 ``serve_<workload>_<input len>.png`` (``serve_rate_...``: at the rates;
-``benchmarks.plot_serve``, where matplotlib is installed), the datasets, and
+``benchmarks.serve.plot_serve``, where matplotlib is installed), the datasets, and
 every run's bench result and log.
 Servers get ``VLLM_LOG_STATS_INTERVAL=1`` unless it is set: SpecExtend's
 counters reach ``/metrics`` once per interval while drafting.
@@ -854,7 +854,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out_dir / "summary.md").write_text(summary + "\n")
     print(summary)  # noqa: T201
     if importlib.util.find_spec("matplotlib"):
-        from benchmarks.plot_serve import plot_all
+        from benchmarks.serve.plot_serve import plot_all
 
         plot_all(result, args.out_dir)
     bad = [s for s in result["servers"] if "error" in s]
