@@ -24,8 +24,8 @@ import json
 import re
 from pathlib import Path
 
-from benchmarks.serve.bench_serve import inputs, rated, series, series_key
 from benchmarks.harness.meta import device
+from benchmarks.serve.bench_serve import inputs, rated, series, series_key
 
 
 def _x(row: dict) -> float:

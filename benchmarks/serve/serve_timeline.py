@@ -18,8 +18,8 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.serve.bench_serve import _s, request_spans, stream_figures
 from benchmarks.harness.measure import spread
+from benchmarks.serve.bench_serve import _s, request_spans, stream_figures
 
 FIGURES = ("decode_s", "decode_tok_s", "first_token_spread_s", "last_request_decode_s",
            "tokens_per_chunk")

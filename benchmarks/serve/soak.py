@@ -62,7 +62,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks import prompts
-from benchmarks.serve.bench_serve import async_scheduling, counter_deltas, serve_args
 from benchmarks.harness import modes, traffic
 from benchmarks.harness.meta import run_metadata
 from benchmarks.harness.server import (
@@ -72,6 +71,7 @@ from benchmarks.harness.server import (
     serve_args_parser,
     tokenizer_gap,
 )
+from benchmarks.serve.bench_serve import async_scheduling, counter_deltas, serve_args
 
 PROBES = 8
 COUNTERS = ("vllm:num_preemptions_total", "vllm:request_success_total",

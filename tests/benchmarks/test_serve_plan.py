@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.serve import bench_serve
 from benchmarks.harness.gpu_busy import GpuBusy
+from benchmarks.serve import bench_serve
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = ["long", "shared-doc", "short", "mixed"]
@@ -99,9 +99,9 @@ def test_dummy_weights_need_a_tokenizer_that_knows_every_id(tiny_target, tmp_pat
     the fix named; real weights, or a tokenizer that knows every id, pass."""
     import shutil
 
-    from benchmarks.serve import soak
     from benchmarks.harness.server import loads_dummy_weights
     from benchmarks.models.builders import pad_tokenizer
+    from benchmarks.serve import soak
 
     assert loads_dummy_weights(["--load-format", "dummy"])
     assert loads_dummy_weights(["--seed", "0", "--load-format=dummy"])

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from benchmarks.serve import soak
 from benchmarks.harness import traffic
+from benchmarks.serve import soak
 
 IDLE = dict.fromkeys(traffic.IDLE_GAUGES, 0.0)
 
