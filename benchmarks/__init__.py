@@ -10,5 +10,6 @@ repository root, e.g. ``python -m benchmarks.decode.bench_decode --help``.
   run metadata, modes, measures);
 * ``prompts``: long prompts of exact token lengths from ``../shared/data``;
 * ``models``: offline model builders and the distilled draft pair;
-* ``longinput``: the long-input evaluation's parts.
+* ``longinput``: the long-input evaluation (``eval_longinput``), its plots, and
+  the scoring-layer and vocabulary-cut probes.
 """

@@ -80,7 +80,7 @@ side_by_side() {
   [ "${#names[@]}" -gt 1 ] && shared=--shared-gpu
   for one in "${names[@]}"; do
     IFS='|' read -r name ds len <<< "$one"
-    timeout 575 python3 -m benchmarks.eval_longinput run "$@" $shared $dflag $ds \
+    timeout 575 python3 -m benchmarks.longinput.eval_longinput run "$@" $shared $dflag $ds \
       ${len:+$lflag $len} --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1 &
     pids+=($!)
   done
@@ -461,12 +461,12 @@ PY
       --target /root/pair/target --draft /root/pair/draft ${EVAL_ARGS:-}
     rc=$?; echo "eval rc=$rc"; exit $rc ;;
   analyses)
-    timeout 575 python3 -m benchmarks.eval_longinput run --target /root/pair/target \
+    timeout 575 python3 -m benchmarks.longinput.eval_longinput run --target /root/pair/target \
       --draft /root/pair/draft --tasks sweep needle --datasets govreport \
       --out "$OUT/analyses.json" > "$OUT/analyses.log" 2>&1
     rc=$?; echo "analyses rc=$rc"; cat "$OUT/analyses.md"; exit $rc ;;
   needle)
-    timeout 560 python3 -m benchmarks.eval_longinput run --target /root/pair/target \
+    timeout 560 python3 -m benchmarks.longinput.eval_longinput run --target /root/pair/target \
       --draft /root/pair/draft --tasks needle --datasets govreport \
       --modes draft_model streaming cmr cmr_compact --out "$OUT/needle.json" \
       > "$OUT/needle.log" 2>&1
@@ -570,7 +570,7 @@ PY
     mkdir -p /tmp/copy46 && rm -f /tmp/copy46/*.json
     [ -f "$OUT/copy46.tgz" ] && tar -C /tmp/copy46 -xzf "$OUT/copy46.tgz" --wildcards '*.json'
     cp "$OUT"/copy46_*.json /tmp/copy46/ 2>/dev/null
-    python3 -m benchmarks.eval_longinput copy-summary /tmp/copy46/*.json \
+    python3 -m benchmarks.longinput.eval_longinput copy-summary /tmp/copy46/*.json \
       --out "$OUT/copy_tasks_summary.json" > "$OUT/copy46_summary.log" 2>&1 || rc=$?
     tail -40 "$OUT/copy46_summary.log"
     echo "copy46 rc=$rc"; exit $rc ;;

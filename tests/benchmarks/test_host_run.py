@@ -11,7 +11,7 @@ import textwrap
 
 from benchmarks.harness.meta import REPO_ROOT
 
-# A python3 that stands in for `python3 -m benchmarks.eval_longinput run ...`:
+# A python3 that stands in for `python3 -m benchmarks.longinput.eval_longinput run ...`:
 # it announces itself, waits until every dataset's process has started (so
 # processes run one after another would time out), writes its --out files.
 FAKE_PYTHON = textwrap.dedent("""\

@@ -29,11 +29,12 @@ request ``streaming_compact`` / ``cmr_compact`` (the same with
 starts); a spec_extend engine switches policy and parameters between runs with
 ``harness.drafter.reconfigure``.
 
-    python -m benchmarks.eval_longinput run --target T --draft D --out R.json
-    python -m benchmarks.eval_longinput run ... --tasks sweep needle cost
-    python -m benchmarks.eval_longinput report R1.json R2.json --out merged.json
-    python -m benchmarks.eval_longinput run ... --tasks quote edit
-    python -m benchmarks.eval_longinput copy-summary R.json ... --out S.json
+    python -m benchmarks.longinput.eval_longinput run --target T --draft D --out R.json
+    python -m benchmarks.longinput.eval_longinput run ... --tasks sweep needle cost
+    python -m benchmarks.longinput.eval_longinput report R1.json R2.json \\
+        --out merged.json
+    python -m benchmarks.longinput.eval_longinput run ... --tasks quote edit
+    python -m benchmarks.longinput.eval_longinput copy-summary R.json ... --out S.json
 
 Writes R.json (rows + metadata) and R.md (tables) after every run, so a run
 cut short keeps what it finished.
