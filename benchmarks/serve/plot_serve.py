@@ -1,6 +1,6 @@
 """Decode-phase tok/s (tokens after each request's first, over that time) and
 TPOT against concurrency, one line per mode (and method
-under the plugin: ``benchmarks.serve.bench_serve.series``), error bars from the runs
+under the plugin: ``benchmarks.serve.series.series``), error bars from the runs
 (min to max around the median): one PNG per workload and input length of a
 ``benchmarks.serve.bench_serve`` result (``serve_rate_*.png``: its rows at request
 rates, against the rate). Needs matplotlib (the ``bench``
@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 
 from benchmarks.harness.meta import device
-from benchmarks.serve.bench_serve import inputs, rated, series, series_key
+from benchmarks.serve.series import inputs, rated, series, series_key
 
 
 def _x(row: dict) -> float:

@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks.harness.gpu_busy import GpuBusy
 from benchmarks.serve import bench_serve
+from benchmarks.serve.series import inputs, series
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = ["long", "shared-doc", "short", "mixed"]
@@ -76,7 +77,7 @@ def test_mixed_alternates_short_and_long(tiny_target, tiny_tokenizer, long_promp
     row = bench_serve.cell_row(args, "plain", cell, [])
     assert (row["workload"], row["input_len"], row["short_input_len"]) == (
         "mixed", 256, 64)
-    assert bench_serve.inputs(row) == "64- and 256-token inputs"
+    assert inputs(row) == "64- and 256-token inputs"
 
 
 def test_mixed_needs_a_shorter_short_len(tmp_path):
@@ -87,7 +88,7 @@ def test_mixed_needs_a_shorter_short_len(tmp_path):
     with pytest.raises(SystemExit):
         bench_serve.parse_args([*argv, "--workloads", "mixed"])
     args = bench_serve.parse_args([*argv, "--workloads", "long"])
-    assert bench_serve.inputs({"input_len": 1024, "short_input_len": None}) == (
+    assert inputs({"input_len": 1024, "short_input_len": None}) == (
         "1024-token inputs")
     assert args.mixed_short_len == 1024
 
@@ -206,12 +207,12 @@ def test_a_switched_server_is_a_series_of_its_own():
     """An A/B of a tuning switch merged into one file: the switched rows and
     servers are named by the switch, the default's by the mode alone."""
     row = {"mode": "spec_extend", "method": "draft_model"}
-    assert bench_serve.series({**row, "plugin_env": {"SPECEXTEND_DATA_DIR": "/x"}}) == (
+    assert series({**row, "plugin_env": {"SPECEXTEND_DATA_DIR": "/x"}}) == (
         "spec_extend")
-    assert bench_serve.series({**row, "plugin_env": {
+    assert series({**row, "plugin_env": {
         "SPECEXTEND_EARLY_OUTPUT_COPY": "1"}}) == (
         "spec_extend (SPECEXTEND_EARLY_OUTPUT_COPY=1)")
-    assert bench_serve.series({"mode": "spec_extend", "method": "eagle3", "plugin_env": {
+    assert series({"mode": "spec_extend", "method": "eagle3", "plugin_env": {
         "SPECEXTEND_DRAFT_AOT": "0"}}) == "spec_extend on eagle3 (SPECEXTEND_DRAFT_AOT=0)"
 
 
