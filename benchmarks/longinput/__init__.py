@@ -5,8 +5,8 @@ draws its results; ``score_layers`` probes which of a target's attention
 layers would retrieve a passkey's chunk (CPU, transformers) and
 ``vocab_coverage`` measures the share of the documents' tokens a draft
 vocabulary cut keeps (CPU, tokenizer only). Their parts: ``inputs``,
-``needle``, ``copytasks``, ``engine``, ``acceptance`` and ``report``. Entry
-points, from the repository root::
+``needle``, ``copytasks`` (and their ``copysummary``), ``engine``,
+``acceptance`` and ``report``. Entry points, from the repository root::
 
     python -m benchmarks.longinput.eval_longinput run --target T --draft D --out R.json
     python -m benchmarks.longinput.plot_eval R.json [R2.json ...] --out-dir DIR

@@ -54,7 +54,15 @@ from pathlib import Path
 
 from benchmarks.harness import drafter as access
 from benchmarks.harness.meta import run_metadata
-from benchmarks.longinput import acceptance, copytasks, engine, inputs, needle, report
+from benchmarks.longinput import (
+    acceptance,
+    copysummary,
+    copytasks,
+    engine,
+    inputs,
+    needle,
+    report,
+)
 
 TASKS = ("eval", "sweep", "needle", "cost", *copytasks.TASKS)
 DEFAULT_SPEC_EXTEND = {"chunk_size": 32, "top_k": 32, "retrieve_every": 4,
@@ -714,12 +722,12 @@ def paired_report(args) -> int:
 
 
 def copy_summary(args) -> int:
-    summary = copytasks.summary(
+    summary = copysummary.summary(
         {path: json.loads(Path(path).read_text()) for path in args.files})
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=1) + "\n")
-    out.with_suffix(".md").write_text(copytasks.summary_markdown(summary))
+    out.with_suffix(".md").write_text(copysummary.summary_markdown(summary))
     print(out.with_suffix(".md").read_text())
     return 0
 
