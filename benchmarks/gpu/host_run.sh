@@ -2,7 +2,8 @@
 # On the offline GPU host, after ../shared/gpu/host-setup.sh has installed vLLM
 # into /root/vsite: install this plugin (and pytest) from carried wheels, then
 # run one phase, writing results and logs under $OUT. Run from the repository
-# root: the tools run as modules of the benchmarks package (python3 -m benchmarks.X).
+# root: the tools run as modules of the benchmarks package, by job
+# (python3 -m benchmarks.JOB.TOOL, e.g. benchmarks.decode.bench_decode).
 #
 #   bash benchmarks/gpu/host_run.sh PHASE   (the phases are listed at the end)
 set -uo pipefail
