@@ -4,9 +4,10 @@
 Every list of the files (``results``, ``engines``, ``servers``; ``runs`` in
 older serve files) is concatenated in the order given; ``meta`` is the first
 file's, with the modes of all files, the earliest date, and ``meta.calls``
-keeping each call's modes, date and command. A merged ``benchmarks.bench_serve``
-result gets its ``summary.md`` and plots beside it; ``benchmarks.bench_decode``
-results go to ``benchmarks.summarize_decode`` / ``benchmarks.plot_decode``.
+keeping each call's modes, date and command. A merged ``benchmarks.serve.bench_serve``
+result gets its ``summary.md`` and plots beside it;
+``benchmarks.decode.bench_decode`` results go to
+``benchmarks.decode.summarize_decode`` / ``benchmarks.decode.plot_decode``.
 ``--pool`` (decode files) makes the cells that several calls ran one cell:
 their runs concatenated, the spreads recomputed, ``runs_from_calls`` beside
 them (an A/B alternating calls on one machine pools each side's calls).
@@ -113,11 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(merged, indent=1))
     if merged["meta"].get("bench") == "serve":
-        from benchmarks.bench_serve import table
+        from benchmarks.serve.bench_serve import table
 
         (args.out.parent / "summary.md").write_text(table(merged) + "\n")
         if importlib.util.find_spec("matplotlib"):
-            from benchmarks.plot_serve import plot_all
+            from benchmarks.serve.plot_serve import plot_all
 
             plot_all(merged, args.out.parent)
     print(args.out)  # noqa: T201

@@ -77,7 +77,7 @@ class SpecExtendConfig:
     drafter's logits are computed over those rows of its ``lm_head`` (a view,
     no copy). BPE vocabularies number tokens in merge order, which roughly
     follows frequency: the first quarter of SmolLM2's 49K ids holds 89-90%
-    of the evaluation's document tokens (``benchmarks/vocab_coverage.py``;
+    of the evaluation's document tokens (``benchmarks/longinput/vocab_coverage.py``;
     a 128K vocabulary is not measured yet). A 1B draft's ``lm_head`` is
     0.53 GB of the 2.5 GB each draft token reads (docs/design.md). Lossless
     either way (the target verifies every draft); a draft whose token lies

@@ -2,7 +2,8 @@
 # On the offline GPU host, after ../shared/gpu/host-setup.sh has installed vLLM
 # into /root/vsite: install this plugin (and pytest) from carried wheels, then
 # run one phase, writing results and logs under $OUT. Run from the repository
-# root: the tools run as modules of the benchmarks package (python3 -m benchmarks.X).
+# root: the tools run as modules of the benchmarks package, by job
+# (python3 -m benchmarks.JOB.TOOL, e.g. benchmarks.decode.bench_decode).
 #
 #   bash benchmarks/gpu/host_run.sh PHASE   (the phases are listed at the end)
 set -uo pipefail
@@ -24,7 +25,7 @@ source benchmarks/gpu/detached.sh
 # the start of a command line, so the shell that runs this never matches; a
 # detached run (a soak, a long serving table: detached.sh) is left alone.
 stop_leftovers() {
-  local bench='^python3 -m benchmarks\.(bench_serve|soak) '
+  local bench='^python3 -m benchmarks\.serve\.(bench_serve|soak) '
   local vllm='^[^ ]*python[0-9.]* -m vllm\.entrypoints\.cli\.main serve |^[^ ]*/vllm serve |^VLLM::'
   local running
   if running=$(detached_running); then
@@ -80,7 +81,7 @@ side_by_side() {
   [ "${#names[@]}" -gt 1 ] && shared=--shared-gpu
   for one in "${names[@]}"; do
     IFS='|' read -r name ds len <<< "$one"
-    timeout 575 python3 -m benchmarks.eval_longinput run "$@" $shared $dflag $ds \
+    timeout 575 python3 -m benchmarks.longinput.eval_longinput run "$@" $shared $dflag $ds \
       ${len:+$lflag $len} --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1 &
     pids+=($!)
   done
@@ -170,7 +171,7 @@ case "$1" in
   kernels)
     timeout 200 python3 -m pytest tests/kernels -q -p no:cacheprovider \
       > "$OUT/kernels.txt" 2>&1; tail -3 "$OUT/kernels.txt"
-    timeout 120 python3 -m benchmarks.bench_scoring --out "$OUT/scoring.json" \
+    timeout 120 python3 -m benchmarks.decode.bench_scoring --out "$OUT/scoring.json" \
       > "$OUT/scoring.log" 2>&1; tail -20 "$OUT/scoring.log" ;;
   gpu-tests)
     # The plugin's GPU checks: the step without host syncs, self_draft lossless
@@ -202,12 +203,12 @@ case "$1" in
     # for the call; the result file records SPECEXTEND_* in plugin_env).
     tag=$(echo "$draft $modes ${DECODE_CONTEXTS:-32768} ${DECODE_BATCHES:-1} ${DECODE_TAG:-}" \
       | tr -s ' ' - | sed 's/-$//')
-    timeout ${DECODE_TIMEOUT:-560} python3 -m benchmarks.bench_decode --target-config $M/llama31_8b \
+    timeout ${DECODE_TIMEOUT:-560} python3 -m benchmarks.decode.bench_decode --target-config $M/llama31_8b \
       --draft-config $M/$draft --modes $modes --method ${DECODE_METHOD:-draft_model} \
       --contexts ${DECODE_CONTEXTS:-32768} --batch-sizes ${DECODE_BATCHES:-1} \
       --output-len ${DECODE_OUTPUT_LEN:-1024} ${DECODE_ARGS:-} \
       --out "$OUT/decode26_$tag.json" > "$OUT/decode26_$tag.log" 2>&1
-    echo "decode26 rc=$?"; python3 -m benchmarks.summarize_decode "$OUT/decode26_$tag.json"
+    echo "decode26 rc=$?"; python3 -m benchmarks.decode.summarize_decode "$OUT/decode26_$tag.json"
     grep -m5 -E "Error|error:|SpecExtend: (draft routine|capturing)" "$OUT/decode26_$tag.log" ;;
   profile26)
     # Where a step's GPU time goes (in-process engine under torch.profiler):
@@ -226,11 +227,11 @@ case "$1" in
     # SELF_K), synthetic acceptance 3.0, against plain; same cells and flags as
     # decode15. SELF_MODES / DECODE_CONTEXTS / DECODE_BATCHES narrow a call.
     modes=${SELF_MODES:-plain self_draft}; tag=$(echo $modes | tr ' ' -)
-    timeout ${DECODE_TIMEOUT:-570} python3 -m benchmarks.bench_decode \
+    timeout ${DECODE_TIMEOUT:-570} python3 -m benchmarks.decode.bench_decode \
       --target-config $M/llama31_8b --modes $modes --num-spec-tokens ${SELF_K:-3} \
       --contexts ${DECODE_CONTEXTS:-16384 32768} --batch-sizes ${DECODE_BATCHES:-1 8} \
       --out "$OUT/self_draft_$tag.json" > "$OUT/self_draft_$tag.log" 2>&1
-    echo "self-draft rc=$?"; python3 -m benchmarks.summarize_decode "$OUT/self_draft_$tag.json"
+    echo "self-draft rc=$?"; python3 -m benchmarks.decode.summarize_decode "$OUT/self_draft_$tag.json"
     grep -m3 -E "Error|error:" "$OUT/self_draft_$tag.log" ;;
   decode15)
     # Issue #15's decode table: 8B shape, dummy weights, synthetic acceptance 3.0,
@@ -243,24 +244,24 @@ case "$1" in
     # Merge here: python -m benchmarks.merge_results OUT.json decode15_*.json
     draft=${DECODE_DRAFT:-llama32_1b}; modes=${DECODE_MODES:-plain}
     tag=$(echo "$draft $modes" | tr ' ' -)
-    timeout ${DECODE_TIMEOUT:-570} python3 -m benchmarks.bench_decode --target-config $M/llama31_8b \
+    timeout ${DECODE_TIMEOUT:-570} python3 -m benchmarks.decode.bench_decode --target-config $M/llama31_8b \
       --draft-config $M/$draft --modes $modes \
       --contexts ${DECODE_CONTEXTS:-4096 16384 32768 65536} \
       --batch-sizes ${DECODE_BATCHES:-1 4 8} --out "$OUT/decode15_$tag.json" \
       > "$OUT/decode15_$tag.log" 2>&1
-    echo "decode15 rc=$?"; python3 -m benchmarks.summarize_decode "$OUT/decode15_$tag.json"
+    echo "decode15 rc=$?"; python3 -m benchmarks.decode.summarize_decode "$OUT/decode15_$tag.json"
     grep -m3 -E "Error|error:" "$OUT/decode15_$tag.log" ;;
   eagle3)
     # Dummy EAGLE-3 head (2048 positions, committed config) on the 8B shape. Past
     # 2048 tokens vLLM alone never runs the head ("no draft"; the synthetic sampler
     # still accepts its token-0 placeholders, so its tok/s is no baseline): its
     # engine goes last, so spec_extend's rows come first if time runs out.
-    timeout 540 python3 -m benchmarks.bench_decode --target-config $M/llama31_8b \
+    timeout 540 python3 -m benchmarks.decode.bench_decode --target-config $M/llama31_8b \
       --draft-config benchmarks/models/configs/llama31_8b_eagle3 --method eagle3 \
       --modes plain spec_extend draft_model --contexts 4096 16384 32768 --batch-sizes 1 \
       --output-len 128 --runs 3 --spec-extend '{"top_k": 32, "recent_tokens": 256}' \
       --out "$OUT/decode_eagle3.json" > "$OUT/decode_eagle3.log" 2>&1
-    echo "eagle3 rc=$?"; python3 -m benchmarks.summarize_decode "$OUT/decode_eagle3.json"
+    echo "eagle3 rc=$?"; python3 -m benchmarks.decode.summarize_decode "$OUT/decode_eagle3.json"
     grep -m3 -E "Error|error:" "$OUT/decode_eagle3.log" ;;
   capture)
     timeout 500 python3 -m pytest tests/kernels/test_capture_gpu.py -q -x -p no:cacheprovider \
@@ -272,7 +273,7 @@ t = b('/root/m/tgt', seed=0, hidden_size=1024, num_layers=8, num_heads=16, num_k
 b('/root/m/drf', seed=1, hidden_size=512, num_layers=2, num_heads=8, num_kv_heads=4, max_position_embeddings=32768, tokenizer_dir=t)"
     for run in "1" "2 --distributed-executor-backend mp" "2 --distributed-executor-backend ray"; do
       tag=$(echo "$run" | tr -cd '0-9a-z')
-      timeout 280 python3 -m benchmarks.bench_decode --target-config /root/m/tgt \
+      timeout 280 python3 -m benchmarks.decode.bench_decode --target-config /root/m/tgt \
         --draft-config /root/m/drf --modes plain spec_extend --load-format auto \
         --dtype float32 --acceptance-length 0 --contexts 4096 16384 --batch-sizes 1 4 \
         --output-len 64 --runs 1 --enforce-eager --tensor-parallel-size $run \
@@ -307,14 +308,14 @@ PY
     case $target in 70b) cfg=$M/llama31_70b ;; 8b) cfg=$M/llama31_8b ;;
       *) echo "TP_TARGET: 70b or 8b" >&2; exit 2 ;; esac
     modes=${TP_MODES:-spec_extend plain}; tag=${target}-1b_tp${size}_$(echo $modes | tr ' ' -)${TP_TAG:+_$TP_TAG}
-    timeout ${TP_TIMEOUT:-570} python3 -m benchmarks.bench_decode --target-config $cfg \
+    timeout ${TP_TIMEOUT:-570} python3 -m benchmarks.decode.bench_decode --target-config $cfg \
       --draft-config $M/llama32_1b --contexts ${TP_CONTEXTS:-32768} \
       --batch-sizes ${TP_BATCHES:-1} --output-len 1024 --runs 3 --fresh-prompts \
       --tensor-parallel-size $size \
       --compilation-config '{"pass_config": {"fuse_allreduce_rms": false}}' \
       --distributed-executor-backend mp --modes $modes ${TP_ARGS:-} \
       --out "$OUT/decode_$tag.json" > "$OUT/decode_$tag.log" 2>&1
-    echo "tp-speed rc=$?"; python3 -m benchmarks.summarize_decode "$OUT/decode_$tag.json"
+    echo "tp-speed rc=$?"; python3 -m benchmarks.decode.summarize_decode "$OUT/decode_$tag.json"
     grep -m3 -E "Error|error:|draft routine" "$OUT/decode_$tag.log" ;;
   tp-tests)
     # Issue #44: the captured draft routine at TP=2 and TP=4 against vLLM's
@@ -384,7 +385,7 @@ PY
       res="$OUT/serve12_$tag"; limit=${SERVE_TIMEOUT:-480}
     fi
     [ "$detach" = 1 ] && [ -f "$dir/started" ] || stop_leftovers || exit 3
-    cmd=(timeout "$limit" python3 -m benchmarks.bench_serve --target $M/llama31_8b
+    cmd=(timeout "$limit" python3 -m benchmarks.serve.bench_serve --target $M/llama31_8b
       --draft $M/$draft --method $method --tokenizer .gpu/tokenizer --modes $mode
       --workloads $wl --input-lens $len $(serve_traffic)
       --runs 3 --acceptance-length 3.0 ${SERVE_SPEC_EXTEND:+--spec-extend "$SERVE_SPEC_EXTEND"}
@@ -404,7 +405,7 @@ PY
     cp "$OUT/serve12_$tag"/serve_*.png "$OUT"/ 2>/dev/null
     tar -C "$OUT" -czf "$OUT/serve12_$tag.tgz" "serve12_$tag" && rm -rf "$OUT/serve12_$tag" ;;
   soak21)
-    # Issue #21's soak (benchmarks/soak.py; docs/testing.md, "Soak"): vllm serve
+    # Issue #21's soak (benchmarks/serve/soak.py; docs/testing.md, "Soak"): vllm serve
     # --spec-extend, 8B/1B shapes, dummy weights, K=4, real rejection sampling
     # (SOAK_ACCEPTANCE=0, the default: the probes are compared with a plain
     # server's, started first; SOAK_ACCEPTANCE=3.0: synthetic, no comparison),
@@ -430,7 +431,7 @@ PY
     dir=$DETACHED_ROOT/soak21
     [ "${SOAK_FRESH:-0}" = 1 ] && rm -rf $dir
     [ -f $dir/started ] || stop_leftovers || exit 3
-    detached $dir ${SOAK_WAIT_S:-555} python3 -m benchmarks.soak --target $M/llama31_8b \
+    detached $dir ${SOAK_WAIT_S:-555} python3 -m benchmarks.serve.soak --target $M/llama31_8b \
       --draft $M/llama32_1b --tokenizer .gpu/tokenizer \
       --duration-s ${SOAK_DURATION_S:-600} --concurrency 32 --min-input-len 1024 \
       --max-input-len 32768 --max-output-len 512 --num-spec-tokens 4 \
@@ -461,12 +462,12 @@ PY
       --target /root/pair/target --draft /root/pair/draft ${EVAL_ARGS:-}
     rc=$?; echo "eval rc=$rc"; exit $rc ;;
   analyses)
-    timeout 575 python3 -m benchmarks.eval_longinput run --target /root/pair/target \
+    timeout 575 python3 -m benchmarks.longinput.eval_longinput run --target /root/pair/target \
       --draft /root/pair/draft --tasks sweep needle --datasets govreport \
       --out "$OUT/analyses.json" > "$OUT/analyses.log" 2>&1
     rc=$?; echo "analyses rc=$rc"; cat "$OUT/analyses.md"; exit $rc ;;
   needle)
-    timeout 560 python3 -m benchmarks.eval_longinput run --target /root/pair/target \
+    timeout 560 python3 -m benchmarks.longinput.eval_longinput run --target /root/pair/target \
       --draft /root/pair/draft --tasks needle --datasets govreport \
       --modes draft_model streaming cmr cmr_compact --out "$OUT/needle.json" \
       > "$OUT/needle.log" 2>&1
@@ -570,7 +571,7 @@ PY
     mkdir -p /tmp/copy46 && rm -f /tmp/copy46/*.json
     [ -f "$OUT/copy46.tgz" ] && tar -C /tmp/copy46 -xzf "$OUT/copy46.tgz" --wildcards '*.json'
     cp "$OUT"/copy46_*.json /tmp/copy46/ 2>/dev/null
-    python3 -m benchmarks.eval_longinput copy-summary /tmp/copy46/*.json \
+    python3 -m benchmarks.longinput.eval_longinput copy-summary /tmp/copy46/*.json \
       --out "$OUT/copy_tasks_summary.json" > "$OUT/copy46_summary.log" 2>&1 || rc=$?
     tail -40 "$OUT/copy46_summary.log"
     echo "copy46 rc=$rc"; exit $rc ;;

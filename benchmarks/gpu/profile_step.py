@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     import torch
     from vllm import LLM
 
-    from benchmarks import bench_decode
+    from benchmarks.decode import bench_decode
     from benchmarks.harness.meta import run_metadata
     from benchmarks.longinput.acceptance import counter_delta, spec_counters
 

@@ -1,4 +1,4 @@
-"""The soak's traffic (``benchmarks/soak.py``): clients that keep a server busy
+"""The soak's traffic (``benchmarks/serve/soak.py``): clients that keep a server busy
 with completions, streams and chats of mixed lengths, close some of them at a
 random point, slip malformed requests in among them, and a poller of
 ``/health`` and ``/metrics``.

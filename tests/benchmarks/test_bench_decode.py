@@ -1,4 +1,4 @@
-"""``python -m benchmarks.bench_decode`` end to end on CPU (fp32, real rejection
+"""``python -m benchmarks.decode.bench_decode`` end to end on CPU (fp32, real rejection
 sampling): every mode on vLLM's default engine (its core in its own process),
 two runs per cell, the plugin's counters from the workers, greedy outputs
 equal across modes."""
@@ -32,7 +32,7 @@ def bench(out: Path, *args: str):
     env = dict(os.environ)
     # In-process engine tests of this session set it; users' runs do not.
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    cmd = [sys.executable, "-m", "benchmarks.bench_decode", *CPU, *args,
+    cmd = [sys.executable, "-m", "benchmarks.decode.bench_decode", *CPU, *args,
            "--out", str(out)]
     # Bounds a hang: the run shares the machine with the rest of the suite.
     return lambda: background.run(cmd, timeout=1800, env=env, stdin=subprocess.DEVNULL,

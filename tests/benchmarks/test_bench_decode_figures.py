@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import bench_decode
+from benchmarks.decode import bench_decode
 
 VOCAB, CONTEXT, BATCH, RUNS = 512, 64, 2, 3
 

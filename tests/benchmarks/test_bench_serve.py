@@ -1,4 +1,4 @@
-"""``python -m benchmarks.bench_serve`` end to end on CPU: a plain server, a
+"""``python -m benchmarks.serve.bench_serve`` end to end on CPU: a plain server, a
 SpecExtend server and the self_draft mode, every workload, two runs per
 cell, real rejection sampling (so greedy outputs must match across servers).
 """
@@ -17,7 +17,7 @@ import background
 import pytest
 from cpu_serve import COMMON, ENV, SPEC_EXTEND
 
-from benchmarks import bench_serve
+from benchmarks.serve import bench_serve
 
 pytestmark = pytest.mark.server
 
@@ -34,8 +34,9 @@ def _serve_job(fixture):
     fixture("long_prompts")
     tiny_target = fixture("tiny_target")
     out = fixture("tmp_path_factory").mktemp("bench_serve")
-    cmd = [sys.executable, "-m", "benchmarks.bench_serve", "--target", tiny_target,
-           "--draft", tiny_target, "--modes", *MODES, "--workloads", *WORKLOADS,
+    cmd = [sys.executable, "-m", "benchmarks.serve.bench_serve",
+           "--target", tiny_target, "--draft", tiny_target,
+           "--modes", *MODES, "--workloads", *WORKLOADS,
            "--input-lens", str(INPUT_LEN), "--concurrency", str(CONCURRENCY),
            "--num-prompts", str(NUM_PROMPTS), "--runs", str(RUNS),
            "--long-output-len", str(OUTPUT_LENS["long"]),

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from benchmarks.longinput import copytasks
+from benchmarks.longinput import copysummary, copytasks
 from benchmarks.longinput.copytasks import replace_word
 
 
@@ -206,7 +206,7 @@ def fake_results():
 
 
 def test_summary_rows_keep_only_the_cases_that_count():
-    summary = copytasks.summary(fake_results())
+    summary = copysummary.summary(fake_results())
     rows = {r["mode"]: r for r in summary["rows"]}
     assert list(rows) == ["plain", "window", "cmr", "cmr_l21", "ngram"]
     for r in rows.values():
@@ -231,7 +231,7 @@ def test_summary_rows_keep_only_the_cases_that_count():
 
 def test_summary_pairs_modes_against_the_window_and_ngram():
     pairs = {(p["mode"], p["baseline"]): p
-             for p in copytasks.summary(fake_results())["paired"]}
+             for p in copysummary.summary(fake_results())["paired"]}
     assert set(pairs) == {("cmr", "window"), ("cmr", "ngram"), ("cmr_l21", "window"),
                           ("cmr_l21", "ngram"), ("ngram", "window")}
     p = pairs[("cmr_l21", "window")]
@@ -245,8 +245,8 @@ def test_summary_of_a_later_file_replaces_a_repeated_run():
     first = fake_results()["r.json"]
     later = {"meta": first["meta"], "rows": [
         {**first["rows"][1], "forwards": [25, 20, 10, 25]}]}
-    summary = copytasks.summary({"a.json": first, "b.json": later})
+    summary = copysummary.summary({"a.json": first, "b.json": later})
     window = next(r for r in summary["rows"] if r["mode"] == "window")
     assert window["accepted_length"] == pytest.approx(300 / 70)
     assert "| quote | govreport | 2048 | self | window |" in (
-        copytasks.summary_markdown(summary))
+        copysummary.summary_markdown(summary))

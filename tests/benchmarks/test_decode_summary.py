@@ -1,4 +1,4 @@
-"""benchmarks.summarize_decode and plot_decode on bench_decode result files
+"""benchmarks.decode.summarize_decode and plot_decode on bench_decode result files
 (older files: one run per row; newer: runs per cell, engines, skipped cells)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks import summarize_decode
+from benchmarks.decode import summarize_decode
 
 
 def row(mode, context, batch, tok_s, timed):
@@ -46,7 +46,7 @@ def test_local_rows_show_step_times():
 
 def test_plot_overlays_runs(tmp_path):
     pytest.importorskip("matplotlib")
-    from benchmarks import plot_decode
+    from benchmarks.decode import plot_decode
 
     files = []
     for i, scale in enumerate((1.0, 0.8)):
@@ -105,7 +105,7 @@ def test_decode_and_end_to_end_side_by_side():
 
 def test_plot_takes_medians_and_skips_cells(tmp_path):
     pytest.importorskip("matplotlib")
-    from benchmarks import plot_decode
+    from benchmarks.decode import plot_decode
 
     path = tmp_path / "new.json"
     path.write_text(json.dumps(new_result()))

@@ -167,7 +167,7 @@ def test_replay_verifies_only_the_drafts_that_fit_the_context():
 def test_paired_report_matches_rows_on_the_same_prompts(tmp_path):
     import json
 
-    from benchmarks import eval_longinput
+    from benchmarks.longinput import eval_longinput
 
     def row(mode, counters, hashes, recent=128):
         return _eval_row(mode, counters, {"recent_tokens": recent, "top_k": 11},
@@ -213,7 +213,7 @@ def test_paired_report_lends_a_window_baseline_to_another_layers_engine(tmp_path
     A retrieving baseline never crosses layers."""
     import json
 
-    from benchmarks import eval_longinput
+    from benchmarks.longinput import eval_longinput
 
     def row(mode, counters, layer=None):
         config = {"recent_tokens": 128, "top_k": 11}
@@ -247,7 +247,7 @@ def test_paired_report_one_baseline_per_row_and_only_within_one_drafter(tmp_path
     window."""
     import json
 
-    from benchmarks import eval_longinput
+    from benchmarks.longinput import eval_longinput
 
     def row(mode, counters, layer=None, working_set=512):
         config = None if mode == "draft_model" else {"recent_tokens": 128, "top_k": 11}
@@ -289,7 +289,7 @@ def test_paired_report_a_repeated_run_counts_once_the_later_files(tmp_path):
     pairs once, with the later file's counters, as `report` merges it."""
     import json
 
-    from benchmarks import eval_longinput
+    from benchmarks.longinput import eval_longinput
 
     def row(mode, counters):
         return _eval_row(mode, counters, {"recent_tokens": 64, "top_k": 5}, working_set=256)

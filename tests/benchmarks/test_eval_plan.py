@@ -1,11 +1,10 @@
-"""What benchmarks/eval_longinput.py plans to run (no engine)."""
+"""What benchmarks/longinput/eval_longinput.py plans to run (no engine)."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks import eval_longinput
-from benchmarks.longinput import inputs, needle
+from benchmarks.longinput import eval_longinput, inputs, needle
 from vllm_specextend.config import SpecExtendConfigError
 
 

@@ -1,4 +1,4 @@
-"""benchmarks/plot_eval.py draws the PNGs a results file supports."""
+"""benchmarks/longinput/plot_eval.py draws the PNGs a results file supports."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("matplotlib")
-from benchmarks import plot_eval  # noqa: E402  (after the skip)
+from benchmarks.longinput import plot_eval  # noqa: E402  (after the skip)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

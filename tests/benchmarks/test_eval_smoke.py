@@ -1,4 +1,4 @@
-"""benchmarks/eval_longinput.py end to end on the tiny CPU models (fp32).
+"""benchmarks/longinput/eval_longinput.py end to end on the tiny CPU models (fp32).
 
 Every (dataset, length, mode) row is written, acceptance is within bounds, and
 greedy outputs of every speculative mode equal plain decoding's.
@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import eval_longinput
-from benchmarks.longinput import report
+from benchmarks.longinput import eval_longinput, report
 
 pytestmark = pytest.mark.engine
 

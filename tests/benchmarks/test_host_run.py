@@ -11,7 +11,7 @@ import textwrap
 
 from benchmarks.harness.meta import REPO_ROOT
 
-# A python3 that stands in for `python3 -m benchmarks.eval_longinput run ...`:
+# A python3 that stands in for `python3 -m benchmarks.longinput.eval_longinput run ...`:
 # it announces itself, waits until every dataset's process has started (so
 # processes run one after another would time out), writes its --out files.
 FAKE_PYTHON = textwrap.dedent("""\
@@ -240,7 +240,7 @@ def serve_traffic(env: dict) -> list[str]:
 def test_serve12_traffic_bursts_or_rates():
     """serve12 runs bursts as before; with SERVE_RATES, Poisson arrivals at
     each rate with their labels and SLOs, flags bench_serve takes."""
-    from benchmarks import bench_serve
+    from benchmarks.serve import bench_serve
 
     assert serve_traffic({}) == ["--concurrency", "1", "4", "--num-prompts", "1", "4"]
     assert serve_traffic({"SERVE_CONCURRENCY": "16", "SERVE_PROMPTS": "32"}) == [

@@ -270,7 +270,7 @@ def test_pad_tokenizer_pads_in_place_and_refuses_what_it_cannot_pad(tiny_dir,
 
 
 def test_evaluation_metadata_says_a_draft_is_fp8(tiny_dir, tmp_path):
-    from benchmarks.eval_longinput import model_info
+    from benchmarks.longinput.eval_longinput import model_info
     from benchmarks.models.builders import build_fp8
 
     fp8 = model_info(str(build_fp8(tiny_dir, tmp_path / "fp8")))

@@ -1,4 +1,4 @@
-"""The scoring-layer probe (benchmarks/score_layers.py): its chunk masses are
+"""The scoring-layer probe (benchmarks/longinput/score_layers.py): its chunk masses are
 the model's own attention, and ranks and shares count what they claim."""
 
 from __future__ import annotations
@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.score_layers import Capture, chunk_mass, needle_rank, summarize
+from benchmarks.longinput.score_layers import (
+    Capture,
+    chunk_mass,
+    needle_rank,
+    summarize,
+)
 
 
 def test_needle_rank_counts_stronger_candidates_only():

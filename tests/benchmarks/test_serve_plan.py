@@ -1,4 +1,4 @@
-"""``benchmarks.bench_serve`` without a server: its datasets, the flags of
+"""``benchmarks.serve.bench_serve`` without a server: its datasets, the flags of
 each mode, acceptance, and the decode-phase throughput and GPU busy share
 from vLLM bench's per-request data."""
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_serve
 from benchmarks.harness.gpu_busy import GpuBusy
+from benchmarks.serve import bench_serve
+from benchmarks.serve.series import inputs, series
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = ["long", "shared-doc", "short", "mixed"]
@@ -76,7 +77,7 @@ def test_mixed_alternates_short_and_long(tiny_target, tiny_tokenizer, long_promp
     row = bench_serve.cell_row(args, "plain", cell, [])
     assert (row["workload"], row["input_len"], row["short_input_len"]) == (
         "mixed", 256, 64)
-    assert bench_serve.inputs(row) == "64- and 256-token inputs"
+    assert inputs(row) == "64- and 256-token inputs"
 
 
 def test_mixed_needs_a_shorter_short_len(tmp_path):
@@ -87,7 +88,7 @@ def test_mixed_needs_a_shorter_short_len(tmp_path):
     with pytest.raises(SystemExit):
         bench_serve.parse_args([*argv, "--workloads", "mixed"])
     args = bench_serve.parse_args([*argv, "--workloads", "long"])
-    assert bench_serve.inputs({"input_len": 1024, "short_input_len": None}) == (
+    assert inputs({"input_len": 1024, "short_input_len": None}) == (
         "1024-token inputs")
     assert args.mixed_short_len == 1024
 
@@ -99,9 +100,9 @@ def test_dummy_weights_need_a_tokenizer_that_knows_every_id(tiny_target, tmp_pat
     the fix named; real weights, or a tokenizer that knows every id, pass."""
     import shutil
 
-    from benchmarks import soak
     from benchmarks.harness.server import loads_dummy_weights
     from benchmarks.models.builders import pad_tokenizer
+    from benchmarks.serve import soak
 
     assert loads_dummy_weights(["--load-format", "dummy"])
     assert loads_dummy_weights(["--seed", "0", "--load-format=dummy"])
@@ -206,12 +207,12 @@ def test_a_switched_server_is_a_series_of_its_own():
     """An A/B of a tuning switch merged into one file: the switched rows and
     servers are named by the switch, the default's by the mode alone."""
     row = {"mode": "spec_extend", "method": "draft_model"}
-    assert bench_serve.series({**row, "plugin_env": {"SPECEXTEND_DATA_DIR": "/x"}}) == (
+    assert series({**row, "plugin_env": {"SPECEXTEND_DATA_DIR": "/x"}}) == (
         "spec_extend")
-    assert bench_serve.series({**row, "plugin_env": {
+    assert series({**row, "plugin_env": {
         "SPECEXTEND_EARLY_OUTPUT_COPY": "1"}}) == (
         "spec_extend (SPECEXTEND_EARLY_OUTPUT_COPY=1)")
-    assert bench_serve.series({"mode": "spec_extend", "method": "eagle3", "plugin_env": {
+    assert series({"mode": "spec_extend", "method": "eagle3", "plugin_env": {
         "SPECEXTEND_DRAFT_AOT": "0"}}) == "spec_extend on eagle3 (SPECEXTEND_DRAFT_AOT=0)"
 
 
@@ -219,7 +220,7 @@ def test_plot_draws_every_series(tmp_path):
     """eagle3 rows get their line, the plugin on eagle3 its own; a mixed plot's
     title names both lengths."""
     pytest.importorskip("matplotlib")
-    from benchmarks import plot_serve
+    from benchmarks.serve import plot_serve
 
     fig = plot_serve.figure(merged_mixed_result(tmp_path), "mixed", 256)
     assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == SERIES
@@ -337,7 +338,8 @@ def test_summary_plots_join_the_headline_cells(tmp_path):
     """Per device, workload and length: the newest file's cell for each mode
     and concurrency, a variant's never, and only where two concurrencies or
     more were measured."""
-    from benchmarks import plot_serve, summarize
+    from benchmarks import summarize
+    from benchmarks.serve import plot_serve
 
     _serve_file(tmp_path, "20260101T0000Z_a", [("plain", 4, 10.0), ("spec_extend", 4, 20.0),
                                                ("plain", 16, 30.0), ("spec_extend", 16, 40.0)])
@@ -363,7 +365,8 @@ def test_summary_plot_draws_a_line_per_draft(tmp_path):
     """A cell measured with another draft gets a line of its own, not a
     vertical jump on the first draft's line."""
     pytest.importorskip("matplotlib")
-    from benchmarks import plot_serve, summarize
+    from benchmarks import summarize
+    from benchmarks.serve import plot_serve
 
     _serve_file(tmp_path, "20260101T0000Z_a", [("plain", 4, 10.0), ("spec_extend", 4, 20.0),
                                                ("plain", 16, 30.0), ("spec_extend", 16, 40.0)])
@@ -600,7 +603,7 @@ def test_next_rate():
 def test_rate_plots_apart_from_bursts(tmp_path):
     """A file with bursts and rates: a plot of each, the rates' against the rate."""
     pytest.importorskip("matplotlib")
-    from benchmarks import plot_serve
+    from benchmarks.serve import plot_serve
 
     result = rate_result(tmp_path)
     paths = plot_serve.plot_all(result, tmp_path)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from benchmarks import serve_timeline
+from benchmarks.serve import serve_timeline
 
 
 def write_run(dir, name, start_times, ttfts, itls, errors=None):

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from benchmarks import soak
 from benchmarks.harness import traffic
+from benchmarks.serve import soak
 
 IDLE = dict.fromkeys(traffic.IDLE_GAUGES, 0.0)
 
@@ -137,7 +137,7 @@ def test_device_slug(name, slug):
 def test_server_arguments_come_from_the_soak_flags(tmp_path):
     """The soak's flags make the servers' arguments (bench_serve.serve_args):
     a plain server and one with the plugin over the named method."""
-    from benchmarks.bench_serve import serve_args
+    from benchmarks.serve.bench_serve import serve_args
 
     args = soak.parse_args(["--target", "T", "--draft", "D", "--out-dir", str(tmp_path),
                             "--spec-extend", '{"top_k": 2}', "--num-spec-tokens", "3",

@@ -1,10 +1,10 @@
-"""benchmarks/vocab_coverage.py: the share of a text's tokens below a cut."""
+"""benchmarks/longinput/vocab_coverage.py: the share of a text's tokens below a cut."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from benchmarks import vocab_coverage
+from benchmarks.longinput import vocab_coverage
 
 
 def test_coverage_counts_ids_below_each_cut():

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.soak`` on CPU for a minute: every pass criterion of
+"""``python -m benchmarks.serve.soak`` on CPU for a minute: every pass criterion of
 the soak holds for the tiny models (a few clients, short prompts, aborts,
 malformed requests, a KV cache that makes vLLM preempt), so a regression of
 any of them fails CI. The GPU soak is ``host_run.sh soak21``.
@@ -20,7 +20,7 @@ import background
 import pytest
 from cpu_serve import ENV, SPEC_EXTEND, common
 
-from benchmarks import soak
+from benchmarks.serve import soak
 from vllm_specextend.metrics import METRICS_DIR_ENV
 
 pytestmark = pytest.mark.server
@@ -69,7 +69,7 @@ def _soak_job(fixture):
     reference = out / "reference.json"
     soak.write_reference(reference, probes, PROBE_OUTPUT_LEN, tokens,
                          "an in-process plain engine (tests/server/test_soak.py)")
-    cmd = [sys.executable, "-m", "benchmarks.soak", "--target", tiny_target,
+    cmd = [sys.executable, "-m", "benchmarks.serve.soak", "--target", tiny_target,
            "--draft", tiny_target, "--duration-s", str(DURATION_S),
            "--concurrency", str(CLIENTS), "--min-input-len", str(MIN_INPUT_LEN),
            "--max-input-len", str(MAX_INPUT_LEN), "--max-output-len",

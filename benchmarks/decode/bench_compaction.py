@@ -6,7 +6,7 @@ first half of each page); on CPU the keys go through a page permutation as
 vLLM's CPU attention stores them. Times one call per request (median of
 --iters, warm-up excluded; CUDA synchronised around each call).
 
-    python -m benchmarks.bench_compaction \
+    python -m benchmarks.decode.bench_compaction \
         --out benchmarks/results/compaction/<stamp>.json
 """
 

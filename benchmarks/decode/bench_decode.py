@@ -60,7 +60,8 @@ file's ``engines`` list says, per engine, every setting this script changed
 from vLLM's defaults, the environment, whether vLLM turned async scheduling on,
 its start-up time and KV cache capacity.
 
-    python -m benchmarks.bench_decode --target-config ../shared/gpu/models/llama31_8b \\
+    python -m benchmarks.decode.bench_decode \\
+        --target-config ../shared/gpu/models/llama31_8b \\
         --draft-config ../shared/gpu/models/llama32_1b --contexts 4096 32768 \\
         --batch-sizes 1 8 --out benchmarks/results/decode/<stamp>_h100_8b-1b.json
 
@@ -445,12 +446,12 @@ def main(argv=None) -> int:
     # fails (self_draft before the plugin has it) does not stop the others.
     failed = []
     for mode, index in engines(args):
-        cmd = [sys.executable, "-m", "benchmarks.bench_decode",
+        cmd = [sys.executable, "-m", "benchmarks.decode.bench_decode",
                *(argv if argv is not None else sys.argv[1:]),
                "--only", f"{mode}:{index}"]
         if subprocess.run(cmd).returncode != 0:
             failed.append(f"{mode}:{index}")
-    from benchmarks.summarize_decode import table
+    from benchmarks.decode.summarize_decode import table
 
     print(table(json.loads(args.out.read_text())))  # noqa: T201
     if failed:

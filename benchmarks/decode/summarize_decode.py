@@ -1,4 +1,4 @@
-"""Markdown table of a ``benchmarks.bench_decode`` result file (modes side by
+"""Markdown table of a ``benchmarks.decode.bench_decode`` result file (modes side by
 side; median (min–max) of the runs where a cell has several, and each run's
 GPU busy share in brackets where the file has it): each mode's decode tok/s
 after the first token, then after ``/ e2e`` its end-to-end tok/s (all output
@@ -6,7 +6,7 @@ tokens over the whole ``generate`` call) where the file has it; the note
 under the table says whether the runs had fresh prompts (each paid its
 prefill) or reused the warm-up's from the prefix cache.
 
-    python -m benchmarks.summarize_decode benchmarks/results/decode/<file>.json
+    python -m benchmarks.decode.summarize_decode benchmarks/results/decode/<file>.json
 """
 
 from __future__ import annotations

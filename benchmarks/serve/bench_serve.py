@@ -65,11 +65,11 @@ modes with real rejection sampling). Per cell: min / median / max over the
 runs. Per server: its command, start-up time, whether vLLM turned async
 scheduling on (its log line), and whether it stopped cleanly.
 
-    python -m benchmarks.bench_serve --target TARGET --draft DRAFT \\
+    python -m benchmarks.serve.bench_serve --target TARGET --draft DRAFT \\
         --workloads long shared-doc --input-lens 16384 32768 --concurrency 1 4 16 32 \\
         --out-dir benchmarks/results/serve/<stamp> -- --max-model-len 33792 ...
-    python -m benchmarks.bench_serve --target TARGET --draft DRAFT --workloads long \\
-        --input-lens 16384 --request-rates 0.25 0.5 --load low high \\
+    python -m benchmarks.serve.bench_serve --target TARGET --draft DRAFT \\
+        --workloads long --input-lens 16384 --request-rates 0.25 0.5 --load low high \\
         --goodput ttft:20000 tpot:50 --out-dir ... -- --max-model-len 17664 ...
 
 Arguments after ``--`` go to every ``vllm serve`` (``--load-format dummy``,
@@ -77,7 +77,7 @@ Arguments after ``--`` go to every ``vllm serve`` (``--load-format dummy``,
 ``results.json`` (metadata, ``servers``, and a row per workload, input length,
 mode and concurrency or rate with its runs), ``summary.md`` (the tables),
 ``serve_<workload>_<input len>.png`` (``serve_rate_...``: at the rates;
-``benchmarks.plot_serve``, where matplotlib is installed), the datasets, and
+``benchmarks.serve.plot_serve``, where matplotlib is installed), the datasets, and
 every run's bench result and log.
 Servers get ``VLLM_LOG_STATS_INTERVAL=1`` unless it is set: SpecExtend's
 counters reach ``/metrics`` once per interval while drafting.
@@ -115,7 +115,6 @@ from benchmarks.harness.meta import (
     device,
     plugin_env,
     run_metadata,
-    tuning_switches,
 )
 from benchmarks.harness.server import (
     log_errors,
@@ -126,6 +125,7 @@ from benchmarks.harness.server import (
     tokenizer_gap,
     vllm_command,
 )
+from benchmarks.serve.series import inputs, rated, series, series_key
 
 WORKLOADS = ("long", "shared-doc", "short", "mixed")
 METRIC_PREFIXES = ("vllm:spec_decode_", "vllm:spec_extend_")
@@ -306,23 +306,6 @@ def names(args, mode: str) -> dict:
     drafted = modes.needs_draft(mode)
     return {"mode": label(args, mode), "method": args.method if drafted else None,
             "draft": Path(args.draft).name if drafted else None}
-
-
-def series(row: dict) -> str:
-    """A row's (or server's) line in tables and plots: its mode, the method
-    under the plugin and any tuning switch its server ran with, so that a
-    merged result keeps spec_extend on an EAGLE-3 head apart from spec_extend
-    on a draft model, and an A/B's two servers apart."""
-    name = row["mode"]
-    if row.get("method") not in (None, "draft_model", row["mode"]):
-        name = f"{name} on {row['method']}"
-    switches = tuning_switches(row.get("plugin_env"))
-    return f"{name} ({switches})" if switches else name
-
-
-def series_key(row: dict) -> tuple[int, str]:
-    """Lines in table order: plain, vLLM's methods, the plugin's modes."""
-    return modes.LABELS.index(row["mode"]), series(row)
 
 
 def serve_args(args, mode: str) -> list[str]:
@@ -589,25 +572,12 @@ def busy_percent(runs: list[dict]) -> dict:
     return spread([100 * r["gpu_busy"] for r in runs if r.get("gpu_busy") is not None])
 
 
-def inputs(row: dict) -> str:
-    """A row's inputs, for titles: a mixed row has two lengths (rows from
-    before the mixed workload have no ``short_input_len``)."""
-    if row.get("short_input_len"):
-        return f"{row['short_input_len']}- and {row['input_len']}-token inputs"
-    return f"{row['input_len']}-token inputs"
-
-
 def stopped_cleanly(server: dict) -> str:
     """yes / no, or "not recorded" where the file was written before the server
     stopped (a call cut short): never call that clean."""
     if server.get("forced_stop") is None:
         return "not recorded"
     return "no" if server["forced_stop"] or server.get("log_errors") else "yes"
-
-
-def rated(row: dict) -> bool:
-    """Whether a row's requests arrived at a rate (else in a burst)."""
-    return row.get("request_rate") is not None
 
 
 BURST_HEAD = ("| mode | concurrency | runs | failed requests | output tok/s "
@@ -854,7 +824,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out_dir / "summary.md").write_text(summary + "\n")
     print(summary)  # noqa: T201
     if importlib.util.find_spec("matplotlib"):
-        from benchmarks.plot_serve import plot_all
+        from benchmarks.serve.plot_serve import plot_all
 
         plot_all(result, args.out_dir)
     bad = [s for s in result["servers"] if "error" in s]

@@ -1,6 +1,6 @@
 """What share of a text's tokens a draft vocabulary cut keeps (``draft_vocab``).
 
-    python -m benchmarks.vocab_coverage --tokenizer DIR [DIR ...] \
+    python -m benchmarks.longinput.vocab_coverage --tokenizer DIR [DIR ...] \
         --cuts 8192 16384 32768 --out R.json
 
 A draft restricted to the first N token ids (``draft_vocab: N``) can never
@@ -38,7 +38,7 @@ def dataset_ids(tokenizer, dataset: str) -> np.ndarray:
 def markdown(result: dict) -> str:
     cuts = result["cuts"]
     lines = ["Share of the documents' tokens whose id is below the cut "
-             "(`benchmarks/vocab_coverage.py`).", "",
+             "(`benchmarks/longinput/vocab_coverage.py`).", "",
              "| tokenizer | vocabulary | dataset | tokens | "
              + " | ".join(f"< {c}" for c in cuts) + " |",
              "|---|---|---|---|" + "---|" * len(cuts)]

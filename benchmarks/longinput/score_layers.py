@@ -11,7 +11,7 @@ answer is written. Cases are the passkey prompts of ``eval_longinput``'s
 transformers, no vLLM), so a layer can be chosen on a CPU before a GPU run
 measures what the draft reproduces.
 
-    python -m benchmarks.score_layers --model M --length 4096 --out R.json
+    python -m benchmarks.longinput.score_layers --model M --length 4096 --out R.json
 
 Writes R.json (per case and query, the needle chunk's rank in every layer) and
 R.md (per layer, the share of queries with the chunk in the top 1 / k).

@@ -1,9 +1,9 @@
 """Decode tokens/s against context, one panel per batch size, from one or more
-``benchmarks.bench_decode`` result files: a colour per mode, a line style per
+``benchmarks.decode.bench_decode`` result files: a colour per mode, a line style per
 file, error bars from a cell's runs (min to max around the median). Needs
 matplotlib (the ``bench`` extra).
 
-    python -m benchmarks.plot_decode RUN1.json [RUN2.json ...] --out decode.png
+    python -m benchmarks.decode.plot_decode RUN1.json [RUN2.json ...] --out decode.png
 """
 
 from __future__ import annotations

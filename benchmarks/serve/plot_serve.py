@@ -1,8 +1,8 @@
 """Decode-phase tok/s (tokens after each request's first, over that time) and
 TPOT against concurrency, one line per mode (and method
-under the plugin: ``benchmarks.bench_serve.series``), error bars from the runs
+under the plugin: ``benchmarks.serve.series.series``), error bars from the runs
 (min to max around the median): one PNG per workload and input length of a
-``benchmarks.bench_serve`` result (``serve_rate_*.png``: its rows at request
+``benchmarks.serve.bench_serve`` result (``serve_rate_*.png``: its rows at request
 rates, against the rate). Needs matplotlib (the ``bench``
 extra); ``bench_serve`` calls it itself where matplotlib is installed.
 
@@ -12,8 +12,9 @@ every cell from the newest result file that holds it, variants left out
 (``benchmarks.summarize``'s rule), so a line may join cells of several
 sessions (each cell's modes come from one; the title counts the files).
 
-    python -m benchmarks.plot_serve DIR/results.json [--out-dir DIR]
-    python -m benchmarks.plot_serve --summary benchmarks/results/summary.json --out-dir DIR
+    python -m benchmarks.serve.plot_serve DIR/results.json [--out-dir DIR]
+    python -m benchmarks.serve.plot_serve --summary benchmarks/results/summary.json \\
+        --out-dir DIR
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import json
 import re
 from pathlib import Path
 
-from benchmarks.bench_serve import inputs, rated, series, series_key
 from benchmarks.harness.meta import device
+from benchmarks.serve.series import inputs, rated, series, series_key
 
 
 def _x(row: dict) -> float:

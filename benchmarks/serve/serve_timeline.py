@@ -4,7 +4,7 @@ per-request records that ``vllm bench serve --save-detailed`` left in a
 ``host_run.sh serve12`` call brings back): the figures ``bench_serve`` records
 per run since ``burst_shape`` (earlier result files lack them).
 
-    python -m benchmarks.serve_timeline OUT.json DIR [DIR ...]
+    python -m benchmarks.serve.serve_timeline OUT.json DIR [DIR ...]
 
 Writes OUT.json (per run: decode window, first-token spread, the last first
 token's request's decode time, tokens per streamed chunk, and per request its
@@ -18,8 +18,8 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.bench_serve import _s, request_spans, stream_figures
 from benchmarks.harness.measure import spread
+from benchmarks.serve.bench_serve import _s, request_spans, stream_figures
 
 FIGURES = ("decode_s", "decode_tok_s", "first_token_spread_s", "last_request_decode_s",
            "tokens_per_chunk")

@@ -1,6 +1,7 @@
-"""Plots of benchmarks/eval_longinput.py results (matplotlib, the ``bench`` extra).
+"""Plots of benchmarks/longinput/eval_longinput.py results (matplotlib, the
+``bench`` extra).
 
-    python -m benchmarks.plot_eval R.json [R2.json ...] --out-dir DIR
+    python -m benchmarks.longinput.plot_eval R.json [R2.json ...] --out-dir DIR
 
 Writes ``accepted_length.png`` and ``decode_tok_s.png`` (metric vs input
 length, one line per mode, working set and scoring layer, one panel per

@@ -34,7 +34,7 @@ own (the same argmax tokens, while its coin flips come from its own generator,
 where a temperature-0 request's come from the engine's, which the soak
 advances).
 
-    python -m benchmarks.soak --target T --draft D --tokenizer TOK \\
+    python -m benchmarks.serve.soak --target T --draft D --tokenizer TOK \\
         --duration-s 600 --concurrency 32 --min-input-len 1024 \\
         --max-input-len 32768 --out-dir benchmarks/results/soak \\
         -- --max-model-len 33792 --kv-cache-memory-bytes 12G ...
@@ -62,7 +62,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks import prompts
-from benchmarks.bench_serve import async_scheduling, counter_deltas, serve_args
 from benchmarks.harness import modes, traffic
 from benchmarks.harness.meta import run_metadata
 from benchmarks.harness.server import (
@@ -72,6 +71,7 @@ from benchmarks.harness.server import (
     serve_args_parser,
     tokenizer_gap,
 )
+from benchmarks.serve.bench_serve import async_scheduling, counter_deltas, serve_args
 
 PROBES = 8
 COUNTERS = ("vllm:num_preemptions_total", "vllm:request_success_total",

@@ -6,7 +6,8 @@ once, then times the launcher with CUDA events (warm-up excluded, L2 flushed bef
 timed launch, median of --iters) and reports achieved GB/s of K bytes read
 (batch * ctx * Hkv * head_size * elem_size).
 
-    python -m benchmarks.bench_scoring --ctx 4096 32768 --batch 1 8 --out bench.json
+    python -m benchmarks.decode.bench_scoring --ctx 4096 32768 --batch 1 8 \\
+        --out bench.json
 """
 
 import argparse

@@ -29,11 +29,12 @@ request ``streaming_compact`` / ``cmr_compact`` (the same with
 starts); a spec_extend engine switches policy and parameters between runs with
 ``harness.drafter.reconfigure``.
 
-    python -m benchmarks.eval_longinput run --target T --draft D --out R.json
-    python -m benchmarks.eval_longinput run ... --tasks sweep needle cost
-    python -m benchmarks.eval_longinput report R1.json R2.json --out merged.json
-    python -m benchmarks.eval_longinput run ... --tasks quote edit
-    python -m benchmarks.eval_longinput copy-summary R.json ... --out S.json
+    python -m benchmarks.longinput.eval_longinput run --target T --draft D --out R.json
+    python -m benchmarks.longinput.eval_longinput run ... --tasks sweep needle cost
+    python -m benchmarks.longinput.eval_longinput report R1.json R2.json \\
+        --out merged.json
+    python -m benchmarks.longinput.eval_longinput run ... --tasks quote edit
+    python -m benchmarks.longinput.eval_longinput copy-summary R.json ... --out S.json
 
 Writes R.json (rows + metadata) and R.md (tables) after every run, so a run
 cut short keeps what it finished.
@@ -53,7 +54,15 @@ from pathlib import Path
 
 from benchmarks.harness import drafter as access
 from benchmarks.harness.meta import run_metadata
-from benchmarks.longinput import acceptance, copytasks, engine, inputs, needle, report
+from benchmarks.longinput import (
+    acceptance,
+    copysummary,
+    copytasks,
+    engine,
+    inputs,
+    needle,
+    report,
+)
 
 TASKS = ("eval", "sweep", "needle", "cost", *copytasks.TASKS)
 DEFAULT_SPEC_EXTEND = {"chunk_size": 32, "top_k": 32, "retrieve_every": 4,
@@ -713,12 +722,12 @@ def paired_report(args) -> int:
 
 
 def copy_summary(args) -> int:
-    summary = copytasks.summary(
+    summary = copysummary.summary(
         {path: json.loads(Path(path).read_text()) for path in args.files})
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=1) + "\n")
-    out.with_suffix(".md").write_text(copytasks.summary_markdown(summary))
+    out.with_suffix(".md").write_text(copysummary.summary_markdown(summary))
     print(out.with_suffix(".md").read_text())
     return 0
 
