@@ -42,7 +42,11 @@ NUM_SPEC_TOKENS = 4
 MAX_MODEL_LEN = 4096
 # The CPU engine settings of the engine tests; both servers get exactly these.
 ENGINE_KWARGS = {"dtype": "float32", "block_size": 32,
-                 "kv_cache_memory_bytes": 1 << 30, "enforce_eager": True, "seed": 0}
+                 "kv_cache_memory_bytes": 1 << 30, "enforce_eager": True, "seed": 0,
+                 # vLLM's CPU warm-up runs target and draft over this many
+                 # tokens (4096 by default: most of a SmolLM2 engine's start);
+                 # the prompt is one chunk either way.
+                 "max_num_batched_tokens": 2048}
 PROMPT_TOKENS = 1000  # document tokens; the chat template adds a few
 MAX_TOKENS = 48
 STARTUP_S = 600  # Ray head, Serve and the engine on 2 shared cores
