@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import background
 import pytest
 import yaml
 
@@ -336,19 +337,44 @@ def _wait_for_models(base: str, proc: subprocess.Popen, log: Path) -> None:
         time.sleep(2)
 
 
-@pytest.fixture(scope="module")
-def document(smollm2_model) -> str:
+def _document(model: str) -> str:
+    """The chat request's text: a long PG-19 document and a question."""
     if not (prompt_data.data_dir() / "pg19").is_dir():
         pytest.skip(f"long-context data not found under {prompt_data.data_dir()}")
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_model)
+    tokenizer = AutoTokenizer.from_pretrained(model)
     ids = prompt_data.long_prompts(tokenizer, [PROMPT_TOKENS])[0]
     return tokenizer.decode(ids) + "\n\nWho wrote the text above?"
 
 
+@pytest.fixture(scope="module")
+def document(smollm2_model) -> str:
+    return _document(smollm2_model)
+
+
+def _plain_job(fixture):
+    """The reference (``background.py``): a plain ``vllm serve`` (no
+    speculation) answering the same request, beside the rest of the suite,
+    in the environment the session started with."""
+    model = fixture("smollm2_model")
+    text = _document(model)
+    log = fixture("tmp_path_factory").mktemp("ray_plain") / "plain.log"
+    flags = _cli_flags({"max_model_len": MAX_MODEL_LEN, **ENGINE_KWARGS})
+    env = dict(os.environ)
+
+    def job():
+        with serve([model, *flags], log, STARTUP_S, env=env) as plain:
+            return _chat(plain.base, None, text, STARTUP_S)
+    return job
+
+
+BACKGROUND = {"plain": _plain_job}
+
+
 @pytest.mark.ray
-def test_ray_serve_matches_plain_vllm_serve(smollm2_model, document, tmp_path):
+def test_ray_serve_matches_plain_vllm_serve(smollm2_model, document, tmp_path,
+                                            request):
     """The Ray Serve app drafts through SpecExtend views and answers exactly as
     plain decoding does; Serve and Ray stop without leaving processes."""
     pytest.importorskip("ray.serve.llm")
@@ -408,11 +434,8 @@ def test_ray_serve_matches_plain_vllm_serve(smollm2_model, document, tmp_path):
     assert stats["retrievals"] > 0 and stats["view_rows"] > 0, stats
     assert 0 < stats["draft_context_tokens"] < stats["full_context_tokens"], stats
 
-    flags = _cli_flags({"max_model_len": MAX_MODEL_LEN, **ENGINE_KWARGS})
     try:
-        with serve([smollm2_model, *flags], tmp_path / "plain.log",
-                   STARTUP_S) as plain:
-            plain_resp = _chat(plain.base, None, document, STARTUP_S)
+        plain_resp = background.result(request, "plain")
     except RuntimeError as e:
         pytest.fail(str(e))
     assert ray_resp.usage.prompt_tokens == plain_resp.usage.prompt_tokens
