@@ -106,15 +106,21 @@ def variant(result: dict, mode: str, row: dict | None = None) -> str | None:
         for e in result.get("engines", []) + result.get("servers", []):
             if e.get("mode") == mode:
                 env.update(e.get("plugin_env") or {})
-    config = config_switches((result["meta"].get("config") or {}).get("spec_extend"))
-    # A TP engine's resolved placement (``draft_placement: auto``).
-    placed = " ".join(sorted({f"draft_placement={json.dumps(e['draft_placement'])}"
-                              for e in result.get("engines", [])
-                              if e.get("mode") == mode
-                              and e.get("draft_placement") == "replicated"}))
-    if placed and placed in (config or ""):
-        placed = ""
-    return " ".join(v for v in (tuning_switches(env), config, placed) if v) or None
+    config = config_switches(_plugin_config(result, mode))
+    return " ".join(v for v in (tuning_switches(env), config) if v) or None
+
+
+def _plugin_config(result: dict, mode: str) -> dict:
+    """The file's plugin config (``--spec-extend``), with the draft placement
+    a TP engine of ``mode`` resolved (``draft_placement: auto``) where it
+    replicated its draft."""
+    config = (result["meta"].get("config") or {}).get("spec_extend") or {}
+    if isinstance(config, str):
+        config = json.loads(config)
+    if any(e.get("mode") == mode and e.get("draft_placement") == "replicated"
+           for e in result.get("engines", [])):
+        config = {**config, "draft_placement": "replicated"}
+    return config
 
 
 def decode_rows(result: dict, file: str) -> list[dict]:

@@ -228,13 +228,19 @@ def run_figures(outputs, e2e_s: float) -> dict:
     }
 
 
-def plugin_state(llm) -> dict | None:
-    """Rank 0's SpecExtend counters (ranks count the same rows), or None on an
-    engine without the plugin's worker."""
+def rank0_state(llm) -> dict | None:
+    """Rank 0's ``specextend_state`` (ranks count the same rows), or None on
+    an engine without the plugin's worker."""
     try:
-        return access.worker_state(llm)[0]["stats"]
+        return access.worker_state(llm)[0]
     except Exception:  # any failure means: no plugin worker to answer
         return None
+
+
+def plugin_state(llm) -> dict | None:
+    """Rank 0's SpecExtend counters, or None without the plugin's worker."""
+    state = rank0_state(llm)
+    return None if state is None else state["stats"]
 
 
 def kv_cache_tokens(llm) -> int | None:
@@ -304,7 +310,8 @@ def run_engine(args, mode: str, index: int, out: Path) -> int:
     # Asked only where the plugin was requested: elsewhere the RPC fails in the
     # engine, which logs it as an error with a traceback.
     requested = "spec_extend" in (llm.llm_engine.vllm_config.additional_config or {})
-    plugin = requested and plugin_state(llm) is not None
+    state = rank0_state(llm) if requested else None
+    plugin = state is not None
     engine.update(
         startup_s=time.perf_counter() - start,
         async_scheduling=llm.llm_engine.vllm_config.scheduler_config.async_scheduling,
@@ -313,7 +320,7 @@ def run_engine(args, mode: str, index: int, out: Path) -> int:
     )
     if plugin and (args.tensor_parallel_size or 1) > 1:
         # As the engine resolved it (``draft_placement: auto``).
-        engine["draft_placement"] = access.worker_state(llm)[0].get("draft_placement")
+        engine["draft_placement"] = state.get("draft_placement")
     append(out, "engines", engine)
     timed = args.draft_timing and mode != "plain"
     if timed:
