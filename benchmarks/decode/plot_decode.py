@@ -25,6 +25,14 @@ def _spread(row: dict) -> tuple[float, float, float]:
     return tok, tok, tok
 
 
+def file_tags(files: list[Path], devices: list[str]) -> list[str]:
+    """Each file's label: its device where the files come from different hosts
+    (their figures are then no comparison), else its name's last part."""
+    if len(set(devices)) > 1:
+        return devices
+    return [f.stem.rsplit("_", 1)[-1] for f in files]
+
+
 def plot(files: list[Path], out: Path) -> None:
     import matplotlib
 
@@ -35,10 +43,12 @@ def plot(files: list[Path], out: Path) -> None:
     for res in results:
         res["results"] = [r for r in res["results"] if "skipped" not in r]
     batches = sorted({r["batch"] for res in results for r in res["results"]})
-    fig, axes = plt.subplots(1, len(batches), figsize=(5.5 * len(batches), 4),
+    fig, axes = plt.subplots(1, len(batches), figsize=(max(8.0, 5.5 * len(batches)), 4),
                              constrained_layout=True, squeeze=False)
+    devices = [device(res["meta"]) for res in results]
+    tags = file_tags(files, devices)
     colors = {}
-    for path, res, style in zip(files, results, STYLES[:len(files)], strict=True):
+    for tag, res, style in zip(tags, results, STYLES[:len(files)], strict=True):
         modes = dict.fromkeys(r["mode"] for r in res["results"])
         for ax, batch in zip(axes[0], batches, strict=True):
             for mode in modes:
@@ -53,8 +63,7 @@ def plot(files: list[Path], out: Path) -> None:
                             yerr=[[m - lo for m, lo in zip(mid, low, strict=True)],
                                   [h - m for m, h in zip(mid, high, strict=True)]],
                             fmt=style, capsize=3, color=color,
-                            label=f"{mode} ({path.stem.rsplit('_', 1)[-1]})"
-                            if len(files) > 1 else mode)
+                            label=f"{mode} ({tag})" if len(files) > 1 else mode)
     for ax, batch in zip(axes[0], batches, strict=True):
         ax.set_title(f"batch {batch}", fontsize=10)
         ax.set_xlabel("context (K tokens)")
@@ -65,7 +74,8 @@ def plot(files: list[Path], out: Path) -> None:
     meta, cfg = results[0]["meta"], results[0]["meta"]["config"]
     fig.suptitle(f"{Path(cfg['target_config']).name} / "
                  f"{', '.join(Path(d).name for d in cfg['draft_config'])}; "
-                 f"{device(meta)}, vLLM {meta['vllm']}, "
+                 f"{devices[0] if len(set(devices)) == 1 else 'several hosts'}, "
+                 f"vLLM {meta['vllm']}, "
                  f"synthetic acceptance length {cfg['acceptance_length']}", fontsize=10)
     fig.savefig(out, dpi=120)
     plt.close(fig)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -55,6 +56,15 @@ def test_plot_overlays_runs(tmp_path):
     out = tmp_path / "decode.png"
     plot_decode.plot(files, out)
     assert out.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_plot_names_the_host_where_files_differ():
+    from benchmarks.decode import plot_decode
+
+    files = [Path("a_32k.json"), Path("b_124k.json")]
+    same, two = ["H200 ×4", "H200 ×4"], ["H200 ×4", "H100 ×4"]
+    assert plot_decode.file_tags(files, same) == ["32k", "124k"]
+    assert plot_decode.file_tags(files, two) == two
 
 
 def new_result() -> dict:
