@@ -150,6 +150,13 @@ serve_traffic() {
     echo --concurrency $conc --num-prompts ${SERVE_PROMPTS:-$conc}
   fi
 }
+# serve12's server flags across GPUs (issue #44): SERVE_TP > 1 GPUs with the
+# SERVE_EXECUTOR (mp) executor, and the fusion off as in tp-speed; none at 1.
+serve_tp_flags() {
+  [ "${SERVE_TP:-1}" -gt 1 ] || return 0
+  echo --tensor-parallel-size "$SERVE_TP" --distributed-executor-backend \
+    "${SERVE_EXECUTOR:-mp}" --compilation-config '{"pass_config":{"fuse_allreduce_rms":false}}'
+}
 case "$1" in
   viewattn)
     # Issue #26: the draft's attention over its view, FA3 against the one-launch
@@ -351,6 +358,17 @@ PY
     # (serve_traffic above); each rate table proposes the rate for 16 requests
     # in flight (bench_serve.next_rate): probe plain at a rate or two, then
     # run every mode at the proposed one with SERVE_LOAD=high.
+    # Across GPUs (issue #44): SERVE_TARGET 8b (default) or 70b, SERVE_TP the
+    # tensor-parallel size (1; the 70B needs 4), SERVE_EXECUTOR mp (default)
+    # or ray (parts packed with RAY=1 bash benchmarks/gpu/prepare.sh). At
+    # TP > 1 every server gets what tp-speed's engines get: the all-reduce +
+    # RMSNorm fusion and symmetric-memory all-reduce off (these hosts keep
+    # NVLink multicast off; under --spec-extend the plugin turns the fusion
+    # off by itself, a plain server needs the flag).
+    target=${SERVE_TARGET:-8b}; tp=${SERVE_TP:-1}; executor=${SERVE_EXECUTOR:-mp}
+    case $target in 70b) tcfg=$M/llama31_70b ;; 8b) tcfg=$M/llama31_8b ;;
+      *) echo "SERVE_TARGET: 70b or 8b" >&2; exit 2 ;; esac
+    [ "$tp" -gt 1 ] && export VLLM_ALLREDUCE_USE_SYMM_MEM=0
     mode=${SERVE_MODE:-plain}; wl=${SERVE_WORKLOAD:-long}; len=${SERVE_INPUT_LEN:-16384}
     draft=${SERVE_DRAFT:-llama32_1b}; method=${SERVE_METHOD:-draft_model}
     traffic=${SERVE_CONCURRENCY:-1 4}  # in file names: "1 4", "r0.5 1 high"
@@ -371,7 +389,9 @@ PY
     case $mode in draft_model|spec_extend)
       [ "$method" = draft_model ] && [ "$draft" != llama32_1b ] && other=$draft ;;
     esac
-    tag=$(echo "$mode ${method#draft_model} $other $wl $len $traffic ${SERVE_TAG:-}" | tr -s ' ' - | sed 's/-$//')
+    across=""; [ "$tp" -gt 1 ] && across="${target}_tp${tp}_$executor"
+    [ "$tp" -gt 1 ] || [ "$target" = 8b ] || across=$target
+    tag=$(echo "$across $mode ${method#draft_model} $other $wl $len $traffic ${SERVE_TAG:-}" | tr -s ' ' - | sed 's/^-//; s/-$//')
     # SERVE_DETACH=1: a cell longer than a call (32K at concurrency 16: a
     # server start of 3-4 min and ~1 min a run) runs detached (detached.sh)
     # under SERVE_TIMEOUT (default then 1500 s); each call waits SERVE_WAIT_S
@@ -385,12 +405,12 @@ PY
       res="$OUT/serve12_$tag"; limit=${SERVE_TIMEOUT:-480}
     fi
     [ "$detach" = 1 ] && [ -f "$dir/started" ] || stop_leftovers || exit 3
-    cmd=(timeout "$limit" python3 -m benchmarks.serve.bench_serve --target $M/llama31_8b
+    cmd=(timeout "$limit" python3 -m benchmarks.serve.bench_serve --target $tcfg
       --draft $M/$draft --method $method --tokenizer .gpu/tokenizer --modes $mode
       --workloads $wl --input-lens $len $(serve_traffic)
       --runs 3 --acceptance-length 3.0 ${SERVE_SPEC_EXTEND:+--spec-extend "$SERVE_SPEC_EXTEND"}
       --startup-timeout 300 --run-timeout 240 --out-dir "$res"
-      -- --load-format dummy --max-model-len $((len + 1024 + 256)))
+      -- --load-format dummy --max-model-len $((len + 1024 + 256)) $(serve_tp_flags))
     if [ "$detach" = 1 ]; then
       detached "$dir" ${SERVE_WAIT_S:-540} "${cmd[@]}" || exit 0
       cp "$dir/runner.log" "$OUT/serve12_$tag.log"; cp -r "$res" "$OUT/serve12_$tag"

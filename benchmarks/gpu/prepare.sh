@@ -27,8 +27,13 @@ cd "$ROOT"
 SHARED=${SHARED:-$ROOT/../shared}
 VENV=${SPECEXTEND_VENV:-$HOME/.cache/vllm-specextend/venv-cpu}
 
-if ! ls .gpu/p1 >/dev/null 2>&1; then
-  bash "$SHARED/gpu/pack.sh" .gpu
+# RAY=1: Ray too (the `ray` executor under TP: host_run.sh serve12 with
+# SERVE_EXECUTOR=ray), repacked; .gpu/ray marks parts that hold it. 2.60.0 ran
+# vLLM 0.26's ray executor on these hosts (2026-11-22); about 79 MB more.
+if [ "${RAY:-0}" = 1 ] && [ ! -f .gpu/ray ]; then
+  rm -rf .gpu/p[0-9]* && bash "$SHARED/gpu/pack.sh" .gpu ray==2.60.0 && touch .gpu/ray
+elif ! ls .gpu/p1 >/dev/null 2>&1; then
+  bash "$SHARED/gpu/pack.sh" .gpu && rm -f .gpu/ray
 fi
 rm -rf .gpu/wheel && mkdir -p .gpu/wheel
 python3 -m pip wheel --no-deps -q -w .gpu/wheel . 2>&1 | grep -v '^WARNING' || true

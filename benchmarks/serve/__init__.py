@@ -5,7 +5,8 @@ decode tok/s and TPOT, ``serve_timeline`` recomputes where each run's decode
 window went from the per-request records, and ``soak`` keeps a SpecExtend
 server under a long, mixed and hostile load and checks that nothing took it
 down; ``series`` names and orders a result's rows for both the tables and the
-plots. Entry points, from the repository root::
+plots; ``bench_client`` runs bench_serve's ``vllm bench serve`` runs in one
+warm process. Entry points, from the repository root::
 
     python -m benchmarks.serve.bench_serve --target T --draft D --out-dir DIR -- ...
     python -m benchmarks.serve.plot_serve DIR/results.json [--out-dir DIR]

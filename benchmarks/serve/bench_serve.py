@@ -43,7 +43,10 @@ completed requests per second that met them all. A rate's rows carry
 the rate at which ``--target-in-flight`` (16) requests would be in flight
 (``next_rate``, Little's law from the table's rates), the rate to run next.
 
-Per run, from ``vllm bench serve --save-result --save-detailed``: output
+Each run is a ``vllm bench serve`` run, its arguments those of the command
+that results record, run in one warm client process
+(``benchmarks.serve.bench_client``: the command's 23 s of imports once, not per
+run). Per run, from ``vllm bench serve --save-result --save-detailed``: output
 tok/s, TTFT, TPOT and ITL (p50 / p90 / p99), completed and failed requests,
 goodput (``request_goodput``, None without ``--goodput``), the mean requests
 in flight (``in_flight``: each completed request's start to last token,
@@ -94,7 +97,6 @@ import re
 import shlex
 import signal
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
@@ -125,6 +127,7 @@ from benchmarks.harness.server import (
     tokenizer_gap,
     vllm_command,
 )
+from benchmarks.serve.bench_client import BenchClient
 from benchmarks.serve.series import inputs, rated, series, series_key
 
 WORKLOADS = ("long", "shared-doc", "short", "mixed")
@@ -465,25 +468,22 @@ def run_figures(bench: dict, delta: dict, busy: GpuBusy) -> dict:
     }
 
 
-def run_cell(args, base: str, mode: str, cell: Cell, logs: Path) -> list[dict]:
+def run_cell(args, client: BenchClient, base: str, mode: str, cell: Cell,
+             logs: Path) -> list[dict]:
     runs = []
     for i, (dataset, prime) in enumerate(zip(cell.datasets, cell.primes, strict=True)):
         tag = (f"{label(args, mode)}_{cell.workload}_{cell.input_len}"
                f"_{cell.traffic.tag}_run{i}")
         result = args.out_dir / "bench" / f"{tag}.json"
         cmd = bench_command(args, base, dataset, cell.traffic, result)
+        argv = cmd[cmd.index("serve") + 1:]  # what `vllm bench serve` parses
         if prime is not None:
             complete(base, args.target, prime, 1, args.run_timeout)
         before = scrape(base)
         log = logs / f"bench_{tag}.log"
         # NVML is device-wide: sampling from here sees the server's kernels.
-        with log.open("wb") as out, GpuBusy(clock=time.perf_counter) as busy:
-            try:
-                rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL,
-                                    timeout=args.run_timeout).returncode
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
+        with GpuBusy(clock=time.perf_counter) as busy:
+            rc = client.run(argv, log, args.run_timeout)
         delta = counter_deltas(before, scrape(base))
         run = {"bench_command": shlex.join(cmd),
                "bench_result": str(result.relative_to(args.out_dir))}
@@ -522,8 +522,8 @@ def async_scheduling(log: Path) -> bool | None:
     return found[-1] == "enabled" if found else None
 
 
-def run_mode(args, mode: str, warmups: dict[int, str], cells: list[Cell],
-             result: dict, out: Path) -> None:
+def run_mode(args, client: BenchClient, mode: str, warmups: dict[int, str],
+             cells: list[Cell], result: dict, out: Path) -> None:
     """Start the mode's server, run every cell, record as it goes."""
     logs = args.out_dir / "logs"
     log = logs / f"serve_{label(args, mode)}.log"
@@ -538,8 +538,8 @@ def run_mode(args, mode: str, warmups: dict[int, str], cells: list[Cell],
                 # Compiles what runs on first use (the scoring kernel, ...).
                 complete(server.base, args.target, prompt, 16, args.run_timeout)
             for cell in cells:
-                row = cell_row(args, mode, cell, run_cell(args, server.base, mode,
-                                                          cell, logs))
+                row = cell_row(args, mode, cell, run_cell(
+                    args, client, server.base, mode, cell, logs))
                 row["plugin_env"] = record["plugin_env"]
                 print(json.dumps({k: v for k, v in row.items() if k != "runs"}),  # noqa: T201
                       flush=True)
@@ -818,8 +818,10 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out_dir / "results.json"
     result = {"meta": run_metadata(args, bench="serve"), "servers": [], "results": []}
     warmups, cells = plan(args)
-    for mode in args.modes:
-        run_mode(args, mode, warmups, cells, result, out)
+    (args.out_dir / "logs").mkdir(exist_ok=True)
+    with BenchClient(args.out_dir / "logs" / "bench_client.log") as client:
+        for mode in args.modes:
+            run_mode(args, client, mode, warmups, cells, result, out)
     summary = table(result)
     (args.out_dir / "summary.md").write_text(summary + "\n")
     print(summary)  # noqa: T201

@@ -228,9 +228,10 @@ def test_a_failing_configuration_fails_the_call_and_is_packed(tmp_path):
     assert "fp8draft_fp8_8192_pg19.json" not in names
 
 
-def serve_traffic(env: dict) -> list[str]:
-    """The flags host_run.sh's serve_traffic gives bench_serve under ``env``."""
-    script = function_source("serve_traffic") + "serve_traffic"
+def serve_traffic(env: dict, function: str = "serve_traffic") -> list[str]:
+    """The flags host_run.sh's serve_traffic (or ``function``) gives
+    bench_serve under ``env``."""
+    script = function_source(function) + function
     done = subprocess.run(["bash", "-c", script],
                           env={"PATH": "/usr/bin:/bin", **env}, capture_output=True,
                           text=True, timeout=30, check=True)
@@ -256,3 +257,22 @@ def test_serve12_traffic_bursts_or_rates():
     assert serve_traffic({"SERVE_RATES": "2", "SERVE_GOODPUT": "e2el:60000",
                           "SERVE_PROMPTS": "64"}) == [
         "--request-rates", "2", "--goodput", "e2el:60000", "--num-prompts", "64"]
+
+
+def test_serve12_across_gpus_gives_every_server_the_tp_flags():
+    """SERVE_TP > 1: the size, the executor (mp unless named) and the fusion
+    off, as `vllm serve` flags the servers parse; nothing at TP=1."""
+    import json
+
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    assert serve_traffic({}, "serve_tp_flags") == []
+    assert serve_traffic({"SERVE_TP": "1"}, "serve_tp_flags") == []
+    flags = serve_traffic({"SERVE_TP": "4", "SERVE_EXECUTOR": "ray"}, "serve_tp_flags")
+    args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(flags)
+    assert args.tensor_parallel_size == 4
+    assert args.distributed_executor_backend == "ray"
+    assert json.loads(flags[flags.index("--compilation-config") + 1]) == {
+        "pass_config": {"fuse_allreduce_rms": False}}
+    assert serve_traffic({"SERVE_TP": "2"}, "serve_tp_flags")[3] == "mp"
