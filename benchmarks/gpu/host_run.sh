@@ -223,11 +223,29 @@ case "$1" in
     # PROFILE_ARGS (more flags: a 16K prompt's first token as `vllm serve`
     # chunks it, issue #22: PROFILE_CONTEXT=16384 PROFILE_ARGS="--prefill
     # --max-num-batched-tokens 8192"; several modes: one call each).
+    # Across GPUs (issue #44): PROFILE_TARGET=8b|70b with PROFILE_TP=2|4: vLLM's
+    # worker profiler traces each rank (the summary's "ranks"), with tp-speed's
+    # flags; the traces stay on the host but rank 0's, gzipped.
+    ptarget=${PROFILE_TARGET:-8b}; ptp=${PROFILE_TP:-1}
+    case $ptarget in 70b) pcfg=$M/llama31_70b ;; 8b) pcfg=$M/llama31_8b ;;
+      *) echo "PROFILE_TARGET: 70b or 8b" >&2; exit 2 ;; esac
+    tp_flags=()
+    if [ "$ptp" -gt 1 ]; then
+      export VLLM_ALLREDUCE_USE_SYMM_MEM=0
+      tp_flags=(--tensor-parallel-size "$ptp" --distributed-executor-backend mp
+        --compilation-config '{"pass_config": {"fuse_allreduce_rms": false}}')
+    fi
     timeout ${PROFILE_TIMEOUT:-400} python3 -m benchmarks.gpu.profile_step \
       --mode ${PROFILE_MODE:-spec_extend} --context ${PROFILE_CONTEXT:-65536} \
-      --target-config $M/llama31_8b --draft-config $M/${DECODE_DRAFT:-llama32_1b} \
-      --out-dir "$OUT" ${PROFILE_ARGS:-} > "$OUT/profile26.log" 2>&1
+      --target-config $pcfg --draft-config $M/${DECODE_DRAFT:-llama32_1b} \
+      --out-dir "$OUT" "${tp_flags[@]}" ${PROFILE_ARGS:-} > "$OUT/profile26.log" 2>&1
     echo "profile26 rc=$?"; tail -60 "$OUT/profile26.log" | cut -c1-170
+    for d in "$OUT"/traces_*; do
+      [ -d "$d" ] || continue
+      first=$(ls "$d"/*_tp0_*.json 2>/dev/null | head -1)
+      [ -n "$first" ] && gzip -c "$first" > "$OUT/$(basename "$d")_tp0.json.gz"
+      rm -rf "$d"
+    done
     rm -rf "$OUT/models" ;;
   self-draft)
     # Issue #11's speed table: the 8B shape drafting for itself (K=3 by default,

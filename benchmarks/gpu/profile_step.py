@@ -14,6 +14,13 @@ model forward, sampling and the rest, and each scope's median GPU span (a
 steady step's). Only vLLM's V1 runner opens these scopes: a mode on its V2
 runner (plain decoding, by vLLM's default) has none, only the kernel sums.
 
+Under tensor parallelism (``--tensor-parallel-size N``) the kernels run in
+vLLM's worker processes, out of this process's profiler's sight: vLLM's own
+profiler then traces every worker (``profiler_config``, ``LLM.start_profile``),
+one Chrome trace per rank under ``--out-dir``, and the summary has each rank's
+kernels by category and runner scopes (``ranks``): where a step's time goes
+on each GPU.
+
 ``--prefill`` profiles a request's prompt instead (issue #22's time to first
 token): a fresh prompt of ``--context`` tokens (another seed, so no prefix is
 cached) with one new token, every chunk of it; its summary has the request's
@@ -28,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import time
 from collections import defaultdict
@@ -91,7 +99,15 @@ def main(argv=None) -> int:
     root = args.out_dir / "models"
     target = bench_decode.model_dir(args.target_config, root)
     draft = args.draft_config and bench_decode.model_dir(args.draft_config, root)
-    llm = LLM(**bench_decode.engine_args(bargs, args.mode, target, draft))
+    engine = bench_decode.engine_args(bargs, args.mode, target, draft)
+    name = f"{args.mode}_{args.context}_b{args.batch}{'_prefill' if args.prefill else ''}"
+    workers = (engine.get("tensor_parallel_size") or 1) > 1
+    trace_dir = args.out_dir / f"traces_{name}"
+    if workers:
+        engine["profiler_config"] = {
+            "profiler": "torch", "torch_profiler_dir": str(trace_dir.resolve()),
+            "torch_profiler_with_stack": False, "torch_profiler_use_gzip": False}
+    llm = LLM(**engine)
     vocab = json.loads(Path(target, "config.json").read_text())["vocab_size"]
     prompts = bench_decode.prompts_for(vocab, 0, args.context, args.batch, 0)
     bench_decode.generate(llm, prompts, 16)  # warm-up, and the prefix cached
@@ -101,10 +117,16 @@ def main(argv=None) -> int:
                   torch.profiler.ProfilerActivity.CUDA]
     if args.prefill:
         prompts = bench_decode.prompts_for(vocab, 1, args.context, args.batch, 0)
+    gpus = engine.get("tensor_parallel_size") or 1
     with torch.profiler.profile(activities=activities) as prof:
+        if workers:
+            llm.start_profile(profile_prefix=name)
         start = time.perf_counter()
-        run = bench_decode.generate(llm, prompts, 1 if args.prefill else args.tokens)
+        run = bench_decode.generate(llm, prompts, 1 if args.prefill else args.tokens,
+                                    gpus)
         wall = time.perf_counter() - start
+        if workers:
+            llm.stop_profile()  # each rank writes its trace
     spec = counter_delta(counts, spec_counters(llm))
     if args.prefill:
         steps = 1  # the whole prompt: figures per request, not per step
@@ -112,7 +134,6 @@ def main(argv=None) -> int:
         steps = spec["drafts"] // args.batch if spec["drafts"] else args.tokens
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    name = f"{args.mode}_{args.context}_b{args.batch}{'_prefill' if args.prefill else ''}"
     table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=45)
     (args.out_dir / f"profile_{name}.txt").write_text(table)
     trace = args.out_dir / f"trace_{name}.json"
@@ -135,6 +156,8 @@ def main(argv=None) -> int:
     else:
         summary["decode_tok_s"] = run["decode_tok_s"]
     summary["runner_scopes"] = runner_scopes(prof.key_averages())
+    if workers:
+        summary["ranks"] = rank_summaries(trace_dir, steps)
     (args.out_dir / f"profile_{name}.json").write_text(json.dumps(summary, indent=1))
     print(table)  # noqa: T201
     print(json.dumps(summary, indent=1))  # noqa: T201
@@ -180,6 +203,35 @@ def scope_spans(trace_events: list[dict], min_us: float = 10.0) -> dict[str, dic
         out[scope] = {"calls": len(found),
                       "median_span_ms": statistics.median(e - b for b, e in found) / 1000.0,
                       "median_busy_ms": statistics.median(busy)}
+    return out
+
+
+def rank_traces(trace_dir: Path) -> dict[int, Path]:
+    """Each TP rank's Chrome trace in ``trace_dir``, as vLLM's worker
+    profiler names them (``<prefix>_dp0_pp0_tp<rank>_dcp0_ep0_rank<global>.
+    <time>.pt.trace.json``, vLLM 0.26's ``get_worker_rank_suffix``)."""
+    traces = {}
+    for path in sorted(trace_dir.glob("*.pt.trace.json")):
+        found = re.search(r"_tp(\d+)[_.]", path.name)
+        if found:
+            traces[int(found.group(1))] = path
+    return dict(sorted(traces.items()))
+
+
+def rank_summaries(trace_dir: Path, steps: int) -> dict[str, dict]:
+    """Per TP rank, from its worker's trace: GPU ms per step by category,
+    their sum, and vLLM's runner scopes' median spans (``scope_spans``)."""
+    out = {}
+    for rank, path in rank_traces(trace_dir).items():
+        events = json.loads(path.read_text())["traceEvents"]
+        by_cat = kernel_ms_by_category(events)
+        out[str(rank)] = {
+            "trace": path.name,
+            "gpu_ms_per_step": sum(by_cat.values()) / steps,
+            "gpu_ms_per_step_by_category": {k: v / steps
+                                            for k, v in sorted(by_cat.items())},
+            "scope_spans": scope_spans(events),
+        }
     return out
 
 

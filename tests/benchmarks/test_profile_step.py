@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 from benchmarks.gpu.profile_step import (
     category,
     kernel_ms_by_category,
+    rank_summaries,
+    rank_traces,
     runner_scopes,
     scope_spans,
 )
@@ -77,3 +80,20 @@ def test_scope_spans_take_medians_and_leave_out_empty_spans():
 def test_kernel_ms_count_work_not_annotations():
     assert kernel_ms_by_category(TRACE) == {"matmul": 20.0, "attention": 7.0,
                                             "copy": 2.0, "triton": 2.0}
+
+
+def test_each_tp_ranks_trace_summarized_as_its_own_gpu(tmp_path):
+    """vLLM's worker profiler writes a trace per rank; each is read as one
+    GPU's, by the rank in its name, per profiled step."""
+    other = [_ev("kernel", "flash_fwd_kernel", 0.0, 1000.0)]
+    for rank, events in ((1, other), (0, TRACE)):
+        path = tmp_path / (f"spec_extend_32768_b1_dp0_pp0_tp{rank}_dcp0_ep0_rank{rank}"
+                           ".1764.pt.trace.json")
+        path.write_text(json.dumps({"traceEvents": events}))
+    (tmp_path / "unrelated.json").write_text("{}")
+    assert list(rank_traces(tmp_path)) == [0, 1]
+    ranks = rank_summaries(tmp_path, steps=2)
+    assert ranks["0"]["gpu_ms_per_step"] == 15.5  # 31 ms of work over 2 steps
+    assert ranks["0"]["gpu_ms_per_step_by_category"]["matmul"] == 10.0
+    assert ranks["0"]["scope_spans"]["draft"]["median_span_ms"] == 5.0
+    assert ranks["1"]["gpu_ms_per_step_by_category"] == {"attention": 0.5}
