@@ -326,15 +326,19 @@ PY
     # TP_CONTEXTS, TP_BATCHES name the cells; TP_ARGS adds flags; TP_TAG ends
     # the files' names (a variant: TP_ARGS='--spec-extend {"top_k":32,
     # "recent_tokens":256,"draft_placement":"sharded"}' TP_TAG=sharded, no
-    # spaces in the JSON).
+    # spaces in the JSON). TP_DRAFT: another draft shape (llama32_1b_fp8: the
+    # 1B as an fp8 checkpoint; a lever where the draft's weights, not its
+    # collectives, bound a replicated draft); it names the files too.
     export VLLM_ALLREDUCE_USE_SYMM_MEM=0
     stop_leftovers || exit 1
     target=${TP_TARGET:-70b}; size=${TP_SIZE:-4}
     case $target in 70b) cfg=$M/llama31_70b ;; 8b) cfg=$M/llama31_8b ;;
       *) echo "TP_TARGET: 70b or 8b" >&2; exit 2 ;; esac
-    modes=${TP_MODES:-spec_extend plain}; tag=${target}-1b_tp${size}_$(echo $modes | tr ' ' -)${TP_TAG:+_$TP_TAG}
+    tdraft=${TP_DRAFT:-llama32_1b}; dname=1b; [ "$tdraft" = llama32_1b_fp8 ] && dname=1b-fp8
+    [ "$tdraft" = llama32_1b ] || [ "$tdraft" = llama32_1b_fp8 ] || dname=$tdraft
+    modes=${TP_MODES:-spec_extend plain}; tag=${target}-${dname}_tp${size}_$(echo $modes | tr ' ' -)${TP_TAG:+_$TP_TAG}
     timeout ${TP_TIMEOUT:-570} python3 -m benchmarks.decode.bench_decode --target-config $cfg \
-      --draft-config $M/llama32_1b --contexts ${TP_CONTEXTS:-32768} \
+      --draft-config $M/$tdraft --contexts ${TP_CONTEXTS:-32768} \
       --batch-sizes ${TP_BATCHES:-1} --output-len 1024 --runs 3 --fresh-prompts \
       --tensor-parallel-size $size \
       --compilation-config '{"pass_config": {"fuse_allreduce_rms": false}}' \
