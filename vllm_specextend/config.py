@@ -70,8 +70,10 @@ class SpecExtendConfig:
     defer_prefill_draft: bool = True
     """A step that only computes prompt chunks which end no prompt keeps its
     draft pass for the next step that drafts (``deferral.py``), so the first
-    token does not wait for the draft's passes over a long prompt. A draft
-    model only; EAGLE heads and ``self_draft`` draft in the target's step."""
+    token does not wait for the draft's passes over a long prompt; a step
+    whose other rows decode keeps its chunk rows' pass and drafts the rest
+    (``kept_passes.py``). A draft model only; EAGLE heads and ``self_draft``
+    draft in the target's step."""
     draft_vocab: int | None = None
     """Greedy drafts come from the first ``draft_vocab`` token ids only: the
     drafter's logits are computed over those rows of its ``lm_head`` (a view,

@@ -4,9 +4,17 @@ over prompt chunks, and the kept passes run through vLLM's propose.
 ``deferral.py`` holds the kept passes and says why they wait (issue #22's
 time to first token). Here is what takes vLLM's runner and propose: a step
 keeps its pass when no row samples (``compat.samples_no_row``) and returns
-zero drafts, as vLLM does when the drafter cannot run; any other step, a
-block copy or a finished request runs the kept passes first, oldest first,
-each as vLLM's propose with K = 0.
+zero drafts, as vLLM does when the drafter cannot run. A step whose last
+rows are such prompt chunks while the rows before them sample (a batch in
+which some requests decode while another prefills: vLLM schedules running
+requests first) is cut in two: the tail's pass is kept, the head drafts now
+through vLLM's propose over its own rows (``compat.split_rows``); greedy
+drafts only, as a sampled draft reads each row's sampling parameters. Any
+other step, a split step whose drafting rows hold kept passes, a block copy
+or a finished request runs the kept passes first, oldest first, each as
+vLLM's propose with K = 0. So a batch's first tokens no longer wait for the
+draft's passes over the other prompts (issue #45), and each request's passes
+still run in order, before its first draft.
 """
 
 from __future__ import annotations
@@ -40,6 +48,57 @@ class KeptPasses:
         return (self._deferral_blocker is None and self.runner is not None
                 and mm_embed_inputs is None and num_rejected is None
                 and compat.samples_no_row(self.runner))
+
+    def _split_point(self, cad, mm_embed_inputs, sampling_metadata,
+                     num_speculative_tokens) -> int | None:
+        """The first row of the step's tail of prompt chunks that end no
+        prompt, where every row before it samples; None where the step has
+        no such cut (or drafts no token, or drafts sampled tokens)."""
+        if (self._deferral_blocker is not None or self.runner is None
+                or mm_embed_inputs is not None or num_speculative_tokens == 0
+                or (self._enable_probabilistic_draft_probs
+                    and not sampling_metadata.all_greedy)):
+            return None
+        discard = compat.discarded_rows(self.runner, cad.num_reqs)
+        first = int(discard.argmax())
+        if not discard[first] or first == 0 or not discard[first:].all():
+            return None
+        return first
+
+    def _runs_kept_first(self, keep: bool, first: int | None) -> bool:
+        """Whether the kept passes run before this step: unless it keeps its
+        pass, or is cut and none of its drafting rows holds a kept pass."""
+        if keep:
+            return False
+        return first is None or self.deferral.holds_any(
+            compat.batch_req_ids(self.runner, first))
+
+    def _propose_split(self, first, view, num_speculative_tokens, token_ids,
+                       positions, next_token_ids, token_indices_to_sample, cad,
+                       num_rejected) -> torch.Tensor:
+        """The tail's pass kept, the head's rows drafted through vLLM's
+        propose over themselves and their rows of the view. The first pass
+        shifts tokens within each row, so every row's inputs, and the head's
+        drafts, are those of the whole step. ``[num_reqs, K]``."""
+        head, tail = compat.split_rows(cad, self.runner, first)
+        n = head.num_actual_tokens
+        num_reqs = cad.num_reqs
+        self.deferral.keep(
+            compat.batch_req_ids(self.runner, num_reqs)[first:],
+            token_ids[n:n + tail.num_actual_tokens],
+            positions[..., n:n + tail.num_actual_tokens],
+            next_token_ids[first:num_reqs], tail,
+            None if view is None else view.rows(first, num_reqs))
+        self.stats.split_prefill_steps += 1
+        self._view = None if view is None else view.rows(0, first)
+        sample = token_indices_to_sample
+        drafts = self._greedy_propose(
+            num_speculative_tokens, token_ids[:n], positions[..., :n], None,
+            next_token_ids[:first], None if sample is None else sample[:first],
+            head, None if num_rejected is None else num_rejected[:first])
+        # The tail's drafts are discarded, as in a kept step. [num_reqs, K]
+        tail_drafts = drafts.new_zeros((num_reqs - first, drafts.shape[1]))
+        return torch.cat([drafts, tail_drafts])
 
     def _keep_pass(self, cad, token_ids, positions, next_token_ids,
                    num_speculative_tokens, view=None) -> torch.Tensor:

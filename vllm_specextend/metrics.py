@@ -55,6 +55,8 @@ COUNTERS = {
     "graph_fallbacks": "Draft steps that drafted eagerly although graphs are captured.",
     "deferred_prefill_passes": "Draft passes over prompt chunks run after their step "
                                "(the step sampled nothing).",
+    "split_prefill_steps": "Draft steps whose prompt-chunk rows kept their pass "
+                           "while the step's other rows drafted.",
     "prefill_window_rows": "Draft rows over prompt chunks that attended to the sinks "
                            "and a window only (draft_prefill_window).",
 }
@@ -86,6 +88,7 @@ class SpecExtendStats:
     graph_steps: int = 0
     graph_fallbacks: int = 0
     deferred_prefill_passes: int = 0
+    split_prefill_steps: int = 0
     prefill_window_rows: int = 0
     tracked_requests: int = 0
     request_slots: int = 0

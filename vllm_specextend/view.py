@@ -144,6 +144,12 @@ class View:
     """A fixed bound on every row's view length (a CUDA graph's, whose host
     values are baked in at capture); None: the metadata's own bound stands."""
 
+    def rows(self, start: int, stop: int) -> View:
+        """The view of rows ``start:stop`` only (a step cut in two)."""
+        return View(self.block_table[start:stop], self.offsets[start:stop],
+                    None if self.offsets_cpu is None else self.offsets_cpu[start:stop],
+                    self.max_seq_len)
+
     def apply(self, cad):
         """vLLM's attention metadata ``cad`` read through this view: the view's
         table and each row's length less its offset, host shadows included.

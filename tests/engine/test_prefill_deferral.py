@@ -78,7 +78,10 @@ def test_kept_passes_draft_as_in_their_step(tiny_target, tiny_draft, prompts,
               enable_prefix_caching=prefix_caching)
 
     assert off["stats"]["deferred_prefill_passes"] == 0
+    assert off["stats"]["split_prefill_steps"] == 0
     assert on["stats"]["deferred_prefill_passes"] > 0, "steps kept their pass"
+    # Steps where a request decodes while another still prefills: cut in two.
+    assert on["stats"]["split_prefill_steps"] > 0, "steps kept their chunks' pass"
     assert on["kept_left"] == 0, "every kept pass ran"
     assert len(on["proposals"]) == len(prompts)
     assert on["proposals"] == off["proposals"], "the same drafts, step by step"

@@ -136,3 +136,88 @@ def test_a_kept_pass_reads_through_its_own_view_copy_and_only_it():
 
     assert seen == [(7, [32, 0]), (8, None)]
     assert proposer._view is None
+
+
+def _runner(discard, req_ids):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        discard_request_mask=SimpleNamespace(np=np.array(discard)),
+        input_batch=SimpleNamespace(req_ids=list(req_ids)))
+
+
+def _splitting_proposer(discard, req_ids=("a", "b", "c")):
+    proposer, _ = _proposer_with_passes(0)
+    proposer.runner = _runner(discard, req_ids)
+    proposer._deferral_blocker = None
+    proposer._enable_probabilistic_draft_probs = True
+    return proposer
+
+
+GREEDY = type("Sampling", (), {"all_greedy": True})()
+
+
+@pytest.mark.parametrize("discard, first", [
+    ([False, False, True], 2),  # decodes, then a chunk that ends no prompt
+    ([False, True, True], 1),
+    ([True, True, True], None),  # nothing samples: the whole step is kept
+    ([False, False, False], None),  # every row samples
+    ([False, True, False], None),  # a sampling row after a kept one: no cut
+])
+def test_a_step_is_cut_where_its_tail_of_prompt_chunks_begins(discard, first):
+    proposer = _splitting_proposer(discard)
+    cad = _metadata()
+    cad.num_reqs = 3
+    assert proposer._split_point(cad, None, GREEDY, 4) == first
+
+
+def test_no_cut_for_sampled_drafts_k_zero_or_a_blocked_deferral():
+    proposer = _splitting_proposer([False, False, True])
+    cad = _metadata()
+    cad.num_reqs = 3
+    sampled = type("Sampling", (), {"all_greedy": False})()
+    assert proposer._split_point(cad, None, sampled, 4) is None
+    assert proposer._split_point(cad, None, GREEDY, 0) is None
+    proposer._enable_probabilistic_draft_probs = False  # greedy drafts anyway
+    assert proposer._split_point(cad, None, sampled, 4) == 2
+    proposer._deferral_blocker = "an EAGLE head drafts from the target's step"
+    assert proposer._split_point(cad, None, GREEDY, 4) is None
+
+
+def test_a_cut_step_runs_kept_passes_only_for_its_drafting_rows():
+    proposer = _splitting_proposer([False, False, True])
+    tokens = torch.tensor([0])
+    proposer.deferral.keep(["c"], tokens, tokens, tokens, _metadata())
+    assert not proposer._runs_kept_first(keep=False, first=2)  # c's pass waits
+    assert proposer._runs_kept_first(keep=False, first=None)
+    assert not proposer._runs_kept_first(keep=True, first=None)
+    proposer.deferral.keep(["b"], tokens, tokens, tokens, _metadata())
+    assert proposer._runs_kept_first(keep=False, first=2)  # b drafts now
+
+
+def test_split_rows_gives_each_part_its_own_tokens_and_tables():
+    """compat.split_rows on vLLM's own metadata: two decode rows (3 tokens
+    each) and a 5-token prompt chunk."""
+    from vllm_specextend import compat
+
+    cad = compat.decode_attn_metadata(
+        query_start_loc=torch.tensor([0, 3, 6, 11], dtype=torch.int32),
+        query_start_loc_cpu=torch.tensor([0, 3, 6, 11], dtype=torch.int32),
+        seq_lens=torch.tensor([40, 70, 20], dtype=torch.int32), num_reqs=3,
+        num_actual_tokens=11, max_query_len=5, max_seq_len=70,
+        block_table_tensor=torch.arange(12, dtype=torch.int32).view(3, 4),
+        slot_mapping=torch.arange(100, 111),
+    )
+    runner = type("Runner", (), {"optimistic_seq_lens_cpu": torch.tensor([40, 70, 20])})
+    head, tail = compat.split_rows(cad, runner, 2)
+    assert (head.num_reqs, head.num_actual_tokens, head.max_query_len) == (2, 6, 3)
+    assert head.query_start_loc.tolist() == [0, 3, 6]
+    assert head.seq_lens.tolist() == [40, 70] and head.max_seq_len == 70
+    assert head.slot_mapping.tolist() == list(range(100, 106))
+    assert head.block_table_tensor.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert (tail.num_reqs, tail.num_actual_tokens, tail.max_query_len) == (1, 5, 5)
+    assert tail.query_start_loc.tolist() == [0, 5]
+    assert tail.query_start_loc_cpu.tolist() == [0, 5]
+    assert tail.seq_lens.tolist() == [20]
+    assert tail.slot_mapping.tolist() == list(range(106, 111))
+    assert tail.block_table_tensor.tolist() == [[8, 9, 10, 11]]

@@ -21,6 +21,8 @@ argparse ``_option_string_actions``                 read        an option's acti
 ``Worker.init_device`` / ``.execute_model``         override    runner exists / finished req ids
 ``GPUModelRunner.drafter`` / ``.input_batch``       write/read  our proposer; row -> req_id
 ``GPUModelRunner._is_all_reqs_chunked_prefill``    call        steps that sample no row (deferral)
+``GPUModelRunner.discard_request_mask``             read        rows that sample nothing (split pass)
+``ubatch_utils.split_attn_metadata``                call        a step's rows cut in two (split pass)
 ``SchedulerOutput.kv_cache_block_copies``          read        kept draft passes before block copies
 ``GPUModelRunner.input_ids`` / ``.positions``       share       self_draft: graphs' input addresses
 ``DraftModelProposer`` / ``EagleProposer``          subclass    draft_model / eagle(3) proposers
@@ -136,10 +138,12 @@ from vllm_specextend.compat.runner import (
     batch_req_ids,
     batch_seq_lens_cpu,
     copies_kv_blocks,
+    discarded_rows,
     live_req_ids,
     model_input_buffers,
     prefill_deferral_blocker,
     samples_no_row,
+    split_rows,
 )
 from vllm_specextend.compat.symbols import LAZY, load, logger
 
@@ -159,7 +163,7 @@ __all__ = [
     "layer_kv_cache", "live_req_ids", "lm_head_rows", "load", "log_stats_interval", "logger",
     "max_num_batched_tokens", "max_num_seqs",
     "copies_kv_blocks", "model_input_buffers", "prefill_deferral_blocker",
-    "samples_no_row",
+    "samples_no_row", "discarded_rows", "split_rows",
     "one_request_kv_bytes", "option_action", "report_errors_briefly",
     "require_v1_model_runner", "rope_inv_freq", "rotary_embeddings",
     "select_worker_cls", "served_model_name", "tp_all_reduce", "tp_broadcast",

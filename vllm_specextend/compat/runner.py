@@ -56,6 +56,39 @@ def samples_no_row(runner) -> bool:
     return runner._is_all_reqs_chunked_prefill()
 
 
+def discarded_rows(runner, num_reqs: int) -> np.ndarray:
+    """Rows whose sampled token the runner discards this step (prompt chunks
+    that do not end their prompt): ``[num_reqs]`` bool.
+
+    vLLM 0.26: the host half of ``discard_request_mask``, set in
+    ``_prepare_inputs`` from host lengths (what ``samples_no_row`` reads).
+    """
+    return runner.discard_request_mask.np[:num_reqs]
+
+
+def split_rows(cad, runner, first: int):
+    """``cad`` cut into its rows before ``first`` and from it on, each as the
+    attention metadata of a batch of its own (tokens, lengths, block tables
+    and slot mappings of those rows): ``(head, tail)``.
+
+    vLLM 0.26: ``split_attn_metadata``, what micro-batching cuts a batch with;
+    it wants the host bound of the lengths, which the drafter's metadata does
+    not carry (``batch_seq_lens_cpu``).
+    """
+    import torch
+    from vllm.v1.worker.ubatch_utils import UBatchSlice, split_attn_metadata
+
+    if cad.seq_lens_cpu_upper_bound is None:
+        bound = torch.from_numpy(batch_seq_lens_cpu(runner, cad.num_reqs).copy())
+        cad = cad.replace(seq_lens_cpu_upper_bound=bound)
+    qsl = cad.query_start_loc_cpu
+    cut, end = int(qsl[first]), int(qsl[cad.num_reqs])
+    head, tail = split_attn_metadata(
+        [UBatchSlice(slice(0, first), slice(0, cut)),
+         UBatchSlice(slice(first, cad.num_reqs), slice(cut, end))], cad)
+    return head, tail
+
+
 def copies_kv_blocks(scheduler_output) -> bool:
     """This step starts by copying whole KV blocks, every layer's.
 
