@@ -8,6 +8,8 @@ must return what a plain ``vllm serve`` (no speculation) returns, and the
 plugin's worker snapshot must show retrievals. The app is built with an API
 key (``VLLM_API_KEY``): the OpenAI routes answer 401 without it or with a
 wrong one. Then Serve and Ray are stopped and no process of either may be left.
+Both servers run in the background lane (``background.py``): the Ray run
+(``_ray_job``) and the plain reference (``_plain_job``), beside the suite.
 """
 
 from __future__ import annotations
@@ -240,19 +242,22 @@ def _stop_session(proc: subprocess.Popen, sig: int, leftovers: list[str]) -> Non
     proc.wait()
 
 
+# A child inherits an ignored SIGINT, and Python then installs no
+# KeyboardInterrupt handler: under a shell's background job (`.ci/run &`)
+# `serve run` slept through the SIGINT meant to shut it down. So each command
+# starts through this shim, which gives SIGINT its default disposition and
+# execs the command (the run is a background job, ``background.py``: its
+# thread may not set signal handlers of its own).
+_SIGINT_DEFAULT = [sys.executable, "-c", "import os, signal, sys; "
+                   "signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                   "os.execv(sys.argv[1], sys.argv[1:])"]
+
+
 def _popen(cmd: list[str], log: Path, env: dict) -> subprocess.Popen:
-    # A child inherits an ignored SIGINT, and Python then installs no
-    # KeyboardInterrupt handler: under a shell's background job (`.ci/run &`)
-    # `serve run` slept through the SIGINT meant to shut it down. The child
-    # gets the default disposition whatever pytest was started with.
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with log.open("wb") as out:
-            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with log.open("wb") as out:
+        return subprocess.Popen([*_SIGINT_DEFAULT, *cmd], stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
 
 
 @contextlib.contextmanager
@@ -278,7 +283,7 @@ def _ray_head(temp_dir: Path, log: Path, env: dict, leftovers: list[str]):
         deadline = time.monotonic() + STARTUP_S
         while "Ray runtime started" not in log.read_text(errors="replace"):
             if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"ray start did not start:\n{tail(log)}")
+                raise RuntimeError(f"ray start did not start:\n{tail(log)}")
             time.sleep(1)
         yield f"127.0.0.1:{port}"
     finally:
@@ -328,9 +333,10 @@ def _wait_for_models(base: str, proc: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + STARTUP_S
     while True:
         if proc.poll() is not None:
-            pytest.fail(f"serve run exited ({proc.returncode}):\n{tail(log)}")
+            raise RuntimeError(f"serve run exited ({proc.returncode}):\n{tail(log)}")
         if time.monotonic() > deadline:
-            pytest.fail(f"Ray Serve app not routed in {STARTUP_S} s:\n{tail(log)}")
+            raise RuntimeError(f"Ray Serve app not routed in {STARTUP_S} s:\n"
+                               f"{tail(log)}")
         with contextlib.suppress(OSError):
             if _models_status(base, API_KEY) == 200:
                 return
@@ -346,11 +352,6 @@ def _document(model: str) -> str:
     tokenizer = AutoTokenizer.from_pretrained(model)
     ids = prompt_data.long_prompts(tokenizer, [PROMPT_TOKENS])[0]
     return tokenizer.decode(ids) + "\n\nWho wrote the text above?"
-
-
-@pytest.fixture(scope="module")
-def document(smollm2_model) -> str:
-    return _document(smollm2_model)
 
 
 def _plain_job(fixture):
@@ -369,15 +370,18 @@ def _plain_job(fixture):
     return job
 
 
-BACKGROUND = {"plain": _plain_job}
-
-
-@pytest.mark.ray
-def test_ray_serve_matches_plain_vllm_serve(smollm2_model, document, tmp_path,
-                                            request):
-    """The Ray Serve app drafts through SpecExtend views and answers exactly as
-    plain decoding does; Serve and Ray stop without leaving processes."""
-    pytest.importorskip("ray.serve.llm")
+def _ray_job(fixture):
+    """The Ray Serve app run for real (``background.py``): a Ray head,
+    ``serve run`` on the committed config with its args and port replaced,
+    the unauthorized probes and one long greedy chat request, the worker's
+    snapshot, then Serve and Ray stopped. Returns what the test asserts on;
+    a start that fails raises, with the log's tail. Ray is not imported here,
+    at the session's start (the test asks for ``ray.serve.llm``)."""
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("ray is not installed")
+    model = fixture("smollm2_model")
+    text = _document(model)
+    tmp_path = fixture("tmp_path_factory").mktemp("ray_serve")
     metrics = tmp_path / "metrics"
     metrics.mkdir(mode=0o700)  # a private one, or the plugin refuses it
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1",
@@ -392,43 +396,70 @@ def test_ray_serve_matches_plain_vllm_serve(smollm2_model, document, tmp_path,
            "PYTHONPATH": os.pathsep.join(
                p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     config = yaml.safe_load(RAY_CONFIG.read_text())
-    config["http_options"] = {"host": "127.0.0.1", "port": free_port()}
     config["applications"][0]["args"] = {
-        "target": smollm2_model, "draft": smollm2_model, "model_id": "smollm2",
+        "target": model, "draft": model, "model_id": "smollm2",
         "spec_extend": SPEC_EXTEND, "replicas": 1,
         "num_speculative_tokens": NUM_SPEC_TOKENS, "max_model_len": MAX_MODEL_LEN,
         "engine_kwargs": ENGINE_KWARGS, "accelerator": "cpu"}
-    config_path = tmp_path / "serve_config.yaml"
-    config_path.write_text(yaml.safe_dump(config))
-    base = f"http://127.0.0.1:{config['http_options']['port']}"
-    serve_log, head_log = tmp_path / "serve_run.log", tmp_path / "ray_head.log"
-    # Short: Ray's unix socket paths under it must fit in 107 bytes.
-    temp_dir = Path(tempfile.mkdtemp(prefix="ray-"))
-    leftovers: list[str] = []
+
+    def job():
+        # Picked when it runs: a port picked at the session's start could be
+        # taken by then.
+        config["http_options"] = {"host": "127.0.0.1", "port": free_port()}
+        config_path = tmp_path / "serve_config.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        base = f"http://127.0.0.1:{config['http_options']['port']}"
+        serve_log, head_log = tmp_path / "serve_run.log", tmp_path / "ray_head.log"
+        # Short: Ray's unix socket paths under it must fit in 107 bytes.
+        temp_dir = Path(tempfile.mkdtemp(prefix="ray-"))
+        run = {"leftovers": [], "serve_log": serve_log}
+        try:
+            with _ray_head(temp_dir, head_log, env, run["leftovers"]) as address, \
+                    _serve_run(config_path, address, serve_log, env,
+                               run["leftovers"]) as proc:
+                _wait_for_models(base, proc, serve_log)
+                run["unauthorized"] = [_models_status(base, None),
+                                       _models_status(base, "wrong")]
+                try:
+                    run["response"] = _chat(base, "smollm2", text, STARTUP_S)
+                except Exception as e:
+                    raise RuntimeError(f"chat request failed: {e!r}\n"
+                                       f"{tail(serve_log)}") from e
+                # The worker publishes its snapshot when the last request ends.
+                deadline = time.monotonic() + 30
+                while (stats := SnapshotCollector(metrics).read())["retrievals"] == 0:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(1)
+                run["stats"] = stats
+        finally:
+            if run["leftovers"]:  # Ray's own logs say what its processes did
+                with contextlib.suppress(OSError):
+                    shutil.copytree(temp_dir / "session_latest" / "logs",
+                                    tmp_path / "ray_logs",
+                                    ignore_dangling_symlinks=True)
+            shutil.rmtree(temp_dir, ignore_errors=True)
+        return run
+    return job
+
+
+BACKGROUND = {"plain": _plain_job, "ray": _ray_job}
+
+
+@pytest.mark.ray
+def test_ray_serve_matches_plain_vllm_serve(request):
+    """The Ray Serve app drafts through SpecExtend views and answers exactly as
+    plain decoding does; Serve and Ray stop without leaving processes. (Both
+    servers run in the background lane, ``_ray_job`` and ``_plain_job``.)"""
+    pytest.importorskip("ray.serve.llm")
     try:
-        with _ray_head(temp_dir, head_log, env, leftovers) as address, \
-                _serve_run(config_path, address, serve_log, env, leftovers) as proc:
-            _wait_for_models(base, proc, serve_log)
-            unauthorized = [_models_status(base, None), _models_status(base, "wrong")]
-            try:
-                ray_resp = _chat(base, "smollm2", document, STARTUP_S)
-            except Exception as e:
-                pytest.fail(f"chat request failed: {e!r}\n{tail(serve_log)}")
-            # The worker publishes its snapshot when the last request ends.
-            deadline = time.monotonic() + 30
-            while (stats := SnapshotCollector(metrics).read())["retrievals"] == 0:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(1)
-    finally:
-        if leftovers:  # Ray's own logs say what its processes were doing
-            with contextlib.suppress(OSError):
-                shutil.copytree(temp_dir / "session_latest" / "logs",
-                                tmp_path / "ray_logs", ignore_dangling_symlinks=True)
-        shutil.rmtree(temp_dir, ignore_errors=True)
-    assert not leftovers, (f"processes left after shutdown: {leftovers}\n"
-                           f"{tail(serve_log, 80)}")
-    assert unauthorized == [401, 401], "the OpenAI routes need the API key"
+        run = background.result(request, "ray")
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    assert not run["leftovers"], (f"processes left after shutdown: {run['leftovers']}\n"
+                                  f"{tail(run['serve_log'], 80)}")
+    assert run["unauthorized"] == [401, 401], "the OpenAI routes need the API key"
+    ray_resp, stats = run["response"], run["stats"]
     assert ray_resp.usage.prompt_tokens > PROMPT_TOKENS
     assert ray_resp.usage.completion_tokens == MAX_TOKENS
     assert stats["retrievals"] > 0 and stats["view_rows"] > 0, stats
