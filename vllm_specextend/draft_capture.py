@@ -64,7 +64,7 @@ class DraftCapture:
             all_decoding=bool(step.drafting.all()),
             longest_view=int(view_lens.max()) + num_speculative_tokens + 2,
             width_tokens=graphs.width_tokens,
-            greedy=self._greedy_drafts(sampling_metadata)
+            greedy=p._drafts_greedily(sampling_metadata)
             and mm_embed_inputs is None,
             table_width=cad.block_table_tensor.shape[1],
             graph_table_width=graphs.inputs.table_width,
@@ -90,12 +90,6 @@ class DraftCapture:
         )
         p.stats.graph_steps += 1
         return graphs.run(batch)
-
-    def _greedy_drafts(self, sampling_metadata) -> bool:
-        # vLLM samples drafts only with probabilistic draft sampling and a
-        # non-greedy batch; a graph would bake one batch's sampling in.
-        return (not self.proposer._enable_probabilistic_draft_probs
-                or sampling_metadata.all_greedy)
 
     def capture_graphs(self) -> None:
         """After vLLM's own capture (the worker's warm-up): capture the draft

@@ -56,14 +56,19 @@ class KeptPasses:
         no such cut (or drafts no token, or drafts sampled tokens)."""
         if (self._deferral_blocker is not None or self.runner is None
                 or mm_embed_inputs is not None or num_speculative_tokens == 0
-                or (self._enable_probabilistic_draft_probs
-                    and not sampling_metadata.all_greedy)):
+                or not self._drafts_greedily(sampling_metadata)):
             return None
         discard = compat.discarded_rows(self.runner, cad.num_reqs)
         first = int(discard.argmax())
         if not discard[first] or first == 0 or not discard[first:].all():
             return None
         return first
+
+    def _drafts_greedily(self, sampling_metadata) -> bool:
+        """vLLM samples drafts only with probabilistic draft sampling and a
+        non-greedy batch (the captured routine, too, replays greedy steps only)."""
+        return (not self._enable_probabilistic_draft_probs
+                or sampling_metadata.all_greedy)
 
     def _runs_kept_first(self, keep: bool, first: int | None) -> bool:
         """Whether the kept passes run before this step: unless it keeps its

@@ -293,7 +293,7 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
 _GREEDY = SimpleNamespace(all_greedy=True)
 """Sampling metadata of a propose the plugin runs itself: vLLM reads only
 ``all_greedy`` from it when drafts are sampled greedily (the captured routine
-replays only then: ``DraftCapture._greedy_drafts``)."""
+replays only then: ``KeptPasses._drafts_greedily``)."""
 
 
 class SeparateDraft:

@@ -101,7 +101,8 @@ def main(argv=None) -> int:
     draft = args.draft_config and bench_decode.model_dir(args.draft_config, root)
     engine = bench_decode.engine_args(bargs, args.mode, target, draft)
     name = f"{args.mode}_{args.context}_b{args.batch}{'_prefill' if args.prefill else ''}"
-    workers = (engine.get("tensor_parallel_size") or 1) > 1
+    gpus = engine.get("tensor_parallel_size") or 1
+    workers = gpus > 1
     trace_dir = args.out_dir / f"traces_{name}"
     if workers:
         engine["profiler_config"] = {
@@ -117,7 +118,6 @@ def main(argv=None) -> int:
                   torch.profiler.ProfilerActivity.CUDA]
     if args.prefill:
         prompts = bench_decode.prompts_for(vocab, 1, args.context, args.batch, 0)
-    gpus = engine.get("tensor_parallel_size") or 1
     with torch.profiler.profile(activities=activities) as prof:
         if workers:
             llm.start_profile(profile_prefix=name)
