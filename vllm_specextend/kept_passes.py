@@ -4,25 +4,45 @@ over prompt chunks, and the kept passes run through vLLM's propose.
 ``deferral.py`` holds the kept passes and says why they wait (issue #22's
 time to first token). Here is what takes vLLM's runner and propose: a step
 keeps its pass when no row samples (``compat.samples_no_row``) and returns
-zero drafts, as vLLM does when the drafter cannot run. A step whose last
-rows are such prompt chunks while the rows before them sample (a batch in
-which some requests decode while another prefills: vLLM schedules running
-requests first) is cut in two: the tail's pass is kept, the head drafts now
-through vLLM's propose over its own rows (``compat.split_rows``); greedy
-drafts only, as a sampled draft reads each row's sampling parameters. Any
-other step, a split step whose drafting rows hold kept passes, a block copy
-or a finished request runs the kept passes first, oldest first, each as
-vLLM's propose with K = 0. So a batch's first tokens no longer wait for the
-draft's passes over the other prompts (issue #45), and each request's passes
-still run in order, before its first draft.
+zero drafts, as vLLM does when the drafter cannot run. A step whose rows
+are such prompt chunks at one end and sampling rows at the other is cut in
+two (``Cut``): the chunks' pass is kept, the other rows draft now through
+vLLM's propose over their own rows (``compat.split_rows``); greedy drafts
+only, as a sampled draft reads each row's sampling parameters. The chunks
+come last where requests decode while another prefills (vLLM schedules
+running requests first), and first where requests prefill side by side and
+a later row's shorter prompt ends first (seen on a GPU, 2026-11-28: the
+persistent batch keeps each request's row). Any other step, a cut step whose
+drafting rows hold kept passes, a block copy or a finished request runs the
+kept passes first, oldest first, each as vLLM's propose with K = 0. So a
+batch's first tokens no longer wait for the draft's passes over the other
+prompts (issue #45), and each request's passes still run in order, before its
+first draft.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from vllm_specextend import compat
 from vllm_specextend.config import SpecExtendConfig
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A step cut in two at row ``at``: its prompt chunks that end no prompt
+    (their pass kept) before it (``kept_first``) or from it on."""
+
+    at: int
+    kept_first: bool
+
+    def kept(self, num_reqs: int) -> slice:
+        return slice(0, self.at) if self.kept_first else slice(self.at, num_reqs)
+
+    def drafting(self, num_reqs: int) -> slice:
+        return slice(self.at, num_reqs) if self.kept_first else slice(0, self.at)
 
 
 class KeptPasses:
@@ -50,19 +70,19 @@ class KeptPasses:
                 and compat.samples_no_row(self.runner))
 
     def _split_point(self, cad, mm_embed_inputs, sampling_metadata,
-                     num_speculative_tokens) -> int | None:
-        """The first row of the step's tail of prompt chunks that end no
-        prompt, where every row before it samples; None where the step has
+                     num_speculative_tokens) -> Cut | None:
+        """Where the step is cut: its rows are prompt chunks that end no
+        prompt at one end and sampling rows at the other; None where it has
         no such cut (or drafts no token, or drafts sampled tokens)."""
         if (self._deferral_blocker is not None or self.runner is None
                 or mm_embed_inputs is not None or num_speculative_tokens == 0
                 or not self._drafts_greedily(sampling_metadata)):
             return None
-        discard = compat.discarded_rows(self.runner, cad.num_reqs)
-        first = int(discard.argmax())
-        if not discard[first] or first == 0 or not discard[first:].all():
-            return None
-        return first
+        discard = compat.discarded_rows(self.runner, cad.num_reqs)  # [num_reqs]
+        at = int((discard != discard[0]).argmax())
+        if at == 0 or (discard[at:] == discard[0]).any():
+            return None  # one kind of row only, or more than two runs
+        return Cut(at, kept_first=bool(discard[0]))
 
     def _drafts_greedily(self, sampling_metadata) -> bool:
         """vLLM samples drafts only with probabilistic draft sampling and a
@@ -70,40 +90,47 @@ class KeptPasses:
         return (not self._enable_probabilistic_draft_probs
                 or sampling_metadata.all_greedy)
 
-    def _runs_kept_first(self, keep: bool, first: int | None) -> bool:
+    def _runs_kept_first(self, keep: bool, cut: Cut | None, num_reqs: int) -> bool:
         """Whether the kept passes run before this step: unless it keeps its
         pass, or is cut and none of its drafting rows holds a kept pass."""
         if keep:
             return False
-        return first is None or self.deferral.holds_any(
-            compat.batch_req_ids(self.runner, first))
+        if cut is None:
+            return True
+        ids = compat.batch_req_ids(self.runner, num_reqs)
+        return self.deferral.holds_any(ids[cut.drafting(num_reqs)])
 
-    def _propose_split(self, first, view, num_speculative_tokens, token_ids,
+    def _propose_split(self, cut, view, num_speculative_tokens, token_ids,
                        positions, next_token_ids, token_indices_to_sample, cad,
                        num_rejected) -> torch.Tensor:
-        """The tail's pass kept, the head's rows drafted through vLLM's
+        """The chunks' pass kept, the other rows drafted through vLLM's
         propose over themselves and their rows of the view. The first pass
-        shifts tokens within each row, so every row's inputs, and the head's
+        shifts tokens within each row, so every row's inputs, and their
         drafts, are those of the whole step. ``[num_reqs, K]``."""
-        head, tail = compat.split_rows(cad, self.runner, first)
-        n = head.num_actual_tokens
         num_reqs = cad.num_reqs
+        parts = compat.split_rows(cad, self.runner, cut.at)
+        n = parts[0].num_actual_tokens
+        tokens = (slice(0, n), slice(n, n + parts[1].num_actual_tokens))
+        kept, drafting = cut.kept(num_reqs), cut.drafting(num_reqs)
+        k, d = (0, 1) if cut.kept_first else (1, 0)
         self.deferral.keep(
-            compat.batch_req_ids(self.runner, num_reqs)[first:],
-            token_ids[n:n + tail.num_actual_tokens],
-            positions[..., n:n + tail.num_actual_tokens],
-            next_token_ids[first:num_reqs], tail,
-            None if view is None else view.rows(first, num_reqs))
+            compat.batch_req_ids(self.runner, num_reqs)[kept],
+            token_ids[tokens[k]], positions[..., tokens[k]],
+            next_token_ids[kept], parts[k],
+            None if view is None else view.rows(kept.start, kept.stop))
         self.stats.split_prefill_steps += 1
-        self._view = None if view is None else view.rows(0, first)
+        self._view = None if view is None else view.rows(drafting.start, drafting.stop)
         sample = token_indices_to_sample
+        if sample is not None:
+            # Indices into the step's tokens: into the drafting rows' own.
+            sample = sample[drafting] - tokens[d].start
         drafts = self._greedy_propose(
-            num_speculative_tokens, token_ids[:n], positions[..., :n], None,
-            next_token_ids[:first], None if sample is None else sample[:first],
-            head, None if num_rejected is None else num_rejected[:first])
-        # The tail's drafts are discarded, as in a kept step. [num_reqs, K]
-        tail_drafts = drafts.new_zeros((num_reqs - first, drafts.shape[1]))
-        return torch.cat([drafts, tail_drafts])
+            num_speculative_tokens, token_ids[tokens[d]], positions[..., tokens[d]],
+            None, next_token_ids[drafting], sample, parts[d],
+            None if num_rejected is None else num_rejected[drafting])
+        # The kept rows' drafts are discarded, as in a kept step. [num_reqs, K]
+        zeros = drafts.new_zeros((kept.stop - kept.start, drafts.shape[1]))
+        return torch.cat([zeros, drafts] if cut.kept_first else [drafts, zeros])
 
     def _keep_pass(self, cad, token_ids, positions, next_token_ids,
                    num_speculative_tokens, view=None) -> torch.Tensor:

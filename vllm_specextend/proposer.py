@@ -167,13 +167,13 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
         # the view for the funnel and drafts as vLLM does.
         # K = 0 (vLLM's per-batch-size schedule turned drafting off) samples no
         # draft, so no view is needed. A step of prompt chunks that sample
-        # nothing keeps its pass for later, a step ending in such chunks is
-        # cut in two (kept_passes.py); others run the kept passes first.
+        # nothing keeps its pass for later, a step with such chunks at one end
+        # is cut in two (kept_passes.py); others run the kept passes first.
         cad = common_attn_metadata
         keep = self._keeps_pass(mm_embed_inputs, num_rejected_tokens_gpu)
-        first = None if keep else self._split_point(
+        cut = None if keep else self._split_point(
             cad, mm_embed_inputs, sampling_metadata, num_speculative_tokens)
-        if self._runs_kept_first(keep, first):
+        if self._runs_kept_first(keep, cut, cad.num_reqs):
             self._run_kept_passes()
         try:
             step = None
@@ -186,10 +186,10 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
                 view = None if step is None else self._gather_view(step, cad)
                 return self._keep_pass(cad, target_token_ids, target_positions,
                                        next_token_ids, num_speculative_tokens, view)
-            if first is not None:
+            if cut is not None:
                 view = None if step is None else self._gather_view(step, cad)
                 return self._propose_split(
-                    first, view, num_speculative_tokens, target_token_ids,
+                    cut, view, num_speculative_tokens, target_token_ids,
                     target_positions, next_token_ids, token_indices_to_sample, cad,
                     num_rejected_tokens_gpu)
             if step is not None:

@@ -225,7 +225,8 @@ case "$1" in
     # --max-num-batched-tokens 8192"; several modes: one call each).
     # Across GPUs (issue #44): PROFILE_TARGET=8b|70b with PROFILE_TP=2|4: vLLM's
     # worker profiler traces each rank (the summary's "ranks"), with tp-speed's
-    # flags; the traces stay on the host but rank 0's, gzipped.
+    # flags; the traces stay on the host but rank 0's, gzipped
+    # (trace_*_rank0.json.gz).
     ptarget=${PROFILE_TARGET:-8b}; ptp=${PROFILE_TP:-1}
     case $ptarget in 70b) pcfg=$M/llama31_70b ;; 8b) pcfg=$M/llama31_8b ;;
       *) echo "PROFILE_TARGET: 70b or 8b" >&2; exit 2 ;; esac
@@ -240,12 +241,8 @@ case "$1" in
       --target-config $pcfg --draft-config $M/${DECODE_DRAFT:-llama32_1b} \
       --out-dir "$OUT" "${tp_flags[@]}" ${PROFILE_ARGS:-} > "$OUT/profile26.log" 2>&1
     echo "profile26 rc=$?"; tail -60 "$OUT/profile26.log" | cut -c1-170
-    for d in "$OUT"/traces_*; do
-      [ -d "$d" ] || continue
-      first=$(ls "$d"/*_tp0_*.json 2>/dev/null | head -1)
-      [ -n "$first" ] && gzip -c "$first" > "$OUT/$(basename "$d")_tp0.json.gz"
-      rm -rf "$d"
-    done
+    # profile_step keeps rank 0's trace gzipped beside its summary.
+    rm -rf "$OUT"/traces_*
     rm -rf "$OUT/models" ;;
   self-draft)
     # Issue #11's speed table: the 8B shape drafting for itself (K=3 by default,

@@ -37,6 +37,7 @@ import json
 import os
 import re
 import statistics
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -158,6 +159,7 @@ def main(argv=None) -> int:
     summary["runner_scopes"] = runner_scopes(prof.key_averages())
     if workers:
         summary["ranks"] = rank_summaries(trace_dir, steps)
+        keep_rank0_trace(trace_dir, args.out_dir / f"trace_{name}_rank0.json.gz")
     (args.out_dir / f"profile_{name}.json").write_text(json.dumps(summary, indent=1))
     print(table)  # noqa: T201
     print(json.dumps(summary, indent=1))  # noqa: T201
@@ -208,11 +210,16 @@ def scope_spans(trace_events: list[dict], min_us: float = 10.0) -> dict[str, dic
 
 def rank_traces(trace_dir: Path) -> dict[int, Path]:
     """Each TP rank's Chrome trace in ``trace_dir``, as vLLM's worker
-    profiler names them (``<prefix>_dp0_pp0_tp<rank>_dcp0_ep0_rank<global>.
-    <time>.pt.trace.json``, vLLM 0.26's ``get_worker_rank_suffix``)."""
+    profiler names them (``<prefix>_<suffix>.<time>.pt.trace.json``, vLLM
+    0.26's ``get_worker_rank_suffix``): ``dp0_pp0_tp<rank>_dcp0_ep0_rank<g>``
+    where every parallel group exists, but ``rank<g>`` alone for a dense model
+    (its expert-parallel group does not exist, and the suffix falls back; seen
+    on two H200s, 2026-11-28). With tensor parallelism alone the global rank
+    is the TP rank."""
     traces = {}
     for path in sorted(trace_dir.glob("*.pt.trace.json")):
-        found = re.search(r"_tp(\d+)[_.]", path.name)
+        found = (re.search(r"_tp(\d+)_", path.name)
+                 or re.search(r"(?:^|_)rank(\d+)\.", path.name))
         if found:
             traces[int(found.group(1))] = path
     return dict(sorted(traces.items()))
@@ -233,6 +240,23 @@ def rank_summaries(trace_dir: Path, steps: int) -> dict[str, dict]:
             "scope_spans": scope_spans(events),
         }
     return out
+
+
+def keep_rank0_trace(trace_dir: Path, dest: Path) -> None:
+    """Rank 0's trace, gzipped, beside the summary (a host brings a few files
+    back, not the folder of every rank's); where no rank's trace is found,
+    say what the folder holds instead of an empty ``ranks``."""
+    import gzip
+    import shutil
+
+    traces = rank_traces(trace_dir)
+    if 0 not in traces:
+        held = sorted(p.name for p in trace_dir.glob("*")) if trace_dir.is_dir() else []
+        print(f"profile_step: no rank's trace in {trace_dir}; it holds {held}",  # noqa: T201
+              file=sys.stderr)
+        return
+    with traces[0].open("rb") as src, gzip.open(dest, "wb") as out:
+        shutil.copyfileobj(src, out)
 
 
 def runner_scopes(events) -> dict[str, dict[str, float]]:

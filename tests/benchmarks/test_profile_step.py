@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from types import SimpleNamespace
 
 from benchmarks.gpu.profile_step import (
     category,
+    keep_rank0_trace,
     kernel_ms_by_category,
     rank_summaries,
     rank_traces,
@@ -97,3 +99,17 @@ def test_each_tp_ranks_trace_summarized_as_its_own_gpu(tmp_path):
     assert ranks["0"]["gpu_ms_per_step_by_category"]["matmul"] == 10.0
     assert ranks["0"]["scope_spans"]["draft"]["median_span_ms"] == 5.0
     assert ranks["1"]["gpu_ms_per_step_by_category"] == {"attention": 0.5}
+
+
+def test_rank_traces_read_the_fallback_names_of_a_dense_model(tmp_path):
+    """A dense model has no expert-parallel group, so vLLM's rank suffix falls
+    back to ``rank<global>`` (two H200s, 2026-11-28: ``ranks`` came back
+    empty); rank 0's trace is kept gzipped."""
+    for rank in (0, 1):
+        path = tmp_path / f"spec_extend_32768_b1_rank{rank}.1764.pt.trace.json"
+        path.write_text(json.dumps({"traceEvents": TRACE}))
+    (tmp_path / "profiler_out_0.txt").write_text("table")
+    assert list(rank_traces(tmp_path)) == [0, 1]
+    dest = tmp_path / "kept.json.gz"
+    keep_rank0_trace(tmp_path, dest)
+    assert json.loads(gzip.decompress(dest.read_bytes()))["traceEvents"] == TRACE

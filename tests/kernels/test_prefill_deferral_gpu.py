@@ -29,13 +29,22 @@ CHUNKED = dict(max_num_batched_tokens=1024, long_prefill_token_threshold=256,
                max_num_seqs=8)
 
 
-@pytest.mark.parametrize("window", [None, 512])
-def test_kept_passes_draft_as_in_their_step(models, window):  # noqa: F811
+@pytest.mark.parametrize("window, lengths", [
+    # The last row's prompt ends first: the others' chunks lead its steps.
+    (None, (3000, 2000, 1200)),
+    # The first row's ends first: the others' chunks trail.
+    (512, (1200, 2000, 3000)),
+])
+def test_kept_passes_draft_as_in_their_step(models, window, lengths):  # noqa: F811
     """With ``draft_prefill_window`` too: FlashAttention reads each prompt
     chunk through its window (in its step or kept), and the outputs stay
-    vLLM's speculation's."""
+    vLLM's speculation's. The prompts prefill side by side and the shortest
+    ends first, so its first drafting steps are cut (``kept_passes.Cut``), the
+    prompt chunks before it or after it in the batch (the persistent batch
+    keeps each request's row). The CPU engine test's steps have their chunks
+    last only: there the unit tests check the other cut."""
     rng = random.Random(1)
-    prompts = [[rng.randrange(3, 500) for _ in range(n)] for n in (3000, 2000, 1200)]
+    prompts = [[rng.randrange(3, 500) for _ in range(n)] for n in lengths]
     target = models["target"]
     spec = {**CMR, "draft_prefill_window": window}
     reference = _generate(target, "draft_model", target, prompts, **CHUNKED)
@@ -45,7 +54,10 @@ def test_kept_passes_draft_as_in_their_step(models, window):  # noqa: F811
 
     assert on["captured"] and on["async"]
     assert off["stats"]["deferred_prefill_passes"] == 0
+    assert off["stats"]["split_prefill_steps"] == 0
     assert on["stats"]["deferred_prefill_passes"] > 0, "steps kept their pass"
+    # The 1,200-token prompt decodes while the others still prefill.
+    assert on["stats"]["split_prefill_steps"] > 0, "steps kept their chunks' pass"
     assert on["stats"]["graph_steps"] > 0
     assert (on["stats"]["prefill_window_rows"] > 0) == (window is not None)
     assert on["proposals"] == off["proposals"], "kept passes drafted otherwise"

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from vllm_specextend.deferral import PrefillDeferral, copy_metadata
+from vllm_specextend.kept_passes import Cut
 
 
 @dataclass
@@ -157,18 +158,28 @@ def _splitting_proposer(discard, req_ids=("a", "b", "c")):
 GREEDY = type("Sampling", (), {"all_greedy": True})()
 
 
-@pytest.mark.parametrize("discard, first", [
-    ([False, False, True], 2),  # decodes, then a chunk that ends no prompt
-    ([False, True, True], 1),
+@pytest.mark.parametrize("discard, cut", [
+    ([False, False, True], Cut(2, kept_first=False)),  # decodes, then a chunk
+    ([False, True, True], Cut(1, kept_first=False)),
+    # Prompts side by side, the last row's ended first (seen on a GPU).
+    ([True, True, False], Cut(2, kept_first=True)),
+    ([True, False, False], Cut(1, kept_first=True)),
     ([True, True, True], None),  # nothing samples: the whole step is kept
     ([False, False, False], None),  # every row samples
-    ([False, True, False], None),  # a sampling row after a kept one: no cut
+    ([False, True, False], None),  # three runs: no cut
+    ([True, False, True], None),
 ])
-def test_a_step_is_cut_where_its_tail_of_prompt_chunks_begins(discard, first):
+def test_a_step_is_cut_where_its_prompt_chunks_end_or_begin(discard, cut):
     proposer = _splitting_proposer(discard)
     cad = _metadata()
     cad.num_reqs = 3
-    assert proposer._split_point(cad, None, GREEDY, 4) == first
+    assert proposer._split_point(cad, None, GREEDY, 4) == cut
+
+
+def test_a_cut_names_its_kept_and_drafting_rows():
+    tail, head = Cut(2, kept_first=False), Cut(1, kept_first=True)
+    assert (tail.kept(3), tail.drafting(3)) == (slice(2, 3), slice(0, 2))
+    assert (head.kept(3), head.drafting(3)) == (slice(0, 1), slice(1, 3))
 
 
 def test_no_cut_for_sampled_drafts_k_zero_or_a_blocked_deferral():
@@ -179,7 +190,7 @@ def test_no_cut_for_sampled_drafts_k_zero_or_a_blocked_deferral():
     assert proposer._split_point(cad, None, sampled, 4) is None
     assert proposer._split_point(cad, None, GREEDY, 0) is None
     proposer._enable_probabilistic_draft_probs = False  # greedy drafts anyway
-    assert proposer._split_point(cad, None, sampled, 4) == 2
+    assert proposer._split_point(cad, None, sampled, 4) == Cut(2, kept_first=False)
     proposer._deferral_blocker = "an EAGLE head drafts from the target's step"
     assert proposer._split_point(cad, None, GREEDY, 4) is None
 
@@ -188,11 +199,13 @@ def test_a_cut_step_runs_kept_passes_only_for_its_drafting_rows():
     proposer = _splitting_proposer([False, False, True])
     tokens = torch.tensor([0])
     proposer.deferral.keep(["c"], tokens, tokens, tokens, _metadata())
-    assert not proposer._runs_kept_first(keep=False, first=2)  # c's pass waits
-    assert proposer._runs_kept_first(keep=False, first=None)
-    assert not proposer._runs_kept_first(keep=True, first=None)
+    tail = Cut(2, kept_first=False)  # a and b draft, c's chunk is kept
+    assert not proposer._runs_kept_first(False, tail, 3)  # c's pass waits
+    assert proposer._runs_kept_first(False, None, 3)
+    assert not proposer._runs_kept_first(True, None, 3)
+    assert proposer._runs_kept_first(False, Cut(2, kept_first=True), 3)  # c drafts
     proposer.deferral.keep(["b"], tokens, tokens, tokens, _metadata())
-    assert proposer._runs_kept_first(keep=False, first=2)  # b drafts now
+    assert proposer._runs_kept_first(False, tail, 3)  # b drafts now
 
 
 def test_split_rows_gives_each_part_its_own_tokens_and_tables():
@@ -221,3 +234,56 @@ def test_split_rows_gives_each_part_its_own_tokens_and_tables():
     assert tail.seq_lens.tolist() == [20]
     assert tail.slot_mapping.tolist() == list(range(106, 111))
     assert tail.block_table_tensor.tolist() == [[8, 9, 10, 11]]
+
+
+@pytest.mark.parametrize("kept_first", [False, True])
+def test_a_cut_step_keeps_the_chunks_and_drafts_the_other_rows(kept_first):
+    """Two decode rows (3 tokens each) and a 5-token prompt chunk, the chunk
+    last or first: its tokens, positions and metadata are kept; the other
+    rows draft over their own tokens, sample indices into them, their
+    rejected counts; the chunk's drafts are zeros in its row."""
+    from vllm_specextend import compat
+
+    lens = [5, 3, 3] if kept_first else [3, 3, 5]
+    qsl = torch.tensor([0, *np.cumsum(lens)], dtype=torch.int32)
+    cad = compat.decode_attn_metadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(),
+        seq_lens=torch.tensor([40, 70, 20], dtype=torch.int32), num_reqs=3,
+        num_actual_tokens=11, max_query_len=5, max_seq_len=70,
+        block_table_tensor=torch.arange(12, dtype=torch.int32).view(3, 4),
+        slot_mapping=torch.arange(100, 111),
+    )
+    discard = [True, False, False] if kept_first else [False, False, True]
+    proposer = _splitting_proposer(discard, req_ids=("a", "b", "c"))
+    proposer.runner.optimistic_seq_lens_cpu = torch.tensor([40, 70, 20])
+    seen = {}
+
+    def propose(k, token_ids, positions, hidden, next_ids, sample, part, rejected):
+        seen.update(tokens=token_ids.tolist(), next=next_ids.tolist(),
+                    sample=sample.tolist(), reqs=part.num_reqs,
+                    rejected=rejected.tolist())
+        return torch.full((part.num_reqs, k), 9)
+
+    proposer._greedy_propose = propose
+    proposer._view = None
+    tokens = torch.arange(11) + 1000
+    sample = qsl[1:] - 1  # each row's last token
+    cut = proposer._split_point(cad, None, GREEDY, 4)
+    drafts = proposer._propose_split(
+        cut, None, 4, tokens, tokens.clone(), torch.tensor([1, 2, 3]), sample, cad,
+        torch.tensor([0, 1, 2]))
+
+    kept = proposer.deferral.passes[0]
+    drafting = [1, 2] if kept_first else [0, 1]
+    chunk = 0 if kept_first else 2
+    assert kept.req_ids == {"abc"[chunk]}
+    assert kept.token_ids.tolist() == tokens[qsl[chunk]:qsl[chunk + 1]].tolist()
+    assert kept.common_attn_metadata.num_actual_tokens == 5
+    begin, end = int(qsl[drafting[0]]), int(qsl[drafting[-1] + 1])
+    assert seen["tokens"] == tokens[begin:end].tolist()
+    assert seen["next"] == [i + 1 for i in drafting]
+    assert seen["sample"] == [2, 5]  # each drafting row's last token, in its own
+    assert seen["rejected"] == drafting and seen["reqs"] == 2
+    assert drafts[chunk].tolist() == [0, 0, 0, 0]
+    assert drafts[drafting].eq(9).all()
+    assert proposer.stats.split_prefill_steps == 1
