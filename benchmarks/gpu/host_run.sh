@@ -150,12 +150,17 @@ serve_traffic() {
     echo --concurrency $conc --num-prompts ${SERVE_PROMPTS:-$conc}
   fi
 }
-# serve12's server flags across GPUs (issue #44): SERVE_TP > 1 GPUs with the
-# SERVE_EXECUTOR (mp) executor, and the fusion off as in tp-speed; none at 1.
-serve_tp_flags() {
-  [ "${SERVE_TP:-1}" -gt 1 ] || return 0
-  echo --tensor-parallel-size "$SERVE_TP" --distributed-executor-backend \
-    "${SERVE_EXECUTOR:-mp}" --compilation-config '{"pass_config":{"fuse_allreduce_rms":false}}'
+# Engine and server flags across GPUs (issue #44), every phase's: tp_flags
+# SIZE [EXECUTOR] gives SIZE > 1 GPUs with the EXECUTOR (mp) executor and
+# vLLM's all-reduce + RMSNorm fusion off (these hosts keep NVLink multicast
+# off: the fusion's auto-selected mnnvl all-reduce crashed CUDA-graph capture
+# of an 8B at TP=2; under --spec-extend the plugin turns it off itself, a
+# plain engine needs the flag); nothing at 1. Callers at SIZE > 1 also set
+# VLLM_ALLREDUCE_USE_SYMM_MEM=0 (symmetric-memory all-reduce, off likewise).
+tp_flags() {
+  [ "${1:-1}" -gt 1 ] || return 0
+  echo --tensor-parallel-size "$1" --distributed-executor-backend "${2:-mp}" \
+    --compilation-config '{"pass_config":{"fuse_allreduce_rms":false}}'
 }
 case "$1" in
   viewattn)
@@ -230,16 +235,11 @@ case "$1" in
     ptarget=${PROFILE_TARGET:-8b}; ptp=${PROFILE_TP:-1}
     case $ptarget in 70b) pcfg=$M/llama31_70b ;; 8b) pcfg=$M/llama31_8b ;;
       *) echo "PROFILE_TARGET: 70b or 8b" >&2; exit 2 ;; esac
-    tp_flags=()
-    if [ "$ptp" -gt 1 ]; then
-      export VLLM_ALLREDUCE_USE_SYMM_MEM=0
-      tp_flags=(--tensor-parallel-size "$ptp" --distributed-executor-backend mp
-        --compilation-config '{"pass_config": {"fuse_allreduce_rms": false}}')
-    fi
+    [ "$ptp" -gt 1 ] && export VLLM_ALLREDUCE_USE_SYMM_MEM=0
     timeout ${PROFILE_TIMEOUT:-400} python3 -m benchmarks.gpu.profile_step \
       --mode ${PROFILE_MODE:-spec_extend} --context ${PROFILE_CONTEXT:-65536} \
       --target-config $pcfg --draft-config $M/${DECODE_DRAFT:-llama32_1b} \
-      --out-dir "$OUT" "${tp_flags[@]}" ${PROFILE_ARGS:-} > "$OUT/profile26.log" 2>&1
+      --out-dir "$OUT" $(tp_flags "$ptp") ${PROFILE_ARGS:-} > "$OUT/profile26.log" 2>&1
     echo "profile26 rc=$?"; tail -60 "$OUT/profile26.log" | cut -c1-170
     # profile_step keeps rank 0's trace gzipped beside its summary.
     rm -rf "$OUT"/traces_*
@@ -315,10 +315,8 @@ PY
     # Issue #44: decode speed under tensor parallelism, fresh prompts (each run
     # prefills; end to end beside decode), 1,024 new tokens, 3 runs a cell.
     # TP_TARGET 70b (Llama-3.1-70B shape, TP_SIZE 4) or 8b (TP_SIZE 2), the 1B
-    # shape as draft. These hosts keep NVLink multicast off: vLLM's
-    # auto-selected FlashInfer all-reduce + RMSNorm fusion (mnnvl, which needs
-    # it) crashed CUDA-graph capture of any 8B TP=2 engine, so it is off, and
-    # symmetric-memory all-reduce too, in every mode. An engine per mode
+    # shape as draft; every mode with tp_flags (the fusion off) and
+    # symmetric-memory all-reduce off. An engine per mode
     # (TP_MODES, one or two per call: a 70B engine takes minutes to start);
     # TP_CONTEXTS, TP_BATCHES name the cells; TP_ARGS adds flags; TP_TAG ends
     # the files' names (a variant: TP_ARGS='--spec-extend {"top_k":32,
@@ -337,9 +335,7 @@ PY
     timeout ${TP_TIMEOUT:-570} python3 -m benchmarks.decode.bench_decode --target-config $cfg \
       --draft-config $M/$tdraft --contexts ${TP_CONTEXTS:-32768} \
       --batch-sizes ${TP_BATCHES:-1} --output-len 1024 --runs 3 --fresh-prompts \
-      --tensor-parallel-size $size \
-      --compilation-config '{"pass_config": {"fuse_allreduce_rms": false}}' \
-      --distributed-executor-backend mp --modes $modes ${TP_ARGS:-} \
+      $(tp_flags "$size") --modes $modes ${TP_ARGS:-} \
       --out "$OUT/decode_$tag.json" > "$OUT/decode_$tag.log" 2>&1
     echo "tp-speed rc=$?"; python3 -m benchmarks.decode.summarize_decode "$OUT/decode_$tag.json"
     grep -m3 -E "Error|error:|draft routine" "$OUT/decode_$tag.log" ;;
@@ -429,7 +425,7 @@ PY
       --workloads $wl --input-lens $len $(serve_traffic)
       --runs 3 --acceptance-length 3.0 ${SERVE_SPEC_EXTEND:+--spec-extend "$SERVE_SPEC_EXTEND"}
       --startup-timeout 300 --run-timeout 240 --out-dir "$res"
-      -- --load-format dummy --max-model-len $((len + 1024 + 256)) $(serve_tp_flags))
+      -- --load-format dummy --max-model-len $((len + 1024 + 256)) $(tp_flags "$tp" "$executor"))
     if [ "$detach" = 1 ]; then
       detached "$dir" ${SERVE_WAIT_S:-540} "${cmd[@]}" || exit 0
       cp "$dir/runner.log" "$OUT/serve12_$tag.log"; cp -r "$res" "$OUT/serve12_$tag"

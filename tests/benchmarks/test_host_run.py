@@ -259,20 +259,29 @@ def test_serve12_traffic_bursts_or_rates():
         "--request-rates", "2", "--goodput", "e2el:60000", "--num-prompts", "64"]
 
 
-def test_serve12_across_gpus_gives_every_server_the_tp_flags():
-    """SERVE_TP > 1: the size, the executor (mp unless named) and the fusion
-    off, as `vllm serve` flags the servers parse; nothing at TP=1."""
+def test_tp_flags_give_the_size_the_executor_and_the_fusion_off():
+    """tp_flags SIZE [EXECUTOR], what tp-speed, profile26 and serve12 give
+    their engines and servers: the size, the executor (mp unless named) and
+    the fusion off, as flags vLLM's engine arguments parse; nothing at 1."""
     import json
 
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    assert serve_traffic({}, "serve_tp_flags") == []
-    assert serve_traffic({"SERVE_TP": "1"}, "serve_tp_flags") == []
-    flags = serve_traffic({"SERVE_TP": "4", "SERVE_EXECUTOR": "ray"}, "serve_tp_flags")
+    def tp_flags(*args: str) -> list[str]:
+        script = function_source("tp_flags") + " ".join(["tp_flags", *args])
+        return subprocess.run(["bash", "-c", script], capture_output=True, text=True,
+                              timeout=30, check=True).stdout.split()
+
+    assert tp_flags() == [] and tp_flags("1") == []
+    flags = tp_flags("4", "ray")
     args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(flags)
     assert args.tensor_parallel_size == 4
     assert args.distributed_executor_backend == "ray"
     assert json.loads(flags[flags.index("--compilation-config") + 1]) == {
         "pass_config": {"fuse_allreduce_rms": False}}
-    assert serve_traffic({"SERVE_TP": "2"}, "serve_tp_flags")[3] == "mp"
+    assert tp_flags("2")[3] == "mp"
+    # Every phase that runs across GPUs takes its flags from it.
+    source = (REPO_ROOT / "benchmarks/gpu/host_run.sh").read_text()
+    assert source.count("$(tp_flags ") == 3
+    assert source.count("fuse_allreduce_rms") == 1

@@ -14,7 +14,7 @@ import os
 import pytest
 from test_lossless import (
     CMR,
-    ONE_CHUNK,
+    SMALL_BUDGET,
     counter,
     drafter,
     generate,
@@ -200,13 +200,13 @@ def test_self_draft_real_weights_keep_drafts(smollm2_model):
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_model)
     prompt = prompt_data.long_prompts(tokenizer, [1800])
-    plain = make_llm(smollm2_model, max_model_len=4096, **ONE_CHUNK)
+    plain = make_llm(smollm2_model, max_model_len=4096, **SMALL_BUDGET)
     reference = generate(plain, prompt, max_tokens=40)
     shutdown(plain)
     llm = make_llm(
         smollm2_model, None,
         {"self_draft": True, "top_k": 16, "recent_tokens": 128, "min_context": 512},
-        num_spec_tokens=4, max_model_len=4096, **ONE_CHUNK,
+        num_spec_tokens=4, max_model_len=4096, **SMALL_BUDGET,
     )
     outputs = generate(llm, prompt, max_tokens=40)
     accepted = counter(llm, "vllm:spec_decode_num_accepted_tokens")

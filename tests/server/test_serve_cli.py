@@ -1,7 +1,8 @@
 """``vllm serve``'s command line with the plugin on CPU: bad --spec-extend
 setups and a short API key stop it at startup with one line and no
-traceback; ``--help`` shows the SpecExtend group. Each case is a ``vllm``
-process of its own that imports vLLM and exits: the failures run in the
+traceback; ``--help`` shows the SpecExtend group. Each case is a run of the
+``vllm`` script's ``main`` in a process of its own, forked from one that
+imported vLLM's CLI once (``warm_cli.py``): the failures run in the
 background lane (``background.py``) beside the rest of the suite, the two
 ``--help`` runs in the test."""
 
@@ -12,8 +13,9 @@ import subprocess
 import background
 import pytest
 from cpu_serve import COMMON, ENV, MIDDLEWARE, spec_args
+from warm_cli import WarmCli
 
-from benchmarks.harness.server import free_port, vllm_command
+from benchmarks.harness.server import free_port
 from vllm_specextend.auth import KEY_ENV
 from vllm_specextend.metrics import METRICS_DIR_ENV
 
@@ -47,13 +49,16 @@ BAD_CONFIGS = [
 ]
 
 
+CLI = WarmCli(ENV)
+
+
 def _vllm(argv, listen: bool = True, env: dict | None = None, timeout_s: float = 180):
     """The starter of a background job (``background.py``): ``vllm ARGV``
     (``argv(fixture)``) to its end, output captured; ``env`` added to ENV;
     ``listen``: on a free port. On a timeout it is stopped with its whole
-    process group (an engine a wrongly started server spawned too), not alone."""
+    session (an engine a wrongly started server spawned too), not alone."""
     def start(fixture):
-        args = [*vllm_command(), *argv(fixture)]
+        args = argv(fixture)
         snapshots = fixture("tmp_path_factory").mktemp("cli")
         full_env = {**ENV, METRICS_DIR_ENV: str(snapshots), **(env or {})}
 
@@ -61,8 +66,7 @@ def _vllm(argv, listen: bool = True, env: dict | None = None, timeout_s: float =
             # Picked when it runs: a port picked at the session's start could
             # be taken by then.
             port = ["--host", "127.0.0.1", "--port", str(free_port())] if listen else []
-            return background.run([*args, *port], timeout=timeout_s, env=full_env,
-                                  stdin=subprocess.DEVNULL)
+            return CLI.run([*args, *port], full_env, timeout_s)
         return job
     return start
 
@@ -81,10 +85,9 @@ BACKGROUND = {
 
 
 def _help(argv: list[str]) -> subprocess.CompletedProcess:
-    """``vllm ARGV`` to its end, in the test's own process: the lane's jobs
-    outlast the rest of the suite, so these two short runs stay out of it."""
-    return subprocess.run([*vllm_command(), *argv], capture_output=True, text=True,
-                          timeout=180, env=ENV, stdin=subprocess.DEVNULL)
+    """``vllm ARGV`` to its end, from the test: the lane's jobs outlast the
+    rest of the suite, so these two short runs stay out of it."""
+    return CLI.run(argv, ENV, 180)
 
 
 @pytest.mark.parametrize("case, status, message", BAD_CONFIGS)
