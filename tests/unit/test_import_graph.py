@@ -1,0 +1,120 @@
+"""No import cycle among the project's modules (issue #47).
+
+The graph holds the imports a module runs when it is imported: those at its
+top level, in a top-level ``if`` or ``try``. An import inside a function runs
+when the function is called, which is how a module reaches vLLM's heavy or
+platform-bound parts late; it makes no cycle at import time.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("vllm_specextend", "benchmarks", "deploy")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
+    return found
+
+
+def _top_level_imports(tree: ast.Module):
+    for node in tree.body:
+        body = [node]
+        if isinstance(node, ast.If):
+            body = node.body + node.orelse
+        elif isinstance(node, ast.Try):
+            body = node.body + [n for h in node.handlers for n in h.body]
+        for inner in body:
+            if isinstance(inner, (ast.Import, ast.ImportFrom)):
+                yield inner
+
+
+def _imported(name: str, path: Path, node, modules) -> set[str]:
+    """The project's modules that ``node`` (in module ``name``) imports."""
+    if isinstance(node, ast.Import):
+        targets = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            package = name.split(".")
+            if path.name != "__init__.py":
+                package = package[:-1]
+            package = package[:len(package) - (node.level - 1)]
+            base = ".".join([*package, base] if base else package)
+        # ``from package import module`` imports the module too.
+        targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+    found = set()
+    for target in targets:
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: set().union(*(_imported(name, path, node, modules) for node in
+                                _top_level_imports(ast.parse(path.read_text()))))
+            for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected parts of more than one module
+    (Tarjan's algorithm, iterative)."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    part = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        part.append(member)
+                        if member == node:
+                            break
+                    if len(part) > 1:
+                        found.append(sorted(part))
+    return found
+
+
+def test_cycles_are_found_where_they_are():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_in_the_project():
+    graph = import_graph()
+    assert "vllm_specextend.proposer" in graph
+    assert "vllm_specextend.kept_passes" in graph["vllm_specextend.proposer"]
+    assert cycles(graph) == []
