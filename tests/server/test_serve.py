@@ -2,10 +2,9 @@
 greedy equivalence with a plain server, and the API key every deployment sets
 (``deploy/README.md``): the shared server runs with ``VLLM_API_KEY`` and
 ``--middleware vllm_specextend.auth.ApiKeyMiddleware`` as the deployments start
-it. Two servers in all: one with SpecExtend, shared by the module's tests,
-and one plain, whose greedy answer and metric names are taken in the
-background lane (``background.py``) beside the rest of the suite.
-``vllm serve``'s command line (errors at startup, help): ``test_serve_cli.py``."""
+it. Two servers in all, one with SpecExtend and one plain, shared by the
+module's tests. ``vllm serve``'s command line (errors at startup, help):
+``test_serve_cli.py``."""
 
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import background
 import pytest
 from cpu_serve import ENV, MAX_MODEL_LEN, MIDDLEWARE, STARTUP_S, common, spec_args
 from waiting import wait_for
@@ -52,12 +50,9 @@ def serve(model: str, extra: list[str], log: Path, env: dict | None = None,
         yield server
 
 
-PROMPT_TOKENS = 600
-
-
 @pytest.fixture(scope="module")
 def prompt(long_prompts) -> list[int]:
-    return long_prompts(PROMPT_TOKENS)[0]
+    return long_prompts(600)[0]
 
 
 @pytest.fixture(scope="module")
@@ -85,24 +80,12 @@ def server(tiny_long_target, tiny_long_draft, metrics_dir, tmp_path_factory):
         yield spec_server
 
 
-def _plain_job(fixture):
-    """The greedy reference (``background.py``): the same target served
-    without speculation, with the CPU flags: its answer to ``prompt`` (24
-    tokens) and the names of the series its /metrics exports."""
-    target = fixture("tiny_long_target")
-    prompt = fixture("long_prompts")(PROMPT_TOKENS)[0]
-    log = fixture("tmp_path_factory").mktemp("serve-plain") / "plain.log"
-    env = {k: v for k, v in ENV.items() if k != METRICS_DIR_ENV}
-
-    def job():
-        with start_server([target, *common(MAX_MODEL_LEN)], log, STARTUP_S,
-                          env=env) as plain:
-            text = _complete(_client(plain.base), prompt, 24).choices[0].text
-            return text, sorted(scrape(plain.base))
-    return job
-
-
-BACKGROUND = {"plain": _plain_job}
+@pytest.fixture(scope="module")
+def plain_server(tiny_long_target, tmp_path_factory):
+    """The same target without speculation: the greedy reference."""
+    log = tmp_path_factory.mktemp("serve-plain") / "plain.log"
+    with serve(tiny_long_target, [], log) as plain:
+        yield plain
 
 
 def _client(base: str):
@@ -227,14 +210,15 @@ def test_chat_completion(client, tiny_tokenizer, prompt):
     assert resp.usage.completion_tokens == 16
 
 
-def test_greedy_matches_plain_server(request, client, prompt):
+def test_greedy_matches_plain_server(client, plain_server, prompt):
     """Greedy output with SpecExtend equals a server without speculation."""
     spec = _complete(client, prompt, 24).choices[0].text
-    plain, series = background.result(request, "plain")
+    plain = _complete(_client(plain_server.base), prompt, 24).choices[0].text
     # The plugin is installed but not enabled: no SpecExtend series.
+    exported = [k for k in scrape(plain_server.base)
+                if k.startswith("vllm:spec_extend_")]
     assert spec == plain
-    assert "vllm:request_success_total" in series
-    assert [k for k in series if k.startswith("vllm:spec_extend_")] == []
+    assert exported == []
 
 
 def test_abort_leaves_no_state(server, client, prompt):
@@ -270,14 +254,14 @@ def test_abort_leaves_no_state(server, client, prompt):
               lambda log: line in log, f"{line!r} in the server log")
 
 
-def test_metrics_dir_trouble_never_reaches_the_engine(request, server, client,
+def test_metrics_dir_trouble_never_reaches_the_engine(server, client, plain_server,
                                                      metrics_dir, prompt):
     """The snapshot directory removed, then replaced by a file, under the
     running server: it keeps answering, token-identical to plain decoding; the
     worker makes the directory again and /metrics recovers; while it is
     refused the series are left out; each process warns once, not per step.
     (The last test of the shared server: its directory is given back after.)"""
-    plain = background.result(request, "plain")[0]
+    plain = _complete(_client(plain_server.base), prompt, 24).choices[0].text
     directory, log = metrics_dir, server.log
     retrievals = "vllm:spec_extend_retrievals_total"
     try:
