@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import background
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,12 +28,31 @@ CHECKOV = "checkov==3.3.30"
 UV = [sys.executable, "-m", "uv"]
 
 
-def _checkov(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+def _checkov(*args: str, cwd: Path = REPO):
+    """A background job (``background.py``): checkov on ARGS, beside the rest
+    of the suite (a run takes 15-20 s of a core, most of it Python starting)."""
+    cmd = [*UV, "tool", "run", "--from", CHECKOV, "checkov", "--skip-download",
+           "--output", "json", *args]
+    return lambda: background.run(cmd, timeout=600, cwd=cwd, stdin=subprocess.DEVNULL)
+
+
+def _root_pod(fixture):
+    """checkov on a privileged root pod, written at the session's start."""
+    directory = fixture("tmp_path_factory").mktemp("checkov")
+    (directory / "pod.yaml").write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  namespace: n\n"
+        "spec:\n  containers:\n    - name: c\n      image: busybox:1.36\n"
+        "      securityContext:\n        privileged: true\n")
+    return _checkov("-d", str(directory), cwd=directory)
+
+
+BACKGROUND = {"manifests": lambda fixture: _checkov("-d", "deploy/k8s", "-d", "docker"),
+              "root-pod": _root_pod}
+
+
+def _result(request, name: str) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(
-            [*UV, "tool", "run", "--from", CHECKOV, "checkov", "--skip-download",
-             "--output", "json", *args],
-            capture_output=True, text=True, cwd=cwd, timeout=600)
+        return background.result(request, name)
     except FileNotFoundError:
         pytest.skip("uv is not installed in this venv (scripts/setup_cpu.sh)")
 
@@ -53,8 +73,8 @@ def _skip_space(text: str, i: int) -> int:
     return i
 
 
-def test_manifests_and_dockerfile_pass():
-    result = _checkov("-d", "deploy/k8s", "-d", "docker")
+def test_manifests_and_dockerfile_pass(request):
+    result = _result(request, "manifests")
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     reports = _reports(result)
     assert {"kubernetes", "dockerfile"} <= {r["check_type"] for r in reports}
@@ -68,13 +88,9 @@ def test_manifests_and_dockerfile_pass():
     assert skipped == {"CKV_K8S_43", "CKV_K8S_35"}, skipped
 
 
-def test_checkov_fails_on_a_root_container(tmp_path):
+def test_checkov_fails_on_a_root_container(request):
     """The linter runs and fails on findings: a privileged root pod."""
-    (tmp_path / "pod.yaml").write_text(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  namespace: n\n"
-        "spec:\n  containers:\n    - name: c\n      image: busybox:1.36\n"
-        "      securityContext:\n        privileged: true\n")
-    result = _checkov("-d", str(tmp_path), cwd=tmp_path)
+    result = _result(request, "root-pod")
     assert result.returncode == 1
     failed = {c["check_id"] for r in _reports(result)
               for c in r["results"]["failed_checks"]}

@@ -6,10 +6,12 @@ import ast
 import importlib.metadata
 import os
 import re
+import subprocess
 import sys
 import types
 from pathlib import Path
 
+import background
 import pytest
 import torch
 
@@ -341,17 +343,21 @@ def test_worker_qualnames_resolve_as_vllm_resolves_them():
     assert resolve_obj_by_qualname("vllm_specextend.worker.CPUWorker") is CPUWorker
 
 
-def test_worker_package_imports_no_platform_module():
+WORKER_IMPORTS = (
+    "import sys, vllm_specextend.worker, vllm_specextend.worker.cpu\n"
+    "assert 'vllm.v1.worker.cpu_worker' in sys.modules\n"
+    "assert 'vllm_specextend.worker.gpu' not in sys.modules\n"
+)
+# A fresh interpreter importing vLLM: 15-20 s of a core, in the background
+# lane (background.py) beside the rest of the suite.
+BACKGROUND = {"worker-imports": lambda fixture: lambda: background.run(
+    [sys.executable, "-c", WORKER_IMPORTS], timeout=300, stdin=subprocess.DEVNULL)}
+
+
+def test_worker_package_imports_no_platform_module(request):
     """vLLM imports ``vllm_specextend.worker.<platform>``: importing the package
     or one platform's module must not import the other platform's worker."""
-    code = (
-        "import sys, vllm_specextend.worker, vllm_specextend.worker.cpu\n"
-        "assert 'vllm.v1.worker.cpu_worker' in sys.modules\n"
-        "assert 'vllm_specextend.worker.gpu' not in sys.modules\n"
-    )
-    import subprocess
-
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    proc = background.result(request, "worker-imports")
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
