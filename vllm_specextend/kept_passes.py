@@ -108,25 +108,27 @@ class KeptPasses:
         shifts tokens within each row, so every row's inputs, and their
         drafts, are those of the whole step. ``[num_reqs, K]``."""
         num_reqs = cad.num_reqs
-        parts = compat.split_rows(cad, self.runner, cut.at)
-        n = parts[0].num_actual_tokens
-        tokens = (slice(0, n), slice(n, n + parts[1].num_actual_tokens))
+        head, tail = compat.split_rows(cad, self.runner, cut.at)
+        n = head.num_actual_tokens
+        # Each part's metadata and tokens: the kept part's, the drafting part's.
+        parts = [(head, slice(0, n)), (tail, slice(n, n + tail.num_actual_tokens))]
+        (kept_cad, kept_tokens), (cad_d, tokens_d) = (
+            parts if cut.kept_first else parts[::-1])
         kept, drafting = cut.kept(num_reqs), cut.drafting(num_reqs)
-        k, d = (0, 1) if cut.kept_first else (1, 0)
         self.deferral.keep(
             compat.batch_req_ids(self.runner, num_reqs)[kept],
-            token_ids[tokens[k]], positions[..., tokens[k]],
-            next_token_ids[kept], parts[k],
+            token_ids[kept_tokens], positions[..., kept_tokens],
+            next_token_ids[kept], kept_cad,
             None if view is None else view.rows(kept.start, kept.stop))
         self.stats.split_prefill_steps += 1
         self._view = None if view is None else view.rows(drafting.start, drafting.stop)
         sample = token_indices_to_sample
         if sample is not None:
             # Indices into the step's tokens: into the drafting rows' own.
-            sample = sample[drafting] - tokens[d].start
+            sample = sample[drafting] - tokens_d.start
         drafts = self._greedy_propose(
-            num_speculative_tokens, token_ids[tokens[d]], positions[..., tokens[d]],
-            None, next_token_ids[drafting], sample, parts[d],
+            num_speculative_tokens, token_ids[tokens_d], positions[..., tokens_d],
+            None, next_token_ids[drafting], sample, cad_d,
             None if num_rejected is None else num_rejected[drafting])
         # The kept rows' drafts are discarded, as in a kept step. [num_reqs, K]
         zeros = drafts.new_zeros((kept.stop - kept.start, drafts.shape[1]))

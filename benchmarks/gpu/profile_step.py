@@ -244,15 +244,15 @@ def rank_summaries(trace_dir: Path, steps: int) -> dict[str, dict]:
 
 def keep_rank0_trace(trace_dir: Path, dest: Path) -> None:
     """Rank 0's trace, gzipped, beside the summary (a host brings a few files
-    back, not the folder of every rank's); where no rank's trace is found,
-    say what the folder holds instead of an empty ``ranks``."""
+    back, not the folder of every rank's); where rank 0's is not found, say
+    what the folder holds (the summary's ``ranks`` then lacks it)."""
     import gzip
     import shutil
 
     traces = rank_traces(trace_dir)
     if 0 not in traces:
         held = sorted(p.name for p in trace_dir.glob("*")) if trace_dir.is_dir() else []
-        print(f"profile_step: no rank's trace in {trace_dir}; it holds {held}",  # noqa: T201
+        print(f"profile_step: no rank 0 trace in {trace_dir}; it holds {held}",  # noqa: T201
               file=sys.stderr)
         return
     with traces[0].open("rb") as src, gzip.open(dest, "wb") as out:
