@@ -33,6 +33,7 @@ wall time.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import re
@@ -208,6 +209,46 @@ def scope_spans(trace_events: list[dict], min_us: float = 10.0) -> dict[str, dic
     return out
 
 
+def scope_kernels(trace_events: list[dict], min_us: float = 10.0,
+                  top: int = 12) -> dict[str, list[dict]]:
+    """Per vLLM runner scope, its ``top`` kernels by GPU time: for each kernel
+    name, the median over the scope's spans (of at least ``min_us``) of its
+    launches and µs in a span (kernels that start inside it). Medians, as in
+    ``scope_spans``: a profiled stretch's first spans also hold a fresh
+    request's work. Where a step's time goes kernel by kernel (issue #44: a
+    sharded draft forward is some 200 small kernels)."""
+    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for e in trace_events:
+        if (e.get("cat") == "gpu_user_annotation" and e["name"].startswith(SCOPE)
+                and e["dur"] >= min_us):
+            spans[e["name"][len(SCOPE):]].append((e["ts"], e["ts"] + e["dur"]))
+    work = sorted((e["ts"], e["dur"], e["name"]) for e in trace_events
+                  if e.get("cat") in KERNEL_EVENTS)
+    starts = [w[0] for w in work]
+    out = {}
+    for scope, found in spans.items():
+        per_span = []  # [spans] of {name: (launches, µs)}
+        for begin, end in found:
+            seen: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+            inside = work[bisect.bisect_left(starts, begin):
+                          bisect.bisect_left(starts, end)]
+            for _, dur, name in inside:
+                seen[name][0] += 1
+                seen[name][1] += dur
+            per_span.append(seen)
+        names = {n for seen in per_span for n in seen}
+        rows = []
+        for name in names:
+            calls = statistics.median(s[name][0] if name in s else 0
+                                      for s in per_span)
+            us = statistics.median(s[name][1] if name in s else 0.0
+                                   for s in per_span)
+            if us > 0:
+                rows.append({"kernel": name[:100], "calls": calls, "us": round(us, 1)})
+        out[scope] = sorted(rows, key=lambda r: -r["us"])[:top]
+    return out
+
+
 def rank_traces(trace_dir: Path) -> dict[int, Path]:
     """Each TP rank's Chrome trace in ``trace_dir``, as vLLM's worker
     profiler names them (``<prefix>_<suffix>.<time>.pt.trace.json``, vLLM
@@ -227,7 +268,8 @@ def rank_traces(trace_dir: Path) -> dict[int, Path]:
 
 def rank_summaries(trace_dir: Path, steps: int) -> dict[str, dict]:
     """Per TP rank, from its worker's trace: GPU ms per step by category,
-    their sum, and vLLM's runner scopes' median spans (``scope_spans``)."""
+    their sum, vLLM's runner scopes' median spans (``scope_spans``) and
+    their top kernels (``scope_kernels``)."""
     out = {}
     for rank, path in rank_traces(trace_dir).items():
         events = json.loads(path.read_text())["traceEvents"]
@@ -238,6 +280,7 @@ def rank_summaries(trace_dir: Path, steps: int) -> dict[str, dict]:
             "gpu_ms_per_step_by_category": {k: v / steps
                                             for k, v in sorted(by_cat.items())},
             "scope_spans": scope_spans(events),
+            "scope_kernels": scope_kernels(events),
         }
     return out
 
