@@ -88,6 +88,20 @@ def log_stats_interval() -> float:
     return envs.VLLM_LOG_STATS_INTERVAL
 
 
+def reread_env() -> None:
+    """The next engine reads vLLM's environment variables afresh (a test
+    that sets one for its own engines, e.g. ``VLLM_BATCH_INVARIANT``).
+
+    vLLM 0.26: ``EngineCore`` caches ``vllm.envs`` once an engine has started
+    (``enable_envs_cache``); an in-process engine started earlier in the
+    same process leaves the cache on.
+    """
+    from vllm import envs
+
+    if envs._is_envs_cache_enabled():
+        envs.__getattr__.cache_clear()
+
+
 def is_cpu_platform() -> bool:
     from vllm.platforms import current_platform
 
