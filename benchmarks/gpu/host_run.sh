@@ -198,7 +198,8 @@ case "$1" in
     # Issue #26's GPU checks: the captured draft routine drafts what vLLM's
     # piecewise path drafts (async scheduling on), and the plugin's step makes
     # no host-device sync; kept prompt-chunk passes draft as in their step.
-    # GRAPH_TESTS: run only these.
+    # GRAPH_TESTS: run only these. The deferral file alone takes ~95 s a case
+    # (batch-invariant kernels): GPU_TESTS_TIMEOUT=300 in a call without install.
     timeout ${GPU_TESTS_TIMEOUT:-400} python3 -m pytest -v -p no:cacheprovider \
       ${GRAPH_TESTS:-tests/kernels/test_draft_graph_gpu.py tests/unit/test_proposer_step.py
       tests/kernels/test_argmax_triton.py tests/kernels/test_prefill_deferral_gpu.py} \
