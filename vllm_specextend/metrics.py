@@ -33,8 +33,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 METRICS_DIR_ENV = "SPECEXTEND_METRICS_DIR"
 PROMETHEUS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -96,6 +98,8 @@ class SpecExtendStats:
 
     def start_timer(self, device: torch.device):
         if device.type == "cuda":
+            import torch  # only the GPU timers: the metrics directory needs none
+
             start = torch.cuda.Event(enable_timing=True)
             start.record()
             return start
@@ -105,6 +109,8 @@ class SpecExtendStats:
         if isinstance(start, float):
             setattr(self, counter, getattr(self, counter) + time.perf_counter() - start)
             return
+        import torch
+
         end = torch.cuda.Event(enable_timing=True)
         end.record()
         # Read later: elapsed_time now would stall the step on the GPU.
