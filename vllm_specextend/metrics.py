@@ -109,7 +109,7 @@ class SpecExtendStats:
         if isinstance(start, float):
             setattr(self, counter, getattr(self, counter) + time.perf_counter() - start)
             return
-        import torch
+        import torch  # a GPU timer (start_timer says why here)
 
         end = torch.cuda.Event(enable_timing=True)
         end.record()

@@ -210,13 +210,13 @@ def scope_spans(trace_events: list[dict], min_us: float = 10.0) -> dict[str, dic
 
 
 def scope_kernels(trace_events: list[dict], min_us: float = 10.0,
-                  top: int = 12) -> dict[str, list[dict]]:
-    """Per vLLM runner scope, its ``top`` kernels by GPU time: for each kernel
-    name, the median over the scope's spans (of at least ``min_us``) of its
-    launches and µs in a span (kernels that start inside it). Medians, as in
-    ``scope_spans``: a profiled stretch's first spans also hold a fresh
-    request's work. Where a step's time goes kernel by kernel (issue #44: a
-    sharded draft forward is some 200 small kernels)."""
+                  top: int = 12) -> dict[str, dict]:
+    """Per vLLM runner scope, the median over its spans (of at least
+    ``min_us``) of all its kernels' launches and µs in a span (kernels that
+    start inside it), and its ``top`` kernels by µs, each by the same
+    medians. Medians, as in ``scope_spans``: a profiled stretch's first spans
+    also hold a fresh request's work. Where a step's time goes kernel by
+    kernel (issue #44: a sharded draft forward is some 200 small kernels)."""
     spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for e in trace_events:
         if (e.get("cat") == "gpu_user_annotation" and e["name"].startswith(SCOPE)
@@ -227,7 +227,7 @@ def scope_kernels(trace_events: list[dict], min_us: float = 10.0,
     starts = [w[0] for w in work]
     out = {}
     for scope, found in spans.items():
-        per_span = []  # [spans] of {name: (launches, µs)}
+        per_span = []  # [spans] of {name: [launches, µs]}
         for begin, end in found:
             seen: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
             inside = work[bisect.bisect_left(starts, begin):
@@ -236,16 +236,22 @@ def scope_kernels(trace_events: list[dict], min_us: float = 10.0,
                 seen[name][0] += 1
                 seen[name][1] += dur
             per_span.append(seen)
-        names = {n for seen in per_span for n in seen}
         rows = []
-        for name in names:
+        for name in {n for seen in per_span for n in seen}:
             calls = statistics.median(s[name][0] if name in s else 0
                                       for s in per_span)
             us = statistics.median(s[name][1] if name in s else 0.0
                                    for s in per_span)
             if us > 0:
-                rows.append({"kernel": name[:100], "calls": calls, "us": round(us, 1)})
-        out[scope] = sorted(rows, key=lambda r: -r["us"])[:top]
+                # The name cut for reading only: kernels are told apart whole.
+                rows.append({"kernel": name[:160], "calls": calls, "us": round(us, 1)})
+        out[scope] = {
+            "launches": statistics.median(sum(c for c, _ in s.values())
+                                          for s in per_span),
+            "us": round(statistics.median(sum(u for _, u in s.values())
+                                          for s in per_span), 1),
+            "top": sorted(rows, key=lambda r: -r["us"])[:top],
+        }
     return out
 
 

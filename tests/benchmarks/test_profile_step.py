@@ -83,14 +83,17 @@ def test_scope_spans_take_medians_and_leave_out_empty_spans():
 def test_scope_kernels_take_each_kernels_median_over_the_spans():
     """The draft's three spans: flash_fwd_kernel ran in two (3 and 4 ms), the
     first span's matmul and the second's copy in one each: their medians are
-    0 and they are left out; the straddling kernel started before the span."""
+    0 and they are left out; the straddling kernel started before the span.
+    The totals are each span's sum, then the median (1 launch; 5, 8 and 4 ms)."""
     kernels = scope_kernels(TRACE)
-    assert kernels["draft"] == [{"kernel": "flash_fwd_kernel", "calls": 1,
-                                 "us": 3000.0}]
-    assert kernels["forward"] == [
+    assert kernels["draft"] == {
+        "launches": 1, "us": 5000.0,
+        "top": [{"kernel": "flash_fwd_kernel", "calls": 1, "us": 3000.0}]}
+    assert kernels["forward"]["top"] == [
         {"kernel": "nvjet_sm90_tst_128x16", "calls": 1, "us": 6000.0},
         {"kernel": "triton_poi_fused", "calls": 1, "us": 2000.0}]
-    top = scope_kernels(TRACE, top=1)["forward"]
+    assert (kernels["forward"]["launches"], kernels["forward"]["us"]) == (2, 8000.0)
+    top = scope_kernels(TRACE, top=1)["forward"]["top"]
     assert [k["kernel"] for k in top] == ["nvjet_sm90_tst_128x16"]
 
 
@@ -113,7 +116,8 @@ def test_each_tp_ranks_trace_summarized_as_its_own_gpu(tmp_path):
     assert ranks["0"]["gpu_ms_per_step"] == 15.5  # 31 ms of work over 2 steps
     assert ranks["0"]["gpu_ms_per_step_by_category"]["matmul"] == 10.0
     assert ranks["0"]["scope_spans"]["draft"]["median_span_ms"] == 5.0
-    assert ranks["0"]["scope_kernels"]["draft"][0]["kernel"] == "flash_fwd_kernel"
+    draft = ranks["0"]["scope_kernels"]["draft"]
+    assert draft["top"][0]["kernel"] == "flash_fwd_kernel"
     assert ranks["1"]["gpu_ms_per_step_by_category"] == {"attention": 0.5}
 
 

@@ -16,11 +16,15 @@ step, and without it a GPU's kernels need not round a row the same way in a
 smaller batch. On an H200 (2026-11-28) the 3,000-token request's proposals
 differed with deferral on and off while the outputs' verification was not
 reached; exact equality is the claim, so the kernels must not vary with the
-batch (``tests/engine`` keeps fp32 on the CPU for the same reason).
+batch (``tests/engine`` keeps fp32 on the CPU for the same reason). The mode
+holds for the whole process once on (torch reads cuBLAS's workspace setting
+at its first use, and vLLM's overrides of torch's ops stay): run this file in
+a pytest process of its own, as ``host_run.sh graph-tests`` does.
 """
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -37,11 +41,18 @@ from test_draft_graph_gpu import CMR, _generate, models  # noqa: E402, F401
 
 
 @pytest.fixture(autouse=True)
-def _env_read_afresh():
-    """Engines after this module's read vLLM's environment as it is again.
-    (The batch-invariant mode's overrides of torch's ops stay for the process:
-    host_run's graph-tests run this module last.)"""
+def _batch_invariant(monkeypatch):
+    """Engines started here run vLLM's batch-invariant mode; the environment
+    (the mode's own writes too) is put back after, and vLLM reads it afresh."""
+    if torch.cuda.is_initialized() and not compat.batch_invariant_on():
+        pytest.fail("CUDA was used in this process before vLLM's batch-invariant "
+                    "mode: run this file in a pytest process of its own")
+    saved = dict(os.environ)
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    compat.reread_env()
     yield
+    os.environ.clear()
+    os.environ.update(saved)
     compat.reread_env()
 
 
@@ -55,8 +66,7 @@ CHUNKED = dict(max_num_batched_tokens=1024, long_prefill_token_threshold=256,
     # The first row's ends first: the others' chunks trail.
     (512, (1200, 2000, 3000)),
 ])
-def test_kept_passes_draft_as_in_their_step(models, window, lengths,  # noqa: F811
-                                            monkeypatch):
+def test_kept_passes_draft_as_in_their_step(models, window, lengths):  # noqa: F811
     """With ``draft_prefill_window`` too: FlashAttention reads each prompt
     chunk through its window (in its step or kept), and the outputs stay
     vLLM's speculation's. The prompts prefill side by side and the shortest
@@ -64,14 +74,12 @@ def test_kept_passes_draft_as_in_their_step(models, window, lengths,  # noqa: F8
     prompt chunks before it or after it in the batch (the persistent batch
     keeps each request's row). The CPU engine test's steps have their chunks
     last only: there the unit tests check the other cut."""
-    # Read when each engine starts (its workers' kernels and attention).
-    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
-    compat.reread_env()
     rng = random.Random(1)
     prompts = [[rng.randrange(3, 500) for _ in range(n)] for n in lengths]
     target = models["target"]
     spec = {**CMR, "draft_prefill_window": window}
     reference = _generate(target, "draft_model", target, prompts, **CHUNKED)
+    assert compat.batch_invariant_on()
     off = _generate(target, "draft_model", target, prompts,
                     {**spec, "defer_prefill_draft": False}, **CHUNKED)
     on = _generate(target, "draft_model", target, prompts, spec, **CHUNKED)

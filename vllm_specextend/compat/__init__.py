@@ -16,7 +16,8 @@ argparse ``_option_string_actions``                 read        an option's acti
 ``VllmConfig.use_v2_model_runner``                  read        our drafters are the V1 runner's;
 ``env.VLLM_USE_V2_MODEL_RUNNER``                    patch       EAGLE on a dense model defaults to V2
 ``served_model_name``, DP rank                      read        /metrics labels, as vLLM's
-``envs.__getattr__`` (its cache)                    call        a test's engines read the env it sets
+``envs.disable_envs_cache``                         call        a test's engines read the env it sets
+``batch_invariant._batch_invariant_MODE``           read        a test's kernels are batch-invariant
 ``v1.worker.gpu_worker.Worker``                     subclass    install the proposer (GPU)
 ``v1.worker.cpu_worker.CPUWorker``                  subclass    install the proposer (CPU)
 ``Worker.init_device`` / ``.execute_model``         override    runner exists / finished req ids
@@ -86,6 +87,7 @@ from vllm_specextend.compat.distributed import (
 )
 from vllm_specextend.compat.engine import (
     additional_config,
+    batch_invariant_on,
     engine_facts,
     engine_index,
     engine_indexes,
@@ -163,7 +165,7 @@ __all__ = [
     "is_cpu_platform", "kv_block_bytes", "kv_cache_layer_names",
     "target_attention",
     "layer_kv_cache", "live_req_ids", "lm_head_rows", "load", "log_stats_interval", "logger",
-    "max_num_batched_tokens", "max_num_seqs", "reread_env",
+    "max_num_batched_tokens", "max_num_seqs", "reread_env", "batch_invariant_on",
     "copies_kv_blocks", "model_input_buffers", "prefill_deferral_blocker",
     "samples_no_row", "discarded_rows", "split_rows",
     "one_request_kv_bytes", "option_action", "report_errors_briefly",

@@ -94,12 +94,24 @@ def reread_env() -> None:
 
     vLLM 0.26: ``EngineCore`` caches ``vllm.envs`` once an engine has started
     (``enable_envs_cache``); an in-process engine started earlier in the
-    same process leaves the cache on.
+    same process leaves the cache on. ``disable_envs_cache`` is vLLM's own
+    reset "to isolate environments between unit tests".
     """
     from vllm import envs
 
-    if envs._is_envs_cache_enabled():
-        envs.__getattr__.cache_clear()
+    envs.disable_envs_cache()
+
+
+def batch_invariant_on() -> bool:
+    """vLLM's batch-invariant mode is on in this process (a worker started
+    with ``VLLM_BATCH_INVARIANT=1`` turned it on; it stays on).
+
+    vLLM 0.26: ``batch_invariant._batch_invariant_MODE``, set by
+    ``enable_batch_invariant_mode``.
+    """
+    from vllm.model_executor.layers import batch_invariant
+
+    return bool(batch_invariant._batch_invariant_MODE)
 
 
 def is_cpu_platform() -> bool:
