@@ -183,6 +183,17 @@ def kernel_ms_by_category(trace_events: list[dict]) -> dict[str, float]:
     return dict(by_cat)
 
 
+def scope_bounds(trace_events: list[dict], min_us: float) -> dict[str, list]:
+    """Per vLLM runner scope, its GPU spans of at least ``min_us`` (vLLM opens
+    some scopes twice a step, once empty): ``[(begin, end)]`` in µs."""
+    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for e in trace_events:
+        if (e.get("cat") == "gpu_user_annotation" and e["name"].startswith(SCOPE)
+                and e["dur"] >= min_us):
+            spans[e["name"][len(SCOPE):]].append((e["ts"], e["ts"] + e["dur"]))
+    return spans
+
+
 def scope_spans(trace_events: list[dict], min_us: float = 10.0) -> dict[str, dict]:
     """Per vLLM runner scope, from a Chrome trace: its GPU spans' median and
     the median GPU busy ms inside them (time in which a kernel or copy ran,
@@ -190,11 +201,7 @@ def scope_spans(trace_events: list[dict], min_us: float = 10.0) -> dict[str, dic
     least ``min_us`` (vLLM opens some scopes twice a step, once empty). The
     median keeps a profiled stretch's first steps, which also hold a fresh
     request's work, out of a step's figure."""
-    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for e in trace_events:
-        if (e.get("cat") == "gpu_user_annotation" and e["name"].startswith(SCOPE)
-                and e["dur"] >= min_us):
-            spans[e["name"][len(SCOPE):]].append((e["ts"], e["ts"] + e["dur"]))
+    spans = scope_bounds(trace_events, min_us)
     work = [(e["ts"], e["ts"] + e["dur"]) for e in trace_events
             if e.get("cat") in KERNEL_EVENTS]
     out = {}
@@ -217,11 +224,7 @@ def scope_kernels(trace_events: list[dict], min_us: float = 10.0,
     medians. Medians, as in ``scope_spans``: a profiled stretch's first spans
     also hold a fresh request's work. Where a step's time goes kernel by
     kernel (issue #44: a sharded draft forward is some 200 small kernels)."""
-    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for e in trace_events:
-        if (e.get("cat") == "gpu_user_annotation" and e["name"].startswith(SCOPE)
-                and e["dur"] >= min_us):
-            spans[e["name"][len(SCOPE):]].append((e["ts"], e["ts"] + e["dur"]))
+    spans = scope_bounds(trace_events, min_us)
     work = sorted((e["ts"], e["dur"], e["name"]) for e in trace_events
                   if e.get("cat") in KERNEL_EVENTS)
     starts = [w[0] for w in work]

@@ -41,14 +41,14 @@ from test_draft_graph_gpu import CMR, _generate, models  # noqa: E402, F401
 
 
 @pytest.fixture(autouse=True)
-def _batch_invariant(monkeypatch):
+def _batch_invariant():
     """Engines started here run vLLM's batch-invariant mode; the environment
     (the mode's own writes too) is put back after, and vLLM reads it afresh."""
     if torch.cuda.is_initialized() and not compat.batch_invariant_on():
         pytest.fail("CUDA was used in this process before vLLM's batch-invariant "
                     "mode: run this file in a pytest process of its own")
     saved = dict(os.environ)
-    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    os.environ["VLLM_BATCH_INVARIANT"] = "1"
     compat.reread_env()
     yield
     os.environ.clear()
