@@ -157,10 +157,19 @@ serve_traffic() {
 # of an 8B at TP=2; under --spec-extend the plugin turns it off itself, a
 # plain engine needs the flag); nothing at 1. Callers at SIZE > 1 also set
 # VLLM_ALLREDUCE_USE_SYMM_MEM=0 (symmetric-memory all-reduce, off likewise).
+# TP_FUSION=trtllm turns the fusion on with FlashInfer's trtllm backend
+# (IPC buffers, no multicast: the A/B of issue #44 item 4); mnnvl is refused,
+# as it calls cuMulticastCreate, which these hosts forbid (KINDS.md).
+case "${TP_FUSION:-}" in
+  "") ;;
+  trtllm) export VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm ;;
+  *) echo "TP_FUSION: trtllm or unset (mnnvl needs NVLink multicast, off here)" >&2; exit 2 ;;
+esac
 tp_flags() {
   [ "${1:-1}" -gt 1 ] || return 0
+  local fuse=false; [ -n "${TP_FUSION:-}" ] && fuse=true
   echo --tensor-parallel-size "$1" --distributed-executor-backend "${2:-mp}" \
-    --compilation-config '{"pass_config":{"fuse_allreduce_rms":false}}'
+    --compilation-config "{\"pass_config\":{\"fuse_allreduce_rms\":$fuse}}"
 }
 case "$1" in
   viewattn)
@@ -352,7 +361,8 @@ PY
       $(tp_flags "$size") --modes $modes ${TP_ARGS:-} \
       --out "$OUT/decode_$tag.json" > "$OUT/decode_$tag.log" 2>&1
     echo "tp-speed rc=$?"; python3 -m benchmarks.decode.summarize_decode "$OUT/decode_$tag.json"
-    grep -m3 -E "Error|error:|draft routine" "$OUT/decode_$tag.log" ;;
+    grep -m3 -E "Error|error:|draft routine" "$OUT/decode_$tag.log"
+    grep -m4 -iE "allreduce backend|Allreduce norm fusion|AllReduceFusion" "$OUT/decode_$tag.log" ;;
   tp-tests)
     # Issue #44: the captured draft routine at TP=2 and TP=4 against vLLM's
     # own speculation (tests/kernels/test_tp_gpu.py); TP_TESTS_K selects (-k).
