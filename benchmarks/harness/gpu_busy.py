@@ -10,10 +10,16 @@ vLLM's engine-core timestamps (``bench_decode``); ``time.perf_counter`` that of
 ``vllm bench serve``'s per-request times (``bench_serve``; on Linux both read
 CLOCK_MONOTONIC, one clock for every process of the host, so a client in
 another process stamps on it too). ``None`` where NVML is missing (CPU hosts).
+
+NVML numbers a host's GPUs whatever ``CUDA_VISIBLE_DEVICES`` says, so the
+indexes a process uses (its visible devices) are mapped to NVML's first
+(``nvml_devices``): a bench on the second GPU of a host read the first's
+busy share on 2026-11-28.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -34,6 +40,25 @@ def _nvml():
     return pynvml
 
 
+def nvml_devices(device_indexes: Iterable[int],
+                 visible: str | None = None) -> list[int | str]:
+    """NVML's index (or UUID) of each visible device index.
+
+    ``visible``: ``CUDA_VISIBLE_DEVICES`` (read from the environment when
+    None); unset or empty, the indexes stand as they are."""
+    if visible is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = [v.strip() for v in (visible or "").split(",") if v.strip()]
+    if not names:
+        return list(device_indexes)
+    out: list[int | str] = []
+    for i in device_indexes:
+        if i >= len(names):
+            raise ValueError(f"device {i} is not visible (CUDA_VISIBLE_DEVICES={visible})")
+        out.append(int(names[i]) if names[i].isdigit() else names[i])
+    return out
+
+
 class GpuBusy:
     """``with GpuBusy() as busy: ...`` then ``busy.share(intervals)``."""
 
@@ -46,8 +71,10 @@ class GpuBusy:
         self._nvml = _nvml()
         self._handles = []
         if self._nvml is not None:
-            self._handles = [self._nvml.nvmlDeviceGetHandleByIndex(i)
-                             for i in device_indexes]
+            self._handles = [
+                self._nvml.nvmlDeviceGetHandleByIndex(d) if isinstance(d, int)
+                else self._nvml.nvmlDeviceGetHandleByUUID(d)
+                for d in nvml_devices(device_indexes)]
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

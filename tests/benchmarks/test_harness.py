@@ -12,7 +12,7 @@ import pytest
 from waiting import wait_for
 
 from benchmarks.harness import measure, modes
-from benchmarks.harness.gpu_busy import GpuBusy
+from benchmarks.harness.gpu_busy import GpuBusy, nvml_devices
 from benchmarks.harness.meta import device
 
 
@@ -118,3 +118,14 @@ def test_device_reads_every_metadata_block():
     assert device({"hardware": {"gpus": ["NVIDIA H100 80GB HBM3, 81559 MiB, 580"],
                                 "cpu": "x"}, "config": {}}) == "NVIDIA H100 80GB HBM3"
     assert device({"gpu": "cpu", "config": {}}) == "CPU"
+
+
+def test_gpu_busy_reads_the_gpus_the_process_sees():
+    # NVML ignores CUDA_VISIBLE_DEVICES: a bench on a host's second GPU must
+    # sample NVML's device 1, not 0.
+    assert nvml_devices([0], visible="1") == [1]
+    assert nvml_devices([0, 1], visible="3,2") == [3, 2]
+    assert nvml_devices([0], visible="GPU-8f2c") == ["GPU-8f2c"]
+    assert nvml_devices([0, 1], visible="") == [0, 1]
+    with pytest.raises(ValueError, match="not visible"):
+        nvml_devices([1], visible="0")

@@ -172,7 +172,7 @@ def test_headline_takes_the_newest_file_and_links_it(results):
     text = summarize.render(summarize.summarize(results), results / "docs")
     link = "../decode/20261202T0000Z_x.json"
     # Median busy of the runs with a sample; none without one.
-    assert (f"| 32K | d | 1 | [100 (90–110) · 99%]({link}) "
+    assert (f"| 32K | – | d | 1 | [100 (90–110) · 99%]({link}) "
             f"| [150 (140–160) · 65%]({link}) | [200 (180–210)]({link}) "
             "| 1.33 | 2.00 |") in text
     assert "real.json" not in text, "real-acceptance runs are no speed runs"
@@ -272,7 +272,7 @@ def test_ratio_only_within_one_file(results):
     newer = _decode("e", [_decode_row("spec_extend", [300.0, 310.0, 320.0])])
     (results / "decode" / "20261204T0000Z_x.json").write_text(json.dumps(newer))
     text = summarize.render(summarize.summarize(results), results / "docs")
-    row = next(ln for ln in text.splitlines() if ln.startswith("| 32K | d | 1 |"))
+    row = next(ln for ln in text.splitlines() if ln.startswith("| 32K | – | d | 1 |"))
     assert "[310 (300–320)](../decode/20261204T0000Z_x.json)" in row
     assert "[150 (140–160) · 65%](../decode/20261202T0000Z_x.json)" in row
     assert row.endswith("| – | – |"), row
@@ -285,8 +285,8 @@ def test_plain_comes_from_spec_extends_file(results):
                           _decode_row("spec_extend", [300.0, 310.0, 320.0])])
     (results / "decode" / "20261204T0000Z_x.json").write_text(json.dumps(newer))
     text = summarize.render(summarize.summarize(results), results / "docs")
-    row = next(ln for ln in text.splitlines() if ln.startswith("| 32K | d | 1 |"))
-    assert row.startswith("| 32K | d | 1 | [155 (1 run)](../decode/20261204T0000Z_x.json)")
+    row = next(ln for ln in text.splitlines() if ln.startswith("| 32K | – | d | 1 |"))
+    assert row.startswith("| 32K | – | d | 1 | [155 (1 run)](../decode/20261204T0000Z_x.json)")
     assert row.endswith("| – | 2.00 |"), row
 
 
@@ -301,9 +301,9 @@ def test_a_table_per_device_with_its_own_modes(results):
     decode = text.split("**serve**")[0]
     assert decode.count("**decode**") == 1
     one, two = decode.split("*GPU*\n\n")[1].split("*GPU ×2 (TP=2)*\n\n")
-    assert one.startswith("| context | draft | batch | plain | draft_model | ")
-    assert two.startswith("| context | draft | batch | plain | spec_extend | ")
-    assert "| 32K | d | 1 | 80 (1 run) | 90 (1 run) | – | 1.12 |" in two
+    assert one.startswith("| context | prompt | draft | batch | plain | draft_model | ")
+    assert two.startswith("| context | prompt | draft | batch | plain | spec_extend | ")
+    assert "| 32K | – | d | 1 | 80 (1 run) | 90 (1 run) | – | 1.12 |" in two
     assert "*GPU*\n\n| workload | context |" in text
 
 
@@ -359,3 +359,25 @@ def test_serving_rows_at_a_request_rate(results):
         "gpu_busy": [0.9, None], "file": "serve/20261210T0000Z/results.json",
         "synthetic_acceptance": 3.0, "date_utc": "d"}
     assert rows[1]["concurrency"] == 4 and rows[1]["tok_s"] == [10.0, 12.0]
+
+
+def test_fresh_and_cached_prompts_are_cells_of_their_own(results):
+    """A newer cached-prompt spec_extend file gets a row of its own and never
+    fills the fresh comparison's cell; fresh files add an end-to-end table."""
+    def fresh_row(mode, tok_s, e2e):
+        row = _decode_row(mode, tok_s)
+        for run, e in zip(row["runs"], e2e, strict=True):
+            run.update(e2e_tok_s=e, ttft_s=1.0)
+        return {**row, "fresh_prompts": True}
+    fresh = _decode("f", [fresh_row("plain", [168.0], [141.0]),
+                          fresh_row("spec_extend", [255.0], [196.0])])
+    cached = _decode("g", [{**_decode_row("spec_extend", [270.0]), "fresh_prompts": False}])
+    (results / "decode" / "20261210T0000Z_fresh.json").write_text(json.dumps(fresh))
+    (results / "decode" / "20261211T0000Z_cached.json").write_text(json.dumps(cached))
+    text = summarize.render(summarize.summarize(results))
+    decode, end_to_end = text.split("**serve**")[0].split("**end to end**")
+    assert "| 32K | fresh | d | 1 | 168 (1 run) | – | 255 (1 run) | – | 1.52 |" in decode
+    assert "| 32K | cached | d | 1 | – | – | 270 (1 run) | – | – |" in decode
+    # Only the fresh file's rows time the first token.
+    assert "| 32K | fresh | d | 1 | 141 (1 run) | 196 (1 run) | – | 1.39 |" in end_to_end
+    assert "cached" not in end_to_end.split("\n", 1)[1]
