@@ -4,12 +4,13 @@
 Ray head (``ray start --head --block``) and ``serve run`` on
 ``deploy/ray_serve/config.yaml`` with its args and port replaced: SmolLM2 as
 target and draft, SpecExtend on, one CPU replica. A long greedy chat request
-must return what a plain ``vllm serve`` (no speculation) returns, and the
-plugin's worker snapshot must show retrievals. The app is built with an API
+must return what plain decoding (no speculation) returns, and the plugin's
+worker snapshot must show retrievals. The app is built with an API
 key (``VLLM_API_KEY``): the OpenAI routes answer 401 without it or with a
 wrong one. Then Serve and Ray are stopped and no process of either may be left.
-Both servers run in the background lane (``background.py``): the Ray run
-(``_ray_job``) and the plain reference (``_plain_job``), beside the suite.
+The Ray run is a job of the background lane (``background.py``, ``_ray_job``),
+beside the suite; the reference is ``LLM.chat`` in this process with the same
+engine settings (``cpu_engine``; a plain ``vllm serve`` took ~70 s of the lane).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import pytest
 import yaml
 
 from benchmarks import prompts as prompt_data
-from benchmarks.harness.server import free_port, serve, tail
+from benchmarks.harness.server import free_port, tail
 from vllm_specextend.config import SpecExtendConfig
 from vllm_specextend.metrics import METRICS_DIR_ENV, SnapshotCollector
 
@@ -43,7 +44,8 @@ BIN = Path(sys.executable).parent
 SPEC_EXTEND = {"min_context": 256, "top_k": 8, "recent_tokens": 128}
 NUM_SPEC_TOKENS = 4
 MAX_MODEL_LEN = 4096
-# The CPU engine settings of the engine tests; both servers get exactly these.
+# The CPU engine settings of the engine tests; the app and the reference get
+# exactly these.
 ENGINE_KWARGS = {"dtype": "float32", "block_size": 32,
                  "kv_cache_memory_bytes": 1 << 30, "enforce_eager": True, "seed": 0,
                  # vLLM's CPU warm-up runs target and draft over this many
@@ -187,15 +189,6 @@ def test_ray_config_builds_the_default_app():
 
 
 # --- the app, run for real -----------------------------------------------------------
-
-
-def _cli_flags(engine_kwargs: dict) -> list[str]:
-    """``vllm serve`` flags for engine keyword arguments."""
-    flags = []
-    for key, value in engine_kwargs.items():
-        flag = "--" + key.replace("_", "-")
-        flags += [flag] if value is True else [flag, str(value)]
-    return flags
 
 
 def _session_pids(sid: int) -> list[int]:
@@ -359,20 +352,19 @@ def _document(model: str) -> str:
     return tokenizer.decode(ids) + "\n\nWho wrote the text above?"
 
 
-def _plain_job(fixture):
-    """The reference (``background.py``): a plain ``vllm serve`` (no
-    speculation) answering the same request, beside the rest of the suite,
-    in the environment the session started with."""
-    model = fixture("smollm2_model")
-    text = _document(model)
-    log = fixture("tmp_path_factory").mktemp("ray_plain") / "plain.log"
-    flags = _cli_flags({"max_model_len": MAX_MODEL_LEN, **ENGINE_KWARGS})
-    env = dict(os.environ)
+def _plain_chat(model: str, text: str):
+    """Plain decoding's answer to the chat request: ``LLM.chat`` in this
+    process, the app's engine settings, the chat template as the server
+    applies it. Returns vLLM's ``RequestOutput``."""
+    from cpu_engine import make_llm, shutdown
+    from vllm import SamplingParams
 
-    def job():
-        with serve([model, *flags], log, STARTUP_S, env=env) as plain:
-            return _chat(plain.base, None, text, STARTUP_S)
-    return job
+    llm = make_llm(model, max_model_len=MAX_MODEL_LEN, **ENGINE_KWARGS)
+    try:
+        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+        return llm.chat([{"role": "user", "content": text}], params)[0]
+    finally:
+        shutdown(llm)
 
 
 def _ray_job(fixture):
@@ -448,14 +440,14 @@ def _ray_job(fixture):
     return job
 
 
-BACKGROUND = {"plain": _plain_job, "ray": _ray_job}
+BACKGROUND = {"ray": _ray_job}
 
 
 @pytest.mark.ray
 def test_ray_serve_matches_plain_vllm_serve(request):
     """The Ray Serve app drafts through SpecExtend views and answers exactly as
-    plain decoding does; Serve and Ray stop without leaving processes. (Both
-    servers run in the background lane, ``_ray_job`` and ``_plain_job``.)"""
+    plain decoding does; Serve and Ray stop without leaving processes. (The
+    app runs in the background lane, ``_ray_job``.)"""
     pytest.importorskip("ray.serve.llm")
     try:
         run = background.result(request, "ray")
@@ -470,9 +462,7 @@ def test_ray_serve_matches_plain_vllm_serve(request):
     assert stats["retrievals"] > 0 and stats["view_rows"] > 0, stats
     assert 0 < stats["draft_context_tokens"] < stats["full_context_tokens"], stats
 
-    try:
-        plain_resp = background.result(request, "plain")
-    except RuntimeError as e:
-        pytest.fail(str(e))
-    assert ray_resp.usage.prompt_tokens == plain_resp.usage.prompt_tokens
-    assert ray_resp.choices[0].message.content == plain_resp.choices[0].message.content
+    model = request.getfixturevalue("smollm2_model")
+    plain = _plain_chat(model, _document(model))
+    assert ray_resp.usage.prompt_tokens == len(plain.prompt_token_ids)
+    assert ray_resp.choices[0].message.content == plain.outputs[0].text

@@ -1,18 +1,25 @@
 """Offline engine (CPU, fp32, in-process): SpecExtend keeps greedy output exact.
 
-Each engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the
-tests can read the live proposer's statistics and selection store
-(``benchmarks.harness.drafter``).
+Each engine runs in this process (``cpu_engine``) so the tests can read the
+live proposer's statistics and selection store (``benchmarks.harness.drafter``).
 """
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 from pathlib import Path
 
 import pytest
+from cpu_engine import (  # noqa: F401 (the engine tests import these from here)
+    MAX_TOKENS,
+    counter,
+    engine_kwargs,
+    generate,
+    make_llm,
+    plain_reference,
+    shutdown,
+)
 
 from benchmarks.harness.drafter import (
     drafter,
@@ -22,67 +29,15 @@ from benchmarks.harness.drafter import (
     stats,
 )
 
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-
 pytestmark = pytest.mark.engine
 
 CMR = {"top_k": 4, "recent_tokens": 64, "min_context": 256}
 LENGTHS = [1500, 90, 1000, 400, 700]  # CMR applies to some rows only
-MAX_TOKENS = 48
 SMALL_BUDGET = {"max_num_batched_tokens": 512}
 """For SmolLM2 engines: vLLM's CPU warm-up runs the target and the draft over
 ``max_num_batched_tokens`` tokens (4096 by default: 57 s of a 63 s start);
 their 1,800-token prompt prefills in four chunks (2,048, one chunk: the
 draft-model test took 65 s, 45 s at 512)."""
-
-
-def engine_kwargs(target, draft=None, spec_extend=None, num_spec_tokens=4,
-                  **overrides) -> dict:
-    """The CPU engine settings every engine test shares."""
-    kwargs = dict(
-        model=target,
-        dtype="float32",
-        enforce_eager=True,
-        block_size=32,
-        kv_cache_memory_bytes=1 << 30,
-        max_model_len=2048,
-        seed=0,
-        disable_log_stats=False,
-    )
-    if draft is not None:
-        kwargs["speculative_config"] = {
-            "method": "draft_model",
-            "model": draft,
-            "num_speculative_tokens": num_spec_tokens,
-        }
-    if spec_extend is not None:
-        kwargs["additional_config"] = {"spec_extend": spec_extend}
-    kwargs.update(overrides)
-    return kwargs
-
-
-def make_llm(target, draft=None, spec_extend=None, num_spec_tokens=4, **overrides):
-    from vllm import LLM
-
-    return LLM(**engine_kwargs(target, draft, spec_extend, num_spec_tokens, **overrides))
-
-
-def counter(llm, name):
-    return sum(m.value for m in llm.get_metrics() if m.name == name)
-
-
-def generate(llm, prompts, max_tokens=MAX_TOKENS):
-    from vllm import SamplingParams
-
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-    return [list(o.outputs[0].token_ids) for o in outputs]
-
-
-def shutdown(llm):
-    llm.llm_engine.engine_core.shutdown()
-    del llm
-    gc.collect()
 
 
 @pytest.fixture(scope="module")
@@ -91,22 +46,6 @@ def prompts(long_prompts):
     # A prompt sharing a long prefix with the first one: a prefix-cache hit.
     batch.append(batch[0][:1200] + long_prompts([200], start=7)[0])
     return batch
-
-
-_PLAIN: dict[tuple, list[list[int]]] = {}
-
-
-def plain_reference(target, prompts, max_tokens=MAX_TOKENS):
-    """Greedy outputs of plain decoding: what every speculative run must match.
-    One engine per target, batch and length in the session: the modules that
-    share a batch (this one's, ``test_self_draft_lossless``'s,
-    ``test_preemption``'s) share its reference."""
-    key = (target, tuple(map(tuple, prompts)), max_tokens)
-    if key not in _PLAIN:
-        llm = make_llm(target)
-        _PLAIN[key] = generate(llm, prompts, max_tokens=max_tokens)
-        shutdown(llm)
-    return [list(tokens) for tokens in _PLAIN[key]]
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,13 @@
 """End-to-end ``vllm serve --spec-extend`` on CPU: OpenAI API, /metrics, aborts,
-greedy equivalence with a plain server, and the API key every deployment sets
+greedy equivalence with plain decoding, and the API key every deployment sets
 (``deploy/README.md``): the shared server runs with ``VLLM_API_KEY`` and
 ``--middleware vllm_specextend.auth.ApiKeyMiddleware`` as the deployments start
-it. Two servers in all, one with SpecExtend and one plain, shared by the
-module's tests. ``vllm serve``'s command line (errors at startup, help):
-``test_serve_cli.py``."""
+it. One server, shared by the module's tests; the greedy reference is plain
+decoding in this process with the server's CPU settings (``cpu_engine``; a
+plain server took 46-135 s of CI to start). That a server without
+``--spec-extend`` exports no SpecExtend series: ``test_bench_serve.py``, whose
+plain server the benchmark starts anyway. ``vllm serve``'s command line
+(errors at startup, help): ``test_serve_cli.py``."""
 
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ pytestmark = pytest.mark.server
 # The shared server requires it, as the deployments do (VLLM_API_KEY): long
 # enough for the middleware's floor (auth.MIN_KEY_CHARS).
 API_KEY = "test-key-" + "k" * 32
+PLAIN_TOKENS = 24  # the greedy comparisons' answer length
 
 
 @contextlib.contextmanager
@@ -81,11 +85,12 @@ def server(tiny_long_target, tiny_long_draft, metrics_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def plain_server(tiny_long_target, tmp_path_factory):
-    """The same target without speculation: the greedy reference."""
-    log = tmp_path_factory.mktemp("serve-plain") / "plain.log"
-    with serve(tiny_long_target, [], log) as plain:
-        yield plain
+def plain_tokens(tiny_long_target, prompt) -> list[int]:
+    """Plain greedy decoding of ``prompt`` (in-process, fp32, the server's
+    block size and seed): what the server must answer, token for token."""
+    from cpu_engine import plain_reference
+
+    return plain_reference(tiny_long_target, [prompt], PLAIN_TOKENS)[0]
 
 
 def _client(base: str):
@@ -210,15 +215,15 @@ def test_chat_completion(client, tiny_tokenizer, prompt):
     assert resp.usage.completion_tokens == 16
 
 
-def test_greedy_matches_plain_server(client, plain_server, prompt):
-    """Greedy output with SpecExtend equals a server without speculation."""
-    spec = _complete(client, prompt, 24).choices[0].text
-    plain = _complete(_client(plain_server.base), prompt, 24).choices[0].text
-    # The plugin is installed but not enabled: no SpecExtend series.
-    exported = [k for k in scrape(plain_server.base)
-                if k.startswith("vllm:spec_extend_")]
-    assert spec == plain
-    assert exported == []
+def _tokens(client, prompt) -> list[int]:
+    """The server's greedy answer to ``prompt``, as token ids."""
+    resp = _complete(client, prompt, PLAIN_TOKENS, {"return_token_ids": True})
+    return list(resp.choices[0].token_ids)
+
+
+def test_greedy_matches_plain_decoding(client, plain_tokens, prompt):
+    """Greedy output with SpecExtend equals plain decoding's."""
+    assert _tokens(client, prompt) == plain_tokens
 
 
 def test_abort_leaves_no_state(server, client, prompt):
@@ -254,19 +259,18 @@ def test_abort_leaves_no_state(server, client, prompt):
               lambda log: line in log, f"{line!r} in the server log")
 
 
-def test_metrics_dir_trouble_never_reaches_the_engine(server, client, plain_server,
+def test_metrics_dir_trouble_never_reaches_the_engine(server, client, plain_tokens,
                                                      metrics_dir, prompt):
     """The snapshot directory removed, then replaced by a file, under the
     running server: it keeps answering, token-identical to plain decoding; the
     worker makes the directory again and /metrics recovers; while it is
     refused the series are left out; each process warns once, not per step.
     (The last test of the shared server: its directory is given back after.)"""
-    plain = _complete(_client(plain_server.base), prompt, 24).choices[0].text
     directory, log = metrics_dir, server.log
     retrievals = "vllm:spec_extend_retrievals_total"
     try:
         shutil.rmtree(directory)
-        assert _complete(client, prompt, 24).choices[0].text == plain
+        assert _tokens(client, prompt) == plain_tokens
         # The worker publishes (and makes the directory again) at the latest
         # when the batch empties; the earlier tests' counts left with the
         # directory's snapshots.
@@ -275,7 +279,7 @@ def test_metrics_dir_trouble_never_reaches_the_engine(server, client, plain_serv
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700
         shutil.rmtree(directory)
         directory.write_text("")  # cannot be made again: not a directory
-        assert _complete(client, prompt, 24).choices[0].text == plain
+        assert _tokens(client, prompt) == plain_tokens
 
         def refused(_) -> bool:  # by the API server's scrape and the worker
             return log.read_text().count("is not a directory") >= 2
