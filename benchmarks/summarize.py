@@ -346,19 +346,36 @@ def _busy_note(rows: list[dict]) -> str:
             "the sampler)")
 
 
-def _prompt(row: dict) -> str:
+def _prompt_kind(row: dict) -> str:
+    """A decode row's prompts: fresh (each run prefilled its own), cached (the
+    prefix cache served the warm-up's) or – (a file older than the field)."""
     return {True: "fresh", False: "cached"}.get(row.get("fresh_prompts"), "–")
+
+
+def decode_cells(rows: list[dict]) -> list[dict]:
+    """Decode rows with their ``prompt`` kind, a cell's key: a newer cached
+    file must not fill a fresh comparison's cell. A file that does not say
+    ("–") gives way, as any older file does, to a newer one that says, for the
+    same device, context, draft, batch and mode."""
+    rows = [{**r, "prompt": _prompt_kind(r)} for r in rows]
+
+    def cell(r):
+        return r["device"], r["context"], r["draft"], r["batch"], r["mode"]
+
+    said: dict = {}
+    for r in rows:
+        if r["prompt"] != "–":
+            said[cell(r)] = max(said.get(cell(r), ("", "")), file_age(r["file"]))
+    return [r for r in rows if r["prompt"] != "–"
+            or file_age(r["file"]) > said.get(cell(r), ("", ""))]
 
 
 def render(rows: list[dict], link_base: Path | None = None) -> str:
     """The headline tables (markdown), links relative to ``link_base``."""
     speed = [r for r in rows if r["synthetic_acceptance"] and not r.get("variant")]
     parts = []
-    # Decode cells say whether each run prefilled a prompt of its own
-    # (fresh) or took the warm-up's from the prefix cache (cached): a
-    # newer cached file must not fill a fresh comparison's cell.
-    speed = [{**r, "prompt": _prompt(r)} if r["bench"] == "decode" else r
-             for r in speed]
+    speed = [*decode_cells([r for r in speed if r["bench"] == "decode"]),
+             *(r for r in speed if r["bench"] != "decode")]
     for bench, label, x, key_cols, what, metric in (
         ("decode", "decode", "batch", ["context", "prompt"],
          "decode tok/s after the first token", "tok_s"),
@@ -370,7 +387,9 @@ def render(rows: list[dict], link_base: Path | None = None) -> str:
         ("serve", "serve", "concurrency", ["workload", "context"], "output tok/s",
          "output_tok_s"),
     ):
-        mine = [r for r in speed if r["bench"] == bench and r.get(metric)]
+        mine = [r for r in speed if r["bench"] == bench and r.get(metric)
+                # End to end holds a prefill only where the prompts were fresh.
+                and not (metric == "e2e_tok_s" and r["prompt"] == "cached")]
         if not mine:
             continue
         acceptance = sorted({r["synthetic_acceptance"] for r in mine})

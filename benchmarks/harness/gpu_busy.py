@@ -45,7 +45,9 @@ def nvml_devices(device_indexes: Iterable[int],
     """NVML's index (or UUID) of each visible device index.
 
     ``visible``: ``CUDA_VISIBLE_DEVICES`` (read from the environment when
-    None); unset or empty, the indexes stand as they are."""
+    None); unset or empty, the indexes stand as they are. Indexes are taken
+    in NVML's (PCI bus) order, CUDA's own on hosts of one GPU model; a UUID
+    must be whole (CUDA also takes a prefix, NVML does not)."""
     if visible is None:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     names = [v.strip() for v in (visible or "").split(",") if v.strip()]

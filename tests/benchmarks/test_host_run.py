@@ -5,6 +5,7 @@ all at once, packed into one archive."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import textwrap
@@ -285,3 +286,33 @@ def test_tp_flags_give_the_size_the_executor_and_the_fusion_off():
     source = (REPO_ROOT / "benchmarks/gpu/host_run.sh").read_text()
     assert source.count("$(tp_flags ") == 3
     assert source.count("fuse_allreduce_rms") == 1
+
+
+def test_tp_fusion_turns_the_fusion_on_with_trtllm_only():
+    """TP_FUSION=trtllm: the fusion on, FlashInfer's trtllm backend named (an
+    A/B, issue #44); any other value, mnnvl above all (it calls
+    cuMulticastCreate, which these hosts forbid), stops the call."""
+    import json
+
+    source = (REPO_ROOT / "benchmarks/gpu/host_run.sh").read_text()
+    check = re.search(r'^case "\$\{TP_FUSION:-\}" in\n.*?^esac\n', source,
+                      re.S | re.M).group(0)
+    script = (check + function_source("tp_flags")
+              + 'tp_flags 2; echo "backend=$VLLM_FLASHINFER_ALLREDUCE_BACKEND"')
+
+    def run(value: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "TP_FUSION": value}
+        env.pop("VLLM_FLASHINFER_ALLREDUCE_BACKEND", None)
+        return subprocess.run(["bash", "-c", script], capture_output=True, text=True,
+                              timeout=30, env=env)
+
+    on = run("trtllm")
+    flags = on.stdout.split()
+    assert on.returncode == 0 and flags[-1] == "backend=trtllm"
+    assert json.loads(flags[flags.index("--compilation-config") + 1]) == {
+        "pass_config": {"fuse_allreduce_rms": True}}
+    off = run("")
+    assert json.loads(off.stdout.split()[5]) == {
+        "pass_config": {"fuse_allreduce_rms": False}}
+    refused = run("mnnvl")
+    assert refused.returncode == 2 and "multicast" in refused.stderr

@@ -363,21 +363,25 @@ def test_serving_rows_at_a_request_rate(results):
 
 def test_fresh_and_cached_prompts_are_cells_of_their_own(results):
     """A newer cached-prompt spec_extend file gets a row of its own and never
-    fills the fresh comparison's cell; fresh files add an end-to-end table."""
-    def fresh_row(mode, tok_s, e2e):
+    fills the fresh comparison's cell; fresh files add an end-to-end table,
+    where cached runs (no prefill in them) stay out. An older file that does
+    not say which prompts it had gives way to a newer one that says."""
+    def timed_row(mode, tok_s, e2e, fresh):
         row = _decode_row(mode, tok_s)
         for run, e in zip(row["runs"], e2e, strict=True):
             run.update(e2e_tok_s=e, ttft_s=1.0)
-        return {**row, "fresh_prompts": True}
-    fresh = _decode("f", [fresh_row("plain", [168.0], [141.0]),
-                          fresh_row("spec_extend", [255.0], [196.0])])
-    cached = _decode("g", [{**_decode_row("spec_extend", [270.0]), "fresh_prompts": False}])
+        return {**row, "fresh_prompts": fresh}
+    fresh = _decode("f", [timed_row("plain", [168.0], [141.0], True),
+                          timed_row("spec_extend", [255.0], [196.0], True)])
+    cached = _decode("g", [timed_row("spec_extend", [270.0], [266.0], False)])
     (results / "decode" / "20261210T0000Z_fresh.json").write_text(json.dumps(fresh))
     (results / "decode" / "20261211T0000Z_cached.json").write_text(json.dumps(cached))
     text = summarize.render(summarize.summarize(results))
     decode, end_to_end = text.split("**serve**")[0].split("**end to end**")
     assert "| 32K | fresh | d | 1 | 168 (1 run) | – | 255 (1 run) | – | 1.52 |" in decode
     assert "| 32K | cached | d | 1 | – | – | 270 (1 run) | – | – |" in decode
-    # Only the fresh file's rows time the first token.
+    # The older file's plain and spec_extend cells are superseded; its
+    # draft_model cell, which no newer file has, stays.
+    assert "| 32K | – | d | 1 | – | 150 (140–160) · 65% | – | – | – |" in decode
     assert "| 32K | fresh | d | 1 | 141 (1 run) | 196 (1 run) | – | 1.39 |" in end_to_end
     assert "cached" not in end_to_end.split("\n", 1)[1]

@@ -1,6 +1,6 @@
 """deploy/ray_serve/: the app's LLMConfig arguments, and the app run for real.
 
-``test_ray_serve_matches_plain_vllm_serve`` (marker ``ray``, CPU) starts a local
+``test_ray_serve_matches_plain_decoding`` (marker ``ray``, CPU) starts a local
 Ray head (``ray start --head --block``) and ``serve run`` on
 ``deploy/ray_serve/config.yaml`` with its args and port replaced: SmolLM2 as
 target and draft, SpecExtend on, one CPU replica. A long greedy chat request
@@ -145,7 +145,7 @@ def test_ray_app_with_a_key_guards_the_openai_routes(monkeypatch, request):
     pytest.importorskip("ray.serve.llm")
     # Building starts a local Ray in this process: not while the lane's Ray
     # cluster runs (seen at 3a84dde: the local node timed out starting on the
-    # 2 loaded cores). Its outcome is test_ray_serve_matches_plain_vllm_serve's.
+    # 2 loaded cores). Its outcome is test_ray_serve_matches_plain_decoding's.
     with contextlib.suppress(Exception):
         background.result(request, "ray")
     from vllm_specextend.auth import ApiKeyMiddleware
@@ -444,7 +444,7 @@ BACKGROUND = {"ray": _ray_job}
 
 
 @pytest.mark.ray
-def test_ray_serve_matches_plain_vllm_serve(request):
+def test_ray_serve_matches_plain_decoding(request):
     """The Ray Serve app drafts through SpecExtend views and answers exactly as
     plain decoding does; Serve and Ray stop without leaving processes. (The
     app runs in the background lane, ``_ray_job``.)"""

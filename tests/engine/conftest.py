@@ -12,6 +12,6 @@ def prompts(request, long_prompts):
 
 @pytest.fixture(scope="module")
 def plain_outputs(request, tiny_target, prompts):
-    from test_lossless import plain_reference
+    from cpu_engine import plain_reference
 
     return plain_reference(tiny_target, prompts, request.module.MAX_TOKENS)

@@ -67,7 +67,9 @@ def test_vllm_alone_stops_drafting(tiny_target, tiny_short_draft, prompts,
     prompts. ``_input_fits_in_drafter`` fails (max_seq_len + K > 256), so the
     runner schedules K placeholder drafts of token 0 per step instead (they
     still count as drafts; measured: 117 drafts, 0 accepted tokens)."""
-    from test_lossless import counter, drafter, generate, make_llm, shutdown
+    from cpu_engine import counter, generate, make_llm, shutdown
+
+    from benchmarks.harness.drafter import drafter
 
     llm = make_llm(tiny_target, tiny_short_draft, num_spec_tokens=K)
     proposer = drafter(llm)
@@ -88,10 +90,11 @@ def test_vllm_alone_stops_drafting(tiny_target, tiny_short_draft, prompts,
 
 
 def run_compacted(target, draft, prompts):
-    from test_lossless import counter, drafter, generate, make_llm, shutdown
+    from cpu_engine import counter, generate, make_llm, shutdown
 
     from benchmarks.harness.drafter import (
         compactor,
+        drafter,
         model_runner,
         selection_store,
         stats,
@@ -165,7 +168,7 @@ def test_budget_without_room_for_the_scratch_fails_at_startup(tiny_target,
     """16 MiB of kv_cache_memory_bytes cannot hold 256 requests x 96 tokens of
     scratch (24 MiB): startup fails naming the knobs instead of allocating past
     the budget."""
-    from test_lossless import make_llm
+    from cpu_engine import make_llm
 
     from vllm_specextend.config import SpecExtendConfigError
 

@@ -14,9 +14,9 @@ graphs on a GPU.
 from __future__ import annotations
 
 import pytest
-from test_lossless import counter, drafter, generate, make_llm, shutdown
+from cpu_engine import counter, generate, make_llm, shutdown
 
-from benchmarks.harness.drafter import DraftRecorder, graphs_captured, stats
+from benchmarks.harness.drafter import DraftRecorder, drafter, graphs_captured, stats
 
 pytestmark = pytest.mark.engine
 

@@ -12,7 +12,8 @@ deferral on and off the proposals must be equal: a kept pass keeps its window.
 from __future__ import annotations
 
 import pytest
-from test_lossless import CMR, generate, make_llm, shutdown
+from cpu_engine import generate, make_llm, shutdown
+from test_lossless import CMR
 from test_prefill_deferral import CHUNKED, LENGTHS, MAX_TOKENS
 
 from benchmarks.harness.drafter import DraftRecorder, drafter, stats

@@ -22,9 +22,9 @@ CMR = {"top_k": 4, "recent_tokens": 64, "min_context": 256}
 
 
 def run_eagle(target, head, spec_extend, prompts, method="eagle3"):
-    from test_lossless import counter, drafter, generate, make_llm, shutdown
+    from cpu_engine import counter, generate, make_llm, shutdown
 
-    from benchmarks.harness.drafter import compactor, stats
+    from benchmarks.harness.drafter import compactor, drafter, stats
 
     llm = make_llm(
         target,

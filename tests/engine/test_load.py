@@ -13,7 +13,8 @@ import asyncio
 import gc
 
 import pytest
-from test_lossless import CMR, engine_kwargs, plain_reference
+from cpu_engine import engine_kwargs, plain_reference
+from test_lossless import CMR
 
 pytestmark = pytest.mark.engine
 

@@ -11,15 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from cpu_engine import (  # noqa: F401 (the engine tests import these from here)
-    MAX_TOKENS,
-    counter,
-    engine_kwargs,
-    generate,
-    make_llm,
-    plain_reference,
-    shutdown,
-)
+from cpu_engine import counter, generate, make_llm, plain_reference, shutdown
 
 from benchmarks.harness.drafter import (
     drafter,
@@ -196,8 +188,9 @@ def test_self_draft_full_acceptance(smollm2_model, long_prompts):
 
 
 def _scoring_layer_and_selections(worker):
-    from benchmarks.harness.drafter import worker_drafter
     from vllm.model_executor.models.utils import extract_layer_index
+
+    from benchmarks.harness.drafter import worker_drafter
 
     proposer = worker_drafter(worker)
     return extract_layer_index(proposer.retriever.layer.layer_name), proposer.test_selections

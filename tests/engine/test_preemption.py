@@ -18,15 +18,12 @@ selection.
 from __future__ import annotations
 
 import pytest
+from cpu_engine import counter, generate, make_llm, shutdown
 from test_compaction import FITS
 from test_lossless import (
     CMR,
-    counter,
-    generate,
-    make_llm,
     plain_outputs,  # noqa: F401 - the fixture, for these prompts
     prompts,  # noqa: F401 - the fixture: test_lossless's batch
-    shutdown,
 )
 
 from benchmarks.harness.drafter import (

@@ -18,7 +18,8 @@ see the draft KV those passes write.
 from __future__ import annotations
 
 import pytest
-from test_lossless import CMR, counter, generate, make_llm, shutdown
+from cpu_engine import counter, generate, make_llm, shutdown
+from test_lossless import CMR
 
 from benchmarks.harness.drafter import DraftRecorder, drafter, stats
 

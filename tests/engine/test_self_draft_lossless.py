@@ -12,18 +12,11 @@ from __future__ import annotations
 import os
 
 import pytest
-from test_lossless import (
-    CMR,
-    SMALL_BUDGET,
-    counter,
-    drafter,
-    generate,
-    make_llm,
-    plain_reference,
-    shutdown,
-)
+from cpu_engine import counter, generate, make_llm, plain_reference, shutdown
+from test_lossless import CMR, SMALL_BUDGET
 
 from benchmarks.harness import drafter as harness
+from benchmarks.harness.drafter import drafter
 from vllm_specextend import compat
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

@@ -29,10 +29,10 @@ def _drafts_and_reference(tiny_draft, long_prompts, cfg):
     ``(pos, window_start, chunks, proposed)`` and ``predicts(positions,
     kept_positions, proposed)``: whether the dense model proposes the same
     from the tokens at ``kept_positions`` given position ids ``positions``."""
-    from test_lossless import drafter, generate, make_llm, shutdown
+    from cpu_engine import generate, make_llm, shutdown
     from transformers import AutoModelForCausalLM
 
-    from benchmarks.harness.drafter import selections, stats
+    from benchmarks.harness.drafter import drafter, selections, stats
 
     prompt = long_prompts([1200])[0]
     llm = make_llm(tiny_draft, tiny_draft, cfg, num_spec_tokens=1)

@@ -95,7 +95,6 @@ def plain_tokens(tiny_long_target, prompt) -> list[int]:
 
 def _client(base: str):
     openai = pytest.importorskip("openai")
-    # Servers without a key accept any.
     return openai.OpenAI(base_url=f"{base}/v1", api_key=API_KEY, timeout=300,
                          max_retries=0)
 
