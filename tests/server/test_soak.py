@@ -10,7 +10,6 @@ would double the test's time.
 
 from __future__ import annotations
 
-import gc
 import json
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import background
 import pytest
+from cpu_engine import plain_reference
 from cpu_serve import ENV, SPEC_EXTEND, common
 
 from benchmarks.serve import soak
@@ -41,22 +41,6 @@ RUN_TIMEOUT_S = 1200
 load, and the drain."""
 
 
-def plain_tokens(target: str, probes: list[list[int]], monkeypatch) -> list[list[int]]:
-    """Plain greedy decoding of the probes, in this process."""
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from vllm import LLM, SamplingParams
-
-    llm = LLM(model=target, dtype="float32", enforce_eager=True, block_size=32,
-              max_model_len=MAX_MODEL_LEN, kv_cache_memory_bytes=1 << 30, seed=0)
-    params = SamplingParams(max_tokens=PROBE_OUTPUT_LEN, temperature=0,
-                            ignore_eos=True)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in probes], params)
-    llm.llm_engine.engine_core.shutdown()
-    del llm
-    gc.collect()
-    return [list(o.outputs[0].token_ids) for o in outputs]
-
-
 def _soak_job(fixture):
     """One soak run (``background.py``): the plain reference here, the run in
     the background (``long_prompts``: skips without the data)."""
@@ -64,8 +48,7 @@ def _soak_job(fixture):
     tiny_target = fixture("tiny_target")
     out = fixture("tmp_path_factory").mktemp("soak")
     probes = soak.probe_prompts(fixture("tiny_tokenizer"), PROBE_LENS)
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        tokens = plain_tokens(tiny_target, probes, monkeypatch)
+    tokens = plain_reference(tiny_target, probes, PROBE_OUTPUT_LEN)
     reference = out / "reference.json"
     soak.write_reference(reference, probes, PROBE_OUTPUT_LEN, tokens,
                          "an in-process plain engine (tests/server/test_soak.py)")
