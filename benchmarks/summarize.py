@@ -356,7 +356,8 @@ def decode_cells(rows: list[dict]) -> list[dict]:
     """Decode rows with their ``prompt`` kind, a cell's key: a newer cached
     file must not fill a fresh comparison's cell. A file that does not say
     ("–") gives way, as any older file does, to a newer one that says, for the
-    same device, context, draft, batch and mode."""
+    same device, context, draft, batch and mode; its plain row stays while
+    a speculative row of its file does."""
     rows = [{**r, "prompt": _prompt_kind(r)} for r in rows]
 
     def cell(r):
@@ -366,7 +367,14 @@ def decode_cells(rows: list[dict]) -> list[dict]:
     for r in rows:
         if r["prompt"] != "–":
             said[cell(r)] = max(said.get(cell(r), ("", "")), file_age(r["file"]))
-    return [r for r in rows if r["prompt"] != "–"
+    kept = [r for r in rows if r["prompt"] != "–" or r["draft"] is None
+            or file_age(r["file"]) > said.get(cell(r), ("", ""))]
+    # Plain rows (no draft) stay with the speculative rows of their file
+    # still shown: the ratios divide only within one file.
+    shown = {(r["file"], r["context"], r["batch"]) for r in kept
+             if r["prompt"] == "–" and r["draft"] is not None}
+    return [r for r in kept if r["prompt"] != "–" or r["draft"] is not None
+            or (r["file"], r["context"], r["batch"]) in shown
             or file_age(r["file"]) > said.get(cell(r), ("", ""))]
 
 

@@ -15,6 +15,7 @@ import os
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 MAX_TOKENS = 48
+ENGINE_MAX_MODEL_LEN = 2048
 
 
 def engine_kwargs(target, draft=None, spec_extend=None, num_spec_tokens=4,
@@ -26,7 +27,7 @@ def engine_kwargs(target, draft=None, spec_extend=None, num_spec_tokens=4,
         enforce_eager=True,
         block_size=32,
         kv_cache_memory_bytes=1 << 30,
-        max_model_len=2048,
+        max_model_len=ENGINE_MAX_MODEL_LEN,
         seed=0,
         disable_log_stats=False,
     )
@@ -73,7 +74,7 @@ _PLAIN: dict[tuple, list[list[int]]] = {}
 def plain_reference(target, prompts, max_tokens=MAX_TOKENS):
     """Greedy outputs of plain decoding: what every speculative run must match.
     One engine per target, batch and length in the session: the modules that
-    share a batch (this one's, ``test_self_draft_lossless``'s,
+    share a batch (``test_lossless``'s, ``test_self_draft_lossless``'s,
     ``test_preemption``'s) share its reference."""
     key = (target, tuple(map(tuple, prompts)), max_tokens)
     if key not in _PLAIN:

@@ -380,8 +380,23 @@ def test_fresh_and_cached_prompts_are_cells_of_their_own(results):
     decode, end_to_end = text.split("**serve**")[0].split("**end to end**")
     assert "| 32K | fresh | d | 1 | 168 (1 run) | – | 255 (1 run) | – | 1.52 |" in decode
     assert "| 32K | cached | d | 1 | – | – | 270 (1 run) | – | – |" in decode
-    # The older file's plain and spec_extend cells are superseded; its
-    # draft_model cell, which no newer file has, stays.
-    assert "| 32K | – | d | 1 | – | 150 (140–160) · 65% | – | – | – |" in decode
+    # The older file's spec_extend cell is superseded; its draft_model cell,
+    # which no newer file has, stays, and with it its file's plain.
+    assert ("| 32K | – | d | 1 | 100 (90–110) · 99% | 150 (140–160) · 65% | – | – | – |"
+            in decode)
     assert "| 32K | fresh | d | 1 | 141 (1 run) | 196 (1 run) | – | 1.39 |" in end_to_end
     assert "cached" not in end_to_end.split("\n", 1)[1]
+
+
+def test_an_older_files_plain_stays_with_its_speculative_cells(results):
+    """A newer cached plain row (no draft) at the same context and batch does
+    not take the older file's plain away while that file's spec_extend cell
+    for another draft is still shown: its ratio divides within the file."""
+    old = _decode("h", [_decode_row("plain", [100.0], draft=None),
+                        _decode_row("spec_extend", [250.0], draft="e")])
+    new = _decode("i", [{**_decode_row("plain", [120.0]), "fresh_prompts": False}])
+    (results / "decode" / "20261212T0000Z_old.json").write_text(json.dumps(old))
+    (results / "decode" / "20261213T0000Z_new.json").write_text(json.dumps(new))
+    rows = [r for r in summarize.summarize(results) if "2026121" in r["file"]]
+    decode = summarize.render(rows).split("**end to end**")[0]
+    assert "| 32K | – | e | 1 | 100 (1 run) | 250 (1 run) | – | 2.50 |" in decode

@@ -9,12 +9,8 @@ comes out of the same ``kv_cache_memory_bytes`` as vLLM's own KV cache.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 pytestmark = pytest.mark.engine
 

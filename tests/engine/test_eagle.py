@@ -6,12 +6,8 @@ that the head drafts through views and that greedy output stays exact.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from test_compaction import FITS, assert_scratch_within_budget, scratch_footprint
-
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 pytestmark = pytest.mark.engine
 

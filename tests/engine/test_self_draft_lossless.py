@@ -19,8 +19,6 @@ from benchmarks.harness import drafter as harness
 from benchmarks.harness.drafter import drafter
 from vllm_specextend import compat
 
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-
 pytestmark = pytest.mark.engine
 
 SELF = {**CMR, "self_draft": True}

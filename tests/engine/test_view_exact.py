@@ -12,12 +12,8 @@ window one chunk earlier, 15/28 without sinks, 0/28 with the full context.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 pytestmark = pytest.mark.engine
 

@@ -95,6 +95,7 @@ def plain_tokens(tiny_long_target, prompt) -> list[int]:
 
 def _client(base: str):
     openai = pytest.importorskip("openai")
+    # The shared server wants the key (VLLM_API_KEY), as the deployments do.
     return openai.OpenAI(base_url=f"{base}/v1", api_key=API_KEY, timeout=300,
                          max_retries=0)
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import background
 import pytest
-from cpu_engine import plain_reference
 from cpu_serve import ENV, SPEC_EXTEND, common
 
 from benchmarks.serve import soak
@@ -48,10 +47,17 @@ def _soak_job(fixture):
     tiny_target = fixture("tiny_target")
     out = fixture("tmp_path_factory").mktemp("soak")
     probes = soak.probe_prompts(fixture("tiny_tokenizer"), PROBE_LENS)
+    # Imported here: cpu_engine makes this process's engines in-process
+    # (VLLM_ENABLE_V1_MULTIPROCESSING=0), which must not reach cpu_serve.ENV,
+    # the soak servers' environment, where this module imports cpu_serve
+    # first (a run of this file alone).
+    from cpu_engine import ENGINE_MAX_MODEL_LEN, plain_reference
+
+    assert ENGINE_MAX_MODEL_LEN == MAX_MODEL_LEN, "the reference's and the server's"
     tokens = plain_reference(tiny_target, probes, PROBE_OUTPUT_LEN)
     reference = out / "reference.json"
     soak.write_reference(reference, probes, PROBE_OUTPUT_LEN, tokens,
-                         "an in-process plain engine (tests/server/test_soak.py)")
+                         "an in-process plain engine (tests/cpu_engine.py)")
     cmd = [sys.executable, "-m", "benchmarks.serve.soak", "--target", tiny_target,
            "--draft", tiny_target, "--duration-s", str(DURATION_S),
            "--concurrency", str(CLIENTS), "--min-input-len", str(MIN_INPUT_LEN),
