@@ -62,8 +62,9 @@ GPU busy share over that same decode phase (``gpu_busy``: NVML's
 ``utilization.gpu`` of device 0, sampled here while the client runs, stamped
 with the client's clock ``time.perf_counter``, ``benchmarks.harness.gpu_busy``;
 None without NVML);
-from ``/metrics``: acceptance and the deltas of the ``vllm:spec_decode_*`` /
-``vllm:spec_extend_*`` counters; a digest of the generated texts (equal across
+from ``/metrics``: acceptance, the deltas of the ``vllm:spec_decode_*`` /
+``vllm:spec_extend_*`` counters and the names of every ``vllm:spec_extend_*``
+series the server exports (``spec_extend_series``); a digest of the generated texts (equal across
 modes with real rejection sampling). Per cell: min / median / max over the
 runs. Per server: its command, start-up time, whether vLLM turned async
 scheduling on (its log line), and whether it stopped cleanly.
@@ -484,9 +485,14 @@ def run_cell(args, client: BenchClient, base: str, mode: str, cell: Cell,
         # NVML is device-wide: sampling from here sees the server's kernels.
         with GpuBusy(clock=time.perf_counter) as busy:
             rc = client.run(argv, log, args.run_timeout)
-        delta = counter_deltas(before, scrape(base))
+        after = scrape(base)
+        delta = counter_deltas(before, after)
         run = {"bench_command": shlex.join(cmd),
-               "bench_result": str(result.relative_to(args.out_dir))}
+               "bench_result": str(result.relative_to(args.out_dir)),
+               # Every SpecExtend series the server exports, gauges too
+               # (none where the plugin is installed but not enabled).
+               "spec_extend_series": sorted(k for k in after
+                                            if k.startswith("vllm:spec_extend_"))}
         if rc != 0 or not result.exists():
             runs.append({**run, "error": f"vllm bench serve: {rc}\n{tail(log)}"})
             continue

@@ -120,14 +120,17 @@ def test_plugin_only_in_its_mode_and_outputs_equal(run):
     for workload in WORKLOADS:
         plain = rows["plain", workload]
         assert plain["acceptance_length"] is None
-        # The plugin is installed but not enabled: no SpecExtend counter (its
-        # collector exports its counters and gauges together, or nothing).
+        # The plugin is installed but not enabled: no SpecExtend series at
+        # all, counters or gauges.
         assert not [k for x in plain["runs"] for k in x["server_metrics"]
                     if k.startswith("vllm:spec_extend_")]
+        assert [x["spec_extend_series"] for x in plain["runs"]] == [[]] * RUNS
         for mode in ("spec_extend", "self_draft"):
             extend = rows[mode, workload]
             assert 1.0 <= extend["acceptance_length"] <= K + 1
             assert total(extend, "view_rows") > 0
+            assert all("vllm:spec_extend_tracked_requests" in x["spec_extend_series"]
+                       for x in extend["runs"])
             # Same prompts, greedy, real rejection sampling: the same texts.
             assert ([x["output_sha256"] for x in plain["runs"]]
                     == [x["output_sha256"] for x in extend["runs"]])
