@@ -367,23 +367,24 @@ def decode_cells(rows: list[dict]) -> list[dict]:
     for r in rows:
         if r["prompt"] != "–":
             said[cell(r)] = max(said.get(cell(r), ("", "")), file_age(r["file"]))
-    kept = [r for r in rows if r["prompt"] != "–" or r["draft"] is None
-            or file_age(r["file"]) > said.get(cell(r), ("", ""))]
+
+    def superseded(r) -> bool:
+        return r["prompt"] == "–" and file_age(r["file"]) <= said.get(cell(r), ("", ""))
+
     # Plain rows (no draft) stay with the speculative rows of their file
     # still shown: the ratios divide only within one file.
-    shown = {(r["file"], r["context"], r["batch"]) for r in kept
-             if r["prompt"] == "–" and r["draft"] is not None}
-    return [r for r in kept if r["prompt"] != "–" or r["draft"] is not None
-            or (r["file"], r["context"], r["batch"]) in shown
-            or file_age(r["file"]) > said.get(cell(r), ("", ""))]
+    shown = {(r["file"], r["context"], r["batch"]) for r in rows
+             if r["draft"] is not None and r["prompt"] == "–" and not superseded(r)}
+    return [r for r in rows if not superseded(r)
+            or (r["draft"] is None and (r["file"], r["context"], r["batch"]) in shown)]
 
 
 def render(rows: list[dict], link_base: Path | None = None) -> str:
     """The headline tables (markdown), links relative to ``link_base``."""
     speed = [r for r in rows if r["synthetic_acceptance"] and not r.get("variant")]
-    parts = []
     speed = [*decode_cells([r for r in speed if r["bench"] == "decode"]),
              *(r for r in speed if r["bench"] != "decode")]
+    parts = []
     for bench, label, x, key_cols, what, metric in (
         ("decode", "decode", "batch", ["context", "prompt"],
          "decode tok/s after the first token", "tok_s"),

@@ -54,11 +54,16 @@ def counter(llm, name):
     return sum(m.value for m in llm.get_metrics() if m.name == name)
 
 
-def generate(llm, prompts, max_tokens=MAX_TOKENS):
+def greedy(max_tokens=MAX_TOKENS):
+    """Greedy sampling for ``max_tokens`` tokens, end of sequence ignored."""
     from vllm import SamplingParams
 
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+
+
+def generate(llm, prompts, max_tokens=MAX_TOKENS):
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                           greedy(max_tokens))
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 

@@ -64,10 +64,11 @@ with the client's clock ``time.perf_counter``, ``benchmarks.harness.gpu_busy``;
 None without NVML);
 from ``/metrics``: acceptance, the deltas of the ``vllm:spec_decode_*`` /
 ``vllm:spec_extend_*`` counters and the names of every ``vllm:spec_extend_*``
-series the server exports (``spec_extend_series``); a digest of the generated texts (equal across
-modes with real rejection sampling). Per cell: min / median / max over the
-runs. Per server: its command, start-up time, whether vLLM turned async
-scheduling on (its log line), and whether it stopped cleanly.
+series the server exports (``spec_extend_series``); a digest of the generated
+texts (equal across modes with real rejection sampling). Per cell: min /
+median / max over the runs. Per server: its command, start-up time, whether
+vLLM turned async scheduling on (its log line), and whether it stopped
+cleanly.
 
     python -m benchmarks.serve.bench_serve --target TARGET --draft DRAFT \\
         --workloads long shared-doc --input-lens 16384 32768 --concurrency 1 4 16 32 \\

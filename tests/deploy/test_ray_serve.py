@@ -356,13 +356,11 @@ def _plain_chat(model: str, text: str):
     """Plain decoding's answer to the chat request: ``LLM.chat`` in this
     process, the app's engine settings, the chat template as the server
     applies it. Returns vLLM's ``RequestOutput``."""
-    from cpu_engine import make_llm, shutdown
-    from vllm import SamplingParams
+    from cpu_engine import greedy, make_llm, shutdown
 
     llm = make_llm(model, max_model_len=MAX_MODEL_LEN, **ENGINE_KWARGS)
     try:
-        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
-        return llm.chat([{"role": "user", "content": text}], params)[0]
+        return llm.chat([{"role": "user", "content": text}], greedy(MAX_TOKENS))[0]
     finally:
         shutdown(llm)
 
@@ -409,7 +407,7 @@ def _ray_job(fixture):
         serve_log, head_log = tmp_path / "serve_run.log", tmp_path / "ray_head.log"
         # Short: Ray's unix socket paths under it must fit in 107 bytes.
         temp_dir = Path(tempfile.mkdtemp(prefix="ray-"))
-        run = {"leftovers": [], "serve_log": serve_log}
+        run = {"leftovers": [], "serve_log": serve_log, "text": text}
         try:
             with _ray_head(temp_dir, head_log, env, run["leftovers"]) as address, \
                     _serve_run(config_path, address, serve_log, env,
@@ -462,7 +460,7 @@ def test_ray_serve_matches_plain_decoding(request):
     assert stats["retrievals"] > 0 and stats["view_rows"] > 0, stats
     assert 0 < stats["draft_context_tokens"] < stats["full_context_tokens"], stats
 
-    model = request.getfixturevalue("smollm2_model")
-    plain = _plain_chat(model, _document(model))
+    # The request the app answered, decoded plainly.
+    plain = _plain_chat(request.getfixturevalue("smollm2_model"), run["text"])
     assert ray_resp.usage.prompt_tokens == len(plain.prompt_token_ids)
     assert ray_resp.choices[0].message.content == plain.outputs[0].text
