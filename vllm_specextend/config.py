@@ -103,6 +103,22 @@ class SpecExtendConfig:
     ``cmr`` or ``streaming`` policy; a step whose K vLLM set to 0 drafts
     nothing and writes its chunk's draft KV in full."""
 
+    draft_prompt_pool: int | None = None
+    """The draft computes its KV of a long prompt only where its views will
+    read it: the sinks, the ``draft_prompt_pool`` chunks the target's scoring
+    attention ranks top at the prompt's end, and the recent window, in one
+    pass at the step that ends the prompt (``prompt_pool.py``); its passes
+    over the prompt's earlier chunks are dropped, and every later selection
+    chooses among those chunks and the ones after the window's start. A 1B
+    draft's pass over a 32K prompt took ~230 ms on an H200, 16% of the first
+    token's time at batch 1 and +19% for the last first token of eight
+    (issue #45); a pool of 128 chunks is ~4.4K tokens. Lossless either way
+    (the target verifies every draft); the draft's acceptance may change
+    (its pooled KV saw only the pool). None: the draft's full pass over every
+    prompt, as vLLM's. A draft model at its own positions under ``cmr``
+    (not with compacted positions, ``draft_prefill_window`` or ``self_draft``);
+    at least ``top_k``. Prompts shorter than ``pool_min_prompt`` pass in full."""
+
     draft_placement: str = "auto"
     """Where a draft model runs under tensor parallelism (``replicated.py``).
     ``sharded``: split over the ranks as the target (vLLM's draft_model);
@@ -183,6 +199,17 @@ class SpecExtendConfig:
         return max(0, min(self.min_context, draft_max_len - 2 * num_spec_tokens - 1))
 
     @property
+    def pool_min_prompt(self) -> int | None:
+        """Prompt length from which the draft's pass over it is pooled
+        (``draft_prompt_pool``): past what the sinks, the pool and the window
+        hold, with a chunk to spare on each side; None: never."""
+        if self.draft_prompt_pool is None:
+            return None
+        pooled = (self.sink_tokens + (self.draft_prompt_pool + 2) * self.chunk_size
+                  + self.recent_tokens)
+        return max(self.min_context, pooled)
+
+    @property
     def window_tokens(self) -> int:
         """Recent window length; ``streaming`` spends the top-k budget on it."""
         if self.policy == "streaming":
@@ -251,6 +278,7 @@ def validate_engine(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
     _raise_if_draft_vocab_on_eagle(cfg, facts)
     _raise_if_replicated_not_draft_model(cfg, facts)
     raise_if_prefill_window_unsupported(cfg, facts)
+    raise_if_prompt_pool_unsupported(cfg, facts)
     _raise_if_unpadded_drafter_batch(facts)
     _raise_if_chunk_not_block_multiple(cfg, facts)
     _raise_if_working_set_exceeds_draft(cfg, facts)
@@ -310,6 +338,8 @@ _OPTIONAL_COUNTS = (
      "the whole vocabulary"),
     ("draft_prefill_window", "tokens before each prompt chunk the draft "
      "attends to", "full attention over the prompt"),
+    ("draft_prompt_pool", "prompt chunks the draft computes its KV of",
+     "the draft's pass over every prompt token"),
 )
 
 
@@ -451,6 +481,46 @@ def raise_if_prefill_window_unsupported(cfg: SpecExtendConfig,
             "positions, but the draft's working set is compacted (a draft with "
             "fewer positions than the target, or compact_positions: true). "
             "Leave draft_prefill_window unset, or use a draft with the target's "
+            "positions."
+        )
+
+
+def raise_if_prompt_pool_unsupported(cfg: SpecExtendConfig,
+                                     facts: EngineFacts) -> None:
+    """At engine config, and when a benchmark reconfigures a live engine."""
+    pool = cfg.draft_prompt_pool
+    if pool is None:
+        return
+    if cfg.policy != "cmr":
+        raise SpecExtendConfigError(
+            "spec_extend.draft_prompt_pool keeps the chunks the target's "
+            f'attention ranks top, which policy "{cfg.policy}" never ranks; '
+            'use policy "cmr", or leave draft_prompt_pool unset.'
+        )
+    if pool < cfg.top_k:
+        raise SpecExtendConfigError(
+            f"spec_extend.draft_prompt_pool={pool} is below top_k={cfg.top_k}: "
+            "every selection chooses its top_k chunks from the pool. Raise "
+            "draft_prompt_pool, or leave it unset."
+        )
+    if cfg.draft_prefill_window is not None:
+        raise SpecExtendConfigError(
+            "spec_extend.draft_prompt_pool and draft_prefill_window both bound "
+            "the draft's pass over a prompt; set one of them."
+        )
+    if cfg.self_draft or facts.method != "draft_model":
+        what = "self_draft" if cfg.self_draft else f"the {facts.method} head"
+        raise SpecExtendConfigError(
+            "spec_extend.draft_prompt_pool bounds a draft model's pass over a "
+            f"prompt; {what} writes no draft KV of its own there. Leave "
+            "draft_prompt_pool unset."
+        )
+    if compaction_on(cfg, facts):
+        raise SpecExtendConfigError(
+            "spec_extend.draft_prompt_pool reads the prompt at its own "
+            "positions, but the draft's working set is compacted (a draft with "
+            "fewer positions than the target, or compact_positions: true). "
+            "Leave draft_prompt_pool unset, or use a draft with the target's "
             "positions."
         )
 

@@ -20,6 +20,7 @@ import torch
 
 from vllm_specextend import compat
 from vllm_specextend.planner import BatchLens
+from vllm_specextend.prompt_pool import PoolRows
 from vllm_specextend.view import View, ViewBuilder, ViewParams
 
 
@@ -32,6 +33,10 @@ class Step:
     slots: np.ndarray  # [num_reqs] int64
     slots_dev: torch.Tensor  # [num_reqs] int64
     params: ViewParams
+    pool: PoolRows | None = None
+    """Rows whose first draft forward is their prompt's pooled pass."""
+    block_table: torch.Tensor | None = None
+    """The step's real block table [num_reqs, max_blocks], for pooled views."""
 
 
 class HostStep:
@@ -63,8 +68,28 @@ class HostStep:
                 num_rejected, self.stats,
             )
         drafting = self._drafting_rows(lens)
+        pool = self._pool_rows(request, lens, slots)
+        if pool is not None:
+            drafting[pool.rows] = True  # through their selection, as decode rows
         params = builder.params(seq, drafting, slots, self.stats, lens.q_start)
-        return Step(lens, drafting, slots, slots_dev, params)
+        return Step(lens, drafting, slots, slots_dev, params, pool)
+
+    def _pool_rows(self, request, lens: BatchLens, slots) -> PoolRows | None:
+        """The rows that end a pooled prompt this step (``draft_prompt_pool``)."""
+        if request.pool is None or not request.pool.any():
+            return None
+        rows = request.rows[request.pool]
+        (slots_d,) = self.staging.to_device(slots[rows])
+        self.stats.pooled_prompt_passes += int(rows.size)
+        return PoolRows(
+            rows=rows,
+            seq=lens.seq[rows],
+            window_start=request.window_start[request.pool],
+            chunks=self.pools.chunks[slots_d],
+            sink_tokens=self.cfg.sink_tokens,
+            chunk_size=self.cfg.chunk_size,
+            q_start=lens.q_start[rows],
+        )
 
     def _view_builder(self) -> ViewBuilder:
         if self.view_builder is None:
@@ -85,5 +110,8 @@ class HostStep:
     def _staging_need(self, num_reqs: int) -> int:
         # slots 1, retrieval 4, view 3, compaction 2 values per row, plus 4 per
         # copied block (at most sinks + top_k chunks per row).
+        # A pooled prompt's step (``prompt_pool.py``): 1 more per pooled row,
+        # 4 per row for each of its two pooled views at most.
         prefix = self.cfg.draft_budget_tokens // self.block_size
-        return num_reqs * (10 + (4 * prefix if self.compactor else 0))
+        pool = 9 if self.pools is not None else 0
+        return num_reqs * (10 + pool + (4 * prefix if self.compactor else 0))

@@ -69,6 +69,22 @@ class KeptPasses:
                 and mm_embed_inputs is None and num_rejected is None
                 and compat.samples_no_row(self.runner))
 
+    def _drops_pass(self, cad, mm_embed_inputs) -> bool:
+        """Whether this step's pass over prompt chunks is not run at all:
+        no row samples, and every row's prompt is pooled
+        (``draft_prompt_pool``: the step that ends it writes its draft KV)."""
+        return (self.cfg.pool_min_prompt is not None and self.runner is not None
+                and mm_embed_inputs is None and compat.samples_no_row(self.runner)
+                and self._pooled_prompts(slice(0, cad.num_reqs), cad.num_reqs))
+
+    def _pooled_prompts(self, rows: slice, num_reqs: int) -> bool:
+        """Whether every row in ``rows`` holds a prompt whose pass is pooled."""
+        pool_min = self.cfg.pool_min_prompt
+        if pool_min is None:
+            return False
+        num_prompt = compat.batch_num_prompt_tokens(self.runner, num_reqs)
+        return bool((num_prompt[rows] >= pool_min).all())
+
     def _split_point(self, cad, mm_embed_inputs, sampling_metadata,
                      num_speculative_tokens) -> Cut | None:
         """Where the step is cut: its rows are prompt chunks that end no
@@ -102,7 +118,7 @@ class KeptPasses:
 
     def _propose_split(self, cut, view, num_speculative_tokens, token_ids,
                        positions, next_token_ids, token_indices_to_sample, cad,
-                       num_rejected) -> torch.Tensor:
+                       num_rejected, pooled_step=None) -> torch.Tensor:
         """The chunks' pass kept, the other rows drafted through vLLM's
         propose over themselves and their rows of the view. The first pass
         shifts tokens within each row, so every row's inputs, and their
@@ -115,19 +131,29 @@ class KeptPasses:
         (kept_cad, kept_tokens), (cad_d, tokens_d) = (
             parts if cut.kept_first else parts[::-1])
         kept, drafting = cut.kept(num_reqs), cut.drafting(num_reqs)
-        self.deferral.keep(
-            compat.batch_req_ids(self.runner, num_reqs)[kept],
-            token_ids[kept_tokens], positions[..., kept_tokens],
-            next_token_ids[kept], kept_cad,
-            None if view is None else view.rows(kept.start, kept.stop))
+        if self._pooled_prompts(kept, num_reqs):
+            self.stats.dropped_prefill_passes += 1
+        else:
+            self.deferral.keep(
+                compat.batch_req_ids(self.runner, num_reqs)[kept],
+                token_ids[kept_tokens], positions[..., kept_tokens],
+                next_token_ids[kept], kept_cad,
+                None if view is None else view.rows(kept.start, kept.stop))
         self.stats.split_prefill_steps += 1
         self._view = None if view is None else view.rows(drafting.start, drafting.stop)
         sample = token_indices_to_sample
         if sample is not None:
             # Indices into the step's tokens: into the drafting rows' own.
             sample = sample[drafting] - tokens_d.start
+        tokens, pos = token_ids[tokens_d], positions[..., tokens_d]
+        if pooled_step is not None:
+            # Pooled prompts end in the drafting rows (the kept ones end none).
+            pooled_step.block_table = cad.block_table_tensor
+            tokens, pos, sample, cad_d, self._first_view = self._pooled_inputs(
+                pooled_step, drafting.start, tokens, pos, sample, cad_d,
+                next_token_ids[drafting])
         drafts = self._greedy_propose(
-            num_speculative_tokens, token_ids[tokens_d], positions[..., tokens_d],
+            num_speculative_tokens, tokens, pos,
             None, next_token_ids[drafting], sample, cad_d,
             None if num_rejected is None else num_rejected[drafting])
         # The kept rows' drafts are discarded, as in a kept step. [num_reqs, K]
@@ -135,11 +161,14 @@ class KeptPasses:
         return torch.cat([zeros, drafts] if cut.kept_first else [drafts, zeros])
 
     def _keep_pass(self, cad, token_ids, positions, next_token_ids,
-                   num_speculative_tokens, view=None) -> torch.Tensor:
+                   num_speculative_tokens, view=None, drop=False) -> torch.Tensor:
         # The runner discards every row's drafts this step: zeros, as vLLM's
         # own when the drafter cannot run. [num_reqs, K]
-        self.deferral.keep(compat.batch_req_ids(self.runner, cad.num_reqs),
-                           token_ids, positions, next_token_ids, cad, view)
+        if drop:
+            self.stats.dropped_prefill_passes += 1
+        else:
+            self.deferral.keep(compat.batch_req_ids(self.runner, cad.num_reqs),
+                               token_ids, positions, next_token_ids, cad, view)
         # The runner reads the drafter's draft probabilities after propose;
         # vLLM's propose clears them first, so must a step that skips it.
         self._last_draft_probs = None

@@ -61,6 +61,10 @@ COUNTERS = {
                            "while the step's other rows drafted.",
     "prefill_window_rows": "Draft rows over prompt chunks that attended to the sinks "
                            "and a window only (draft_prefill_window).",
+    "dropped_prefill_passes": "Draft passes over prompt chunks not run: the prompt's "
+                              "draft KV comes from its pooled pass (draft_prompt_pool).",
+    "pooled_prompt_passes": "Prompts whose draft KV was written for the sinks, the "
+                            "pool and the window only (draft_prompt_pool).",
 }
 GAUGES = {
     "tracked_requests": "Requests holding SpecExtend selection state.",
@@ -92,6 +96,8 @@ class SpecExtendStats:
     deferred_prefill_passes: int = 0
     split_prefill_steps: int = 0
     prefill_window_rows: int = 0
+    dropped_prefill_passes: int = 0
+    pooled_prompt_passes: int = 0
     tracked_requests: int = 0
     request_slots: int = 0
     _pending: list = field(default_factory=list, repr=False)

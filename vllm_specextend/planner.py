@@ -53,13 +53,17 @@ class ScoreRequest:
 
     rows: np.ndarray  # [n] batch rows
     window_start: np.ndarray  # [n] their windows' first tokens
+    pool: np.ndarray | None = None
+    """[n] bool, rows that end a prompt whose draft pass is pooled
+    (``draft_prompt_pool``): the retriever chooses their pool too."""
 
 
 class StepPlanner:
     def __init__(self, cfg: SpecExtendConfig, state: SelectionState,
-                 min_context: int, margin: int):
+                 min_context: int, margin: int, pools=None):
         self.cfg = cfg
         self.state = state
+        self.pools = pools  # prompt_pool.PromptPools, with draft_prompt_pool
         self.min_context = min_context
         self.margin = margin
         self.step = 0
@@ -70,6 +74,10 @@ class StepPlanner:
         prefilling = ~decoding
         state.clear(slots[prefilling])
         prompt_done = prefilling & (lens.seq >= lens.num_prompt)
+        pooled = None
+        if self.pools is not None:
+            self.pools.reset(slots[prefilling])
+            pooled = prompt_done & (lens.num_prompt >= cfg.pool_min_prompt)
 
         due = self.step % cfg.retrieve_every == 0
         self.step += 1
@@ -84,6 +92,9 @@ class StepPlanner:
         )
         start = window_start(cfg, anchor)
         plan &= uses_view(cfg, start)
+        if pooled is not None:
+            # A pooled prompt's only draft KV is its pooled pass.
+            plan |= pooled
 
         rows = np.flatnonzero(plan)
         if cfg.policy != "cmr":
@@ -91,7 +102,8 @@ class StepPlanner:
                 zeros = np.zeros(rows.size, dtype=np.int64)
                 state.put(slots[rows], start[rows], zeros)
             rows = rows[:0]
-        return ScoreRequest(rows=rows, window_start=start[rows])
+        return ScoreRequest(rows=rows, window_start=start[rows],
+                            pool=None if pooled is None else pooled[rows])
 
     def reset(self) -> None:
         self.step = 0

@@ -49,6 +49,7 @@ from vllm_specextend.host_step import HostStep
 from vllm_specextend.kept_passes import KeptPasses
 from vllm_specextend.metrics import SpecExtendStats, StatsReporter
 from vllm_specextend.planner import BatchLens
+from vllm_specextend.prompt_pool import fit, substitute
 from vllm_specextend.reconfigure import Reconfigurable
 from vllm_specextend.replicated import ReplicatedDraft
 from vllm_specextend.retriever import Retriever
@@ -88,6 +89,7 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
                 and getattr(runner, "use_async_scheduling", False):
             compat.copy_outputs_after_sampling(runner)
         self._view: View | None = None
+        self._first_view: View | None = None
         self.capture = DraftCapture(self)
         self.retriever = Retriever(self.cfg, None, self.staging, device)
         self._num_score_layers: int | None = None  # the target's, once loaded
@@ -170,7 +172,8 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
         # nothing keeps its pass for later, a step with such chunks at one end
         # is cut in two (kept_passes.py); others run the kept passes first.
         cad = common_attn_metadata
-        keep = self._keeps_pass(mm_embed_inputs, num_rejected_tokens_gpu)
+        drop = self._drops_pass(cad, mm_embed_inputs)
+        keep = drop or self._keeps_pass(mm_embed_inputs, num_rejected_tokens_gpu)
         cut = None if keep else self._split_point(
             cad, mm_embed_inputs, sampling_metadata, num_speculative_tokens)
         if self._runs_kept_first(keep, cut, cad.num_reqs):
@@ -185,14 +188,24 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
                 # Prompt chunks' windows (draft_prefill_window) go with the pass.
                 view = None if step is None else self._gather_view(step, cad)
                 return self._keep_pass(cad, target_token_ids, target_positions,
-                                       next_token_ids, num_speculative_tokens, view)
+                                       next_token_ids, num_speculative_tokens, view,
+                                       drop)
+            pooled = step is not None and step.pool is not None
             if cut is not None:
                 view = None if step is None else self._gather_view(step, cad)
                 return self._propose_split(
                     cut, view, num_speculative_tokens, target_token_ids,
                     target_positions, next_token_ids, token_indices_to_sample, cad,
-                    num_rejected_tokens_gpu)
-            if step is not None:
+                    num_rejected_tokens_gpu, step if pooled else None)
+            if pooled:
+                # Rows end a pooled prompt: their first forward is its pass.
+                step.block_table = cad.block_table_tensor
+                (target_token_ids, target_positions, token_indices_to_sample, cad,
+                 self._first_view) = self._pooled_inputs(
+                    step, 0, target_token_ids, target_positions,
+                    token_indices_to_sample, cad, next_token_ids)
+                self._view = self._gather_view(step, cad)
+            elif step is not None:
                 drafts = self.capture.replay(
                     step, num_speculative_tokens, target_token_ids,
                     target_positions, target_hidden_states, next_token_ids,
@@ -216,16 +229,88 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
                 slot_mappings=slot_mappings,
             )
         finally:
-            self._view = None
+            self._view = self._first_view = None
             self._report()
+
+    def _pooled_inputs(self, step, first: int, token_ids, positions,
+                       token_indices_to_sample, cad, next_token_ids):
+        """The draft inputs of ``cad``'s rows (batch rows ``first`` on: a cut
+        step's drafting part) with the pooled rows' queries replaced by their
+        pooled passes (``prompt_pool.substitute``), and the view of the first
+        forward. Rows whose pass would overflow the drafter's buffers run it
+        first, each alone (``_pre_pass``), and keep their window's part."""
+        pool = step.pool
+        query_lens = np.diff(cad.query_start_loc_cpu[: cad.num_reqs + 1].numpy())
+        pool.full = fit(pool.shifted(first), cad.num_actual_tokens, query_lens,
+                        cad.num_reqs, self.max_num_tokens)
+        prompt_ids = [self._prompt_ids(row, seq)
+                      for row, seq in zip(pool.rows.tolist(), pool.seq.tolist(),
+                                          strict=True)]
+        alone = np.flatnonzero(~pool.full)
+        if alone.size:
+            every = pool.take(slice(None))
+            every.full = np.ones(pool.rows.size, dtype=bool)
+            view = self.view_builder.pooled_pass(step.params, every, step.slots_dev,
+                                                 step.block_table)
+            for i in alone.tolist():
+                self._pre_pass(view, pool, i, first, prompt_ids[i], token_ids,
+                               positions, cad, next_token_ids)
+        first_view = None
+        if pool.full.any():
+            full = pool.take(pool.full)
+            first_view = self.view_builder.pooled_pass(
+                step.params, full, step.slots_dev, step.block_table
+            ).rows(first, first + cad.num_reqs)
+        return (*substitute(pool.shifted(first), prompt_ids, token_ids, positions,
+                            token_indices_to_sample, cad, self.block_size),
+                first_view)
+
+    def _pre_pass(self, view, pool, i, first, prompt_ids, token_ids, positions,
+                  cad, next_token_ids) -> None:
+        """Pooled row ``i``'s pass alone, as a kept pass runs (K = 0), before
+        the step's own forwards; ``view``: the batch's view with every pooled
+        row reading its pool."""
+        row = int(pool.rows[i]) - first
+        one = cad
+        if row > 0:
+            _, one = compat.split_rows(one, self.runner, row)
+        if one.num_reqs > 1:
+            one, _ = compat.split_rows(one, self.runner, 1)
+        qsl = cad.query_start_loc_cpu
+        tokens = slice(int(qsl[row]), int(qsl[row + 1]))
+        alone = pool.take([i]).shifted(int(pool.rows[i]))
+        alone.full = np.ones(1, dtype=bool)
+        token_ids, positions, _, one = substitute(
+            alone, [prompt_ids], token_ids[tokens], positions[tokens], None, one,
+            self.block_size)
+        k, saved = self.num_speculative_tokens, self._view
+        self._view, self._first_view = None, view.rows(row + first, row + first + 1)
+        try:
+            self._greedy_propose(0, token_ids, positions, None,
+                                 next_token_ids[row:row + 1], None, one)
+        finally:
+            self.num_speculative_tokens, self._view = k, saved
+            self._first_view = None
+
+    def _prompt_ids(self, row: int, seq: int) -> torch.Tensor:
+        """Batch row ``row``'s first ``seq`` token ids, on the device."""
+        ids = torch.from_numpy(compat.row_token_ids(self.runner, row, seq)
+                               .astype(np.int64))
+        if self.device.type == "cuda":
+            ids = ids.pin_memory().to(self.device, non_blocking=True)
+        return ids
 
     @override
     def build_per_group_and_layer_attn_metadata(
         self, common_attn_metadata, draft_index: int = 0
     ):
         # The funnel of every draft forward: read through the view, then super().
-        if self._view is not None:
-            common_attn_metadata = self._view.apply(common_attn_metadata)
+        # A pooled prompt's pass (the first forward) reads its own view.
+        view = self._view
+        if draft_index == 0 and self._first_view is not None:
+            view = self._first_view
+        if view is not None:
+            common_attn_metadata = view.apply(common_attn_metadata)
         per_group, per_layer = super().build_per_group_and_layer_attn_metadata(
             common_attn_metadata, draft_index
         )

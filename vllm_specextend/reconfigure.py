@@ -18,10 +18,12 @@ from vllm_specextend.config import (
     SpecExtendConfig,
     SpecExtendConfigError,
     raise_if_prefill_window_unsupported,
+    raise_if_prompt_pool_unsupported,
     score_layer_index,
 )
 from vllm_specextend.draft_vocab import vocab_rows
 from vllm_specextend.planner import StepPlanner
+from vllm_specextend.prompt_pool import PromptPools
 from vllm_specextend.state import SelectionState
 from vllm_specextend.view import ViewBuilder
 
@@ -39,10 +41,17 @@ class Reconfigurable:
             compat.max_num_seqs(self.vllm_config), cfg.top_k, self.device,
             live_req_ids=lambda: compat.live_req_ids(self.runner),
         )
+        self.pools = None
+        if cfg.draft_prompt_pool is not None:
+            max_chunks = self.max_model_len // cfg.chunk_size + 1
+            self.pools = PromptPools(self.state.num_slots, cfg.draft_prompt_pool,
+                                     max_chunks, self.device)
         # Under async scheduling seq is optimistic by up to K accepted drafts.
         margin = self.speculative_config.num_speculative_tokens
-        self.planner = StepPlanner(cfg, self.state, self._min_context, margin)
+        self.planner = StepPlanner(cfg, self.state, self._min_context, margin,
+                                   self.pools)
         self.retriever.cfg, self.retriever.state = cfg, self.state
+        self.retriever.pools = self.pools
         self._deferral_blocker = self._prefill_deferral_blocker(cfg)
         if self.compactor is not None:
             self.compactor.cfg = cfg
@@ -61,6 +70,7 @@ class Reconfigurable:
                 "an engine per score_layer."
             )
         raise_if_prefill_window_unsupported(cfg, self.settings.facts)
+        raise_if_prompt_pool_unsupported(cfg, self.settings.facts)
         if self.compactor is not None:
             self.compactor.check_budget(cfg, self.block_size)
         self._run_kept_passes()

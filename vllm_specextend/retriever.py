@@ -42,6 +42,7 @@ class Retriever:
         self.capturing = True
         self.tp_size = 1
         self._key_order: torch.Tensor | None = None
+        self.pools = None  # prompt_pool.PromptPools, with draft_prompt_pool
 
     def attach(self, layer, max_num_tokens: int, dtype: torch.dtype,
                tp_size: int) -> None:
@@ -87,7 +88,12 @@ class Retriever:
             query_rows, cad.block_table_tensor[rows], ctx_lens,
             int(lens.seq[rows_np].max()),
         )  # [n, num_chunks]
-        selected = select_chunks(mass, lo_d, hi_d, min(cfg.top_k, mass.shape[1]))
+        allowed = None
+        if self.pools is not None:
+            self._choose_pools(request, mass, lo_d, hi_d, slots, slots_dev[rows])
+            allowed = self.pools.allowed[slots_dev[rows]]
+        selected = select_chunks(mass, lo_d, hi_d, min(cfg.top_k, mass.shape[1]),
+                                 allowed)
         if self.tp_size > 1:
             selected = compat.tp_broadcast(selected.contiguous())
         self.state.put(
@@ -97,6 +103,20 @@ class Retriever:
         stats.retrievals += int(rows_np.size)
         stats.retrieval_steps += 1
         stats.stop_timer(timer)
+
+    def _choose_pools(self, request: ScoreRequest, mass, lo_d, hi_d, slots,
+                      slots_dev) -> None:
+        """The pools of the rows that end a pooled prompt: their top
+        ``draft_prompt_pool`` chunks, from the same masses as the selection."""
+        pool = request.pool
+        if pool is None or not pool.any():
+            return
+        at = torch.from_numpy(np.flatnonzero(pool)).to(mass.device)
+        chunks = select_chunks(mass[at], lo_d[at], hi_d[at], self.pools.pool)
+        if self.tp_size > 1:
+            chunks = compat.tp_broadcast(chunks.contiguous())
+        window_chunk = hi_d[at]
+        self.pools.put(slots[request.rows[pool]], slots_dev[at], chunks, window_chunk)
 
     def chunk_masses(self, query_rows: torch.Tensor, block_table: torch.Tensor,
                      ctx_lens: torch.Tensor, max_ctx: int) -> torch.Tensor:

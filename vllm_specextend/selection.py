@@ -63,16 +63,21 @@ def chunk_mass(block_lse: torch.Tensor, blocks_per_chunk: int) -> torch.Tensor:
 
 
 def select_chunks(
-    mass: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, k: int
+    mass: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, k: int,
+    allowed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Top-k chunk ids per row among ids in [lo, hi), in document order.
 
-    mass: [R, C] fp32; lo, hi: [R] int (same device). Returns [R, k] int32.
-    Rows with fewer than k candidates carry their valid ids first; the caller
-    knows each row's count (``min(k, hi - lo)``) and ignores the rest.
+    mass: [R, C] fp32; lo, hi: [R] int (same device); allowed: [R, >= C] bool,
+    the only ids a row may pick besides the range (a prompt pool,
+    ``prompt_pool.py``), or None. Returns [R, k] int32. Rows with fewer than k
+    candidates carry their valid ids first; the caller knows each row's count
+    (``min(k, hi - lo)``, at most its allowed ids) and ignores the rest.
     """
     ids = torch.arange(mass.shape[1], device=mass.device)
     valid = (ids[None, :] >= lo[:, None]) & (ids[None, :] < hi[:, None])
+    if allowed is not None:
+        valid &= allowed[:, : mass.shape[1]]
     masked = torch.where(valid, mass, torch.full_like(mass, -1.0))
     top = torch.topk(masked, k, dim=1).indices
     # Invalid picks sort last so each row's first min(k, hi - lo) ids are valid.

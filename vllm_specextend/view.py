@@ -277,6 +277,29 @@ class ViewBuilder:
         prefill = ~drafting & ((q_start - window) // self.block_size > self.sink_blocks)
         return prefill if prefill.any() else None
 
+    def pooled_pass(self, params: ViewParams, pool, slots_dev, block_table) -> View:
+        """The view of a step's first draft forward where rows end a pooled
+        prompt (``prompt_pool.PoolRows``): those rows read their sinks, their
+        pool's chunks and their window, the blocks their pooled pass writes;
+        every other row as in ``gather``. No compaction (``draft_prompt_pool``
+        excludes it)."""
+        rows, n = pool.rows, pool.chunks.shape[1]
+        num_selected = params.num_selected.copy()
+        num_selected[rows] = n
+        offsets = params.offsets.copy()
+        prefix = (self.sink_blocks + n * self.blocks_per_chunk) * self.block_size
+        offsets[rows] = pool.window_start - prefix
+        num_selected_d, window_block_d, offsets_d, rows_d = self.staging.to_device(
+            num_selected, params.window_block, offsets, rows)
+        chunks = self.state.selected_chunks[slots_dev]  # [num_reqs, top_k]
+        if n > chunks.shape[1]:
+            chunks = torch.nn.functional.pad(chunks, (0, n - chunks.shape[1]))
+        chunks = chunks.index_copy(0, rows_d, pool.chunks.to(chunks.dtype))
+        table, _ = build_view(block_table, self.sink_blocks, num_selected_d,
+                              window_block_d, chunks, self.blocks_per_chunk)
+        return View(table, offsets_d.to(torch.int32),
+                    torch.from_numpy(offsets.astype(np.int32)))
+
     def gather(self, params: ViewParams, slots, slots_dev, block_table, stats) -> View:
         """The device half: one gather of the real table for the whole batch."""
         num_selected_d, window_block_d, offsets_d = self.staging.to_device(

@@ -440,3 +440,36 @@ def test_validate_engine_refuses_replicating_what_is_not_a_draft_model(
                        model="m", draft_model="m" if self_draft else "d")
     with pytest.raises(SpecExtendConfigError, match=match):
         validate_engine(cfg, facts)
+
+
+# --- draft prompt pool --------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0, -1, True, "128", 128.0])
+def test_draft_prompt_pool_must_be_a_positive_integer(value):
+    with pytest.raises(SpecExtendConfigError,
+                       match=r"spec_extend\.draft_prompt_pool=.* positive integer"):
+        SpecExtendConfig.from_dict({"draft_prompt_pool": value})
+
+
+@pytest.mark.parametrize("cfg, facts, match", [
+    ({}, {"method": "eagle3"}, "the eagle3 head writes no draft KV"),
+    ({"self_draft": True}, {"model": "t", "draft_model": "t"}, "self_draft writes no draft KV"),
+    ({"compact_positions": True}, {}, "compacted"),
+    ({"policy": "streaming"}, {}, 'policy "streaming" never ranks'),
+    ({"top_k": 64}, {}, "below top_k=64"),
+    ({"draft_prefill_window": 2048}, {}, "set one of them"),
+])
+def test_validate_engine_refuses_a_prompt_pool_it_cannot_serve(cfg, facts, match):
+    cfg = SpecExtendConfig(draft_prompt_pool=32, **cfg)
+    with pytest.raises(SpecExtendConfigError, match=match):
+        validate_engine(cfg, good_facts(**facts))
+
+
+def test_a_prompt_pool_applies_past_what_it_holds():
+    cfg = SpecExtendConfig(draft_prompt_pool=128)
+    validate_engine(cfg, good_facts(max_model_len=65536, draft_max_model_len=65536))
+    # Sinks, the pool with a chunk to spare each side, the window.
+    assert cfg.pool_min_prompt == 32 + 130 * 32 + 256
+    assert SpecExtendConfig(draft_prompt_pool=32).pool_min_prompt == 2048  # min_context
+    assert SpecExtendConfig().pool_min_prompt is None

@@ -146,6 +146,7 @@ from vllm_specextend.compat.runner import (
     live_req_ids,
     model_input_buffers,
     prefill_deferral_blocker,
+    row_token_ids,
     samples_no_row,
     split_rows,
 )
@@ -154,7 +155,7 @@ from vllm_specextend.compat.symbols import LAZY, load, logger
 __all__ = [
     "LAZY", "PADDING_SLOT_ID", "PATCHES", "PLATFORM_WORKERS", "REGISTRY", "SKIP_VERSION_CHECK_ENV",
     "SUPPORTED_VLLM", "add_kv_blocks", "additional_config", "allow_long_drafts",
-    "apply_process_patches", "attention_layer", "capture_stream", "batch_num_prompt_tokens",
+    "apply_process_patches", "attention_layer", "capture_stream", "batch_num_prompt_tokens", "row_token_ids",
     "batch_req_ids", "batch_seq_lens_cpu", "block_table_width",
     "check_touch_points", "copy_outputs_after_sampling", "decode_attn_metadata",
     "draft_graph_blocker",

@@ -20,6 +20,12 @@ def batch_num_prompt_tokens(runner, num_reqs: int) -> np.ndarray:
     return runner.input_batch.num_prompt_tokens[:num_reqs]
 
 
+def row_token_ids(runner, row: int, num_tokens: int) -> np.ndarray:
+    """The first ``num_tokens`` token ids (prompt, then output) of batch row
+    ``row``: ``[num_tokens]`` int32, the runner's host copy."""
+    return runner.input_batch.token_ids_cpu[row, :num_tokens]
+
+
 def batch_seq_lens_cpu(runner, num_reqs: int) -> np.ndarray:
     """This step's context lengths, ``[num_reqs]`` int; an upper bound under
     async scheduling.

@@ -1,0 +1,59 @@
+"""``draft_prompt_pool``: the draft's KV of a long prompt only for its sinks,
+its pool of top-ranked chunks and its window (CPU, fp32, in-process engines).
+
+Prompts are computed in chunks of 128 tokens per request and step, so every
+prompt's earlier chunks come in steps of their own or beside other rows (the
+steps ``kept_passes.py`` keeps or cuts): in pool mode those passes are
+dropped and the step that ends each prompt runs its pooled pass. Greedy
+output must stay plain decoding's; the draft must propose otherwise than
+with its full pass (its KV of the prompt is computed from less); a pool as
+large as every prompt's candidates must still be lossless.
+"""
+
+from __future__ import annotations
+
+import pytest
+from cpu_engine import generate, make_llm, shutdown
+from test_lossless import CMR
+
+from benchmarks.harness.drafter import DraftRecorder, drafter, stats
+
+pytestmark = pytest.mark.engine
+
+LENGTHS = [1500, 1000, 700, 300]  # the last one too short to pool
+MAX_TOKENS = 32
+CHUNKED = dict(max_num_batched_tokens=1024, long_prefill_token_threshold=128)
+POOL = 8
+
+
+@pytest.fixture(scope="module")
+def prompts(long_prompts):
+    return long_prompts(LENGTHS)
+
+
+def _run(target, draft, prompts, **spec_extend):
+    llm = make_llm(target, draft, {**CMR, **spec_extend}, **CHUNKED)
+    recorder = DraftRecorder(llm)
+    recorder.enabled = True
+    outputs = generate(llm, prompts, max_tokens=MAX_TOKENS)
+    run = dict(outputs=outputs, proposals=list(recorder.proposals.values()),
+               stats=stats(drafter(llm)))
+    shutdown(llm)
+    return run
+
+
+@pytest.fixture(scope="module")
+def full(tiny_target, tiny_draft, prompts):
+    return _run(tiny_target, tiny_draft, prompts)
+
+
+def test_pooled_prompts_stay_lossless_and_change_the_drafts(
+        tiny_target, tiny_draft, prompts, plain_outputs, full):
+    pooled = _run(tiny_target, tiny_draft, prompts, draft_prompt_pool=POOL)
+
+    assert full["stats"]["pooled_prompt_passes"] == 0
+    assert full["stats"]["dropped_prefill_passes"] == 0
+    assert pooled["stats"]["pooled_prompt_passes"] == 3, "the three long prompts"
+    assert pooled["stats"]["dropped_prefill_passes"] > 0
+    assert pooled["outputs"] == full["outputs"] == plain_outputs
+    assert pooled["proposals"] != full["proposals"]

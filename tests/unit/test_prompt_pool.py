@@ -1,0 +1,110 @@
+"""The pooled prompt pass's pure parts (``prompt_pool.py``): the pools' masks,
+the pooled rows' queries, the replaced draft inputs, what fits one forward."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_specextend.prompt_pool import PoolRows, PromptPools, fit, substitute
+from vllm_specextend.selection import select_chunks
+
+
+def test_a_pool_allows_its_chunks_and_those_from_the_window_on():
+    pools = PromptPools(num_slots=3, pool=2, max_chunks=10, device=torch.device("cpu"))
+    pools.put(np.array([1]), torch.tensor([1]), torch.tensor([[2, 5]], dtype=torch.int32),
+              torch.tensor([7]))
+    assert pools.allowed[1].nonzero().flatten().tolist() == [2, 5, 7, 8, 9]
+    assert pools.allowed[0].all() and pools.allowed[2].all(), "other slots untouched"
+    assert pools.chunks[1].tolist() == [2, 5]
+    assert pools.pooled.tolist() == [False, True, False]
+    pools.reset(np.array([0, 1]))  # their prompts start again
+    assert pools.allowed.all() and not pools.pooled.any()
+
+
+def test_selection_keeps_to_the_allowed_chunks():
+    mass = torch.tensor([[0.0, 0.9, 0.8, 0.1, 0.2, 0.05]])
+    lo, hi = torch.tensor([1]), torch.tensor([6])
+    assert select_chunks(mass, lo, hi, 2).tolist() == [[1, 2]]
+    allowed = torch.tensor([[True, False, True, False, True, True, True]])
+    assert select_chunks(mass, lo, hi, 2, allowed).tolist() == [[2, 4]]
+
+
+def _pool(full=None):
+    # Row 1 ends a 200-token prompt this step (its chunk: 72..200): sinks 32,
+    # chunks 1 and 3 of 32 tokens, window from 160.
+    return PoolRows(rows=np.array([1]), seq=np.array([200]),
+                    window_start=np.array([160]),
+                    chunks=torch.tensor([[1, 3]], dtype=torch.int32),
+                    sink_tokens=32, chunk_size=32, q_start=np.array([72]), full=full)
+
+
+def test_a_pooled_rows_query_is_its_sinks_pool_and_window():
+    pool = _pool()
+    assert pool.query_lens().tolist() == [32 + 64 + 40]
+    expected = (list(range(32)) + list(range(32, 64)) + list(range(96, 128))
+                + list(range(160, 200)))
+    assert pool.positions(0).tolist() == expected
+    alone = _pool(full=np.array([False]))
+    assert alone.query_lens().tolist() == [40]
+    assert alone.positions(0).tolist() == list(range(160, 200))
+
+
+def _cad(query_lens, seq_lens, block_size=16, width=16):
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    qsl = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
+    num_reqs = len(query_lens)
+    # Row r's logical block j is physical block 100 * r + j.
+    table = torch.tensor([[100 * r + j for j in range(width)] for r in range(num_reqs)],
+                         dtype=torch.int32)
+    seq = torch.tensor(seq_lens, dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=torch.from_numpy(qsl), query_start_loc_cpu=torch.from_numpy(qsl),
+        seq_lens=seq, num_reqs=num_reqs, num_actual_tokens=int(qsl[-1]),
+        max_query_len=int(max(query_lens)), max_seq_len=int(max(seq_lens)),
+        block_table_tensor=table,
+        slot_mapping=torch.zeros(int(qsl[-1]), dtype=torch.int64),
+        _num_computed_tokens_cpu=seq - torch.tensor(query_lens, dtype=torch.int32),
+    )
+
+
+def test_substitute_replaces_the_pooled_rows_query_only():
+    # Row 0 decodes (3 tokens at 50..52), row 1 ends its prompt (72..199),
+    # row 2 decodes (2 tokens at 30..31).
+    cad = _cad([3, 128, 2], [53, 200, 32])
+    token_ids = torch.arange(1000, 1000 + 133)
+    positions = torch.cat([torch.arange(50, 53), torch.arange(72, 200),
+                           torch.arange(30, 32)])
+    prompt = torch.arange(5000, 5200)  # row 1's token ids: 5000 + position
+    sample = torch.tensor([1, 130, 132])  # row 0 samples one before its end
+    pool = _pool()
+    tokens, pos, sample, new = substitute(pool, [prompt], token_ids, positions,
+                                          sample, cad, block_size=16)
+    n = 136
+    assert new.query_start_loc_cpu.tolist() == [0, 3, 3 + n, 5 + n]
+    assert new.query_start_loc.tolist() == [0, 3, 3 + n, 5 + n]
+    assert new.num_actual_tokens == 5 + n and new.max_query_len == n
+    assert torch.equal(tokens[:3], token_ids[:3]) and torch.equal(tokens[-2:], token_ids[-2:])
+    assert torch.equal(pos[3:3 + n], pool.positions(0))
+    assert torch.equal(tokens[3:3 + n], 5000 + pool.positions(0))
+    assert sample.tolist() == [1, 2 + n, 4 + n], "as far from each row's end as before"
+    # Slots through the real table: row 1's position p sits in block 100 + p // 16.
+    p = pos[3:3 + n]
+    assert torch.equal(new.slot_mapping[3:3 + n], (100 + p // 16) * 16 + p % 16)
+    assert torch.equal(new.slot_mapping[:3], 50 + torch.arange(3) + 3 * 16 - 48)
+    assert torch.equal(new.seq_lens, cad.seq_lens), "contexts unchanged"
+    assert new._num_computed_tokens_cpu.tolist() == [50, 200 - n, 30]
+
+
+@pytest.mark.parametrize("capacity, full", [(400, [True, True]), (250, [True, False]),
+                                            (100, [False, False])])
+def test_fit_keeps_the_first_forward_within_the_drafters_buffer(capacity, full):
+    pool = PoolRows(rows=np.array([0, 1]), seq=np.array([200, 300]),
+                    window_start=np.array([160, 256]),
+                    chunks=torch.tensor([[1, 3], [2, 4]], dtype=torch.int32),
+                    sink_tokens=32, chunk_size=32, q_start=np.array([192, 100]))
+    # Full passes: 136 and 140 tokens; alone: 8 and 44; queries now 8 and 200:
+    # with both full 278 tokens and 2 next tokens, with the first only 182.
+    assert fit(pool, 208, np.array([8, 200]), 2, capacity).tolist() == full
