@@ -237,6 +237,8 @@ class EngineFacts:
     """The draft's model path or name (the target's under ``self_draft``)."""
     num_target_attention_layers: int | None = None
     """The target's attention layers (vLLM's count; None if unknown)."""
+    max_num_batched_tokens: int | None = None
+    """The scheduler's token budget a step, the drafter's buffers' size."""
 
 
 def compaction_on(cfg: SpecExtendConfig, facts: EngineFacts) -> bool:
@@ -485,6 +487,14 @@ def raise_if_prefill_window_unsupported(cfg: SpecExtendConfig,
         )
 
 
+def pooled_pass_tokens(cfg: SpecExtendConfig, num_spec_tokens: int) -> int:
+    """Most tokens of one prompt's pooled pass (``draft_prompt_pool``): the
+    sinks, the pool, a window that starts up to a chunk and K tokens early,
+    and the next token."""
+    return (cfg.sink_tokens + cfg.draft_prompt_pool * cfg.chunk_size
+            + cfg.window_tokens + cfg.chunk_size + num_spec_tokens + 1)
+
+
 def raise_if_prompt_pool_unsupported(cfg: SpecExtendConfig,
                                      facts: EngineFacts) -> None:
     """At engine config, and when a benchmark reconfigures a live engine."""
@@ -514,6 +524,15 @@ def raise_if_prompt_pool_unsupported(cfg: SpecExtendConfig,
             "spec_extend.draft_prompt_pool bounds a draft model's pass over a "
             f"prompt; {what} writes no draft KV of its own there. Leave "
             "draft_prompt_pool unset."
+        )
+    budget = facts.max_num_batched_tokens
+    need = pooled_pass_tokens(cfg, facts.num_speculative_tokens)
+    if budget is not None and need > budget:
+        raise SpecExtendConfigError(
+            f"spec_extend.draft_prompt_pool={pool} makes a pooled pass of up to "
+            f"{need} tokens (sinks, pool and window) in one draft forward, more "
+            f"than max_num_batched_tokens={budget}. Lower draft_prompt_pool, or "
+            "raise --max-num-batched-tokens."
         )
     if compaction_on(cfg, facts):
         raise SpecExtendConfigError(

@@ -73,13 +73,18 @@ class KeptPasses:
         """Whether this step's pass over prompt chunks is not run at all:
         no row samples, and every row's prompt is pooled
         (``draft_prompt_pool``: the step that ends it writes its draft KV)."""
-        return (self.cfg.pool_min_prompt is not None and self.runner is not None
+        return (self._pool_min_prompt() is not None and self.runner is not None
                 and mm_embed_inputs is None and compat.samples_no_row(self.runner)
                 and self._pooled_prompts(slice(0, cad.num_reqs), cad.num_reqs))
 
+    def _pool_min_prompt(self) -> int | None:
+        # A proposer built without __init__ (unit tests) has no config.
+        cfg = getattr(self, "cfg", None)
+        return None if cfg is None else cfg.pool_min_prompt
+
     def _pooled_prompts(self, rows: slice, num_reqs: int) -> bool:
         """Whether every row in ``rows`` holds a prompt whose pass is pooled."""
-        pool_min = self.cfg.pool_min_prompt
+        pool_min = self._pool_min_prompt()
         if pool_min is None:
             return False
         num_prompt = compat.batch_num_prompt_tokens(self.runner, num_reqs)

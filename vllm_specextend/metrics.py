@@ -65,6 +65,8 @@ COUNTERS = {
                               "draft KV comes from its pooled pass (draft_prompt_pool).",
     "pooled_prompt_passes": "Prompts whose draft KV was written for the sinks, the "
                             "pool and the window only (draft_prompt_pool).",
+    "pooled_passes_alone": "Pooled prompt passes run in a draft forward of their own "
+                           "(the step's first forward could not hold them).",
 }
 GAUGES = {
     "tracked_requests": "Requests holding SpecExtend selection state.",
@@ -98,6 +100,7 @@ class SpecExtendStats:
     prefill_window_rows: int = 0
     dropped_prefill_passes: int = 0
     pooled_prompt_passes: int = 0
+    pooled_passes_alone: int = 0
     tracked_requests: int = 0
     request_slots: int = 0
     _pending: list = field(default_factory=list, repr=False)

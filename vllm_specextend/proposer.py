@@ -283,6 +283,7 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
         token_ids, positions, _, one = substitute(
             alone, [prompt_ids], token_ids[tokens], positions[tokens], None, one,
             self.block_size)
+        self.stats.pooled_passes_alone += 1
         k, saved = self.num_speculative_tokens, self._view
         self._view, self._first_view = None, view.rows(row + first, row + first + 1)
         try:

@@ -13,7 +13,7 @@ large as every prompt's candidates must still be lossless.
 from __future__ import annotations
 
 import pytest
-from cpu_engine import generate, make_llm, shutdown
+from cpu_engine import generate, make_llm, plain_reference, shutdown
 from test_lossless import CMR
 
 from benchmarks.harness.drafter import DraftRecorder, drafter, stats
@@ -31,8 +31,8 @@ def prompts(long_prompts):
     return long_prompts(LENGTHS)
 
 
-def _run(target, draft, prompts, **spec_extend):
-    llm = make_llm(target, draft, {**CMR, **spec_extend}, **CHUNKED)
+def _run(target, draft, prompts, chunked=CHUNKED, **spec_extend):
+    llm = make_llm(target, draft, {**CMR, **spec_extend}, **chunked)
     recorder = DraftRecorder(llm)
     recorder.enabled = True
     outputs = generate(llm, prompts, max_tokens=MAX_TOKENS)
@@ -57,3 +57,19 @@ def test_pooled_prompts_stay_lossless_and_change_the_drafts(
     assert pooled["stats"]["dropped_prefill_passes"] > 0
     assert pooled["outputs"] == full["outputs"] == plain_outputs
     assert pooled["proposals"] != full["proposals"]
+
+
+def test_pooled_passes_too_many_for_one_forward_pass_alone(
+        tiny_target, tiny_draft, long_prompts):
+    """Three prompts of one length, 128 tokens a step each: they end together,
+    and the step's first forward (512 tokens) cannot hold every pooled pass
+    (~360 tokens each)."""
+    same = long_prompts([1000, 1000, 1000])
+    plain = plain_reference(tiny_target, same, MAX_TOKENS)
+    pooled = _run(tiny_target, tiny_draft, same,
+                  dict(max_num_batched_tokens=512, long_prefill_token_threshold=128),
+                  draft_prompt_pool=POOL)
+
+    assert pooled["stats"]["pooled_prompt_passes"] == 3
+    assert pooled["stats"]["pooled_passes_alone"] >= 1
+    assert pooled["outputs"] == plain

@@ -267,6 +267,7 @@ def _fake_vllm_config(spec_extend=None, method="draft_model", block_size=16, tp=
         parallel_config=types.SimpleNamespace(
             tensor_parallel_size=tp, pipeline_parallel_size=1, worker_cls=worker_cls
         ),
+        scheduler_config=types.SimpleNamespace(max_num_batched_tokens=8192),
         additional_config=extra,
         use_v2_model_runner=False,
     )

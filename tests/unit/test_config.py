@@ -473,3 +473,10 @@ def test_a_prompt_pool_applies_past_what_it_holds():
     assert cfg.pool_min_prompt == 32 + 130 * 32 + 256
     assert SpecExtendConfig(draft_prompt_pool=32).pool_min_prompt == 2048  # min_context
     assert SpecExtendConfig().pool_min_prompt is None
+
+
+def test_a_prompt_pool_must_fit_one_draft_forward():
+    cfg = SpecExtendConfig(draft_prompt_pool=128)  # up to 32 + 4096 + 256 + 32 + 5
+    validate_engine(cfg, good_facts(max_num_batched_tokens=4421, num_speculative_tokens=4))
+    with pytest.raises(SpecExtendConfigError, match=r"4421 tokens .* max_num_batched_tokens=4096"):
+        validate_engine(cfg, good_facts(max_num_batched_tokens=4096, num_speculative_tokens=4))
