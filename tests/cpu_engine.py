@@ -67,6 +67,20 @@ def generate(llm, prompts, max_tokens=MAX_TOKENS):
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
+def recorded_run(llm, prompts, max_tokens=MAX_TOKENS) -> dict:
+    """``llm``'s greedy outputs, every draft its proposer made and its
+    SpecExtend counters; the engine is shut down after."""
+    from benchmarks.harness.drafter import DraftRecorder, drafter, stats
+
+    recorder = DraftRecorder(llm)
+    recorder.enabled = True
+    outputs = generate(llm, prompts, max_tokens=max_tokens)
+    run = dict(outputs=outputs, proposals=list(recorder.proposals.values()),
+               stats=stats(drafter(llm)))
+    shutdown(llm)
+    return run
+
+
 def shutdown(llm):
     llm.llm_engine.engine_core.shutdown()
     del llm

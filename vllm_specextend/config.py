@@ -470,20 +470,25 @@ def raise_if_prefill_window_unsupported(cfg: SpecExtendConfig,
             'which policy "full" never builds; use policy "cmr" or "streaming", '
             "or leave draft_prefill_window unset."
         )
+    _raise_if_not_a_draft_model_at_its_positions("draft_prefill_window", cfg, facts)
+
+
+def _raise_if_not_a_draft_model_at_its_positions(key: str, cfg: SpecExtendConfig,
+                                                 facts: EngineFacts) -> None:
+    """``key`` bounds a draft model's passes over a prompt, read at the
+    prompt's own positions."""
     if cfg.self_draft or facts.method != "draft_model":
         what = "self_draft" if cfg.self_draft else f"the {facts.method} head"
         raise SpecExtendConfigError(
-            "spec_extend.draft_prefill_window bounds a draft model's passes over "
-            f"a prompt; {what} writes no draft KV of its own there. Leave "
-            "draft_prefill_window unset."
+            f"spec_extend.{key} bounds a draft model's passes over a prompt; "
+            f"{what} writes no draft KV of its own there. Leave {key} unset."
         )
     if compaction_on(cfg, facts):
         raise SpecExtendConfigError(
-            "spec_extend.draft_prefill_window reads the prompt at its own "
-            "positions, but the draft's working set is compacted (a draft with "
-            "fewer positions than the target, or compact_positions: true). "
-            "Leave draft_prefill_window unset, or use a draft with the target's "
-            "positions."
+            f"spec_extend.{key} reads the prompt at its own positions, but the "
+            "draft's working set is compacted (a draft with fewer positions than "
+            f"the target, or compact_positions: true). Leave {key} unset, or use "
+            "a draft with the target's positions."
         )
 
 
@@ -518,13 +523,7 @@ def raise_if_prompt_pool_unsupported(cfg: SpecExtendConfig,
             "spec_extend.draft_prompt_pool and draft_prefill_window both bound "
             "the draft's pass over a prompt; set one of them."
         )
-    if cfg.self_draft or facts.method != "draft_model":
-        what = "self_draft" if cfg.self_draft else f"the {facts.method} head"
-        raise SpecExtendConfigError(
-            "spec_extend.draft_prompt_pool bounds a draft model's pass over a "
-            f"prompt; {what} writes no draft KV of its own there. Leave "
-            "draft_prompt_pool unset."
-        )
+    _raise_if_not_a_draft_model_at_its_positions("draft_prompt_pool", cfg, facts)
     budget = facts.max_num_batched_tokens
     need = pooled_pass_tokens(cfg, facts.num_speculative_tokens)
     if budget is not None and need > budget:
@@ -533,14 +532,6 @@ def raise_if_prompt_pool_unsupported(cfg: SpecExtendConfig,
             f"{need} tokens (sinks, pool and window) in one draft forward, more "
             f"than max_num_batched_tokens={budget}. Lower draft_prompt_pool, or "
             "raise --max-num-batched-tokens."
-        )
-    if compaction_on(cfg, facts):
-        raise SpecExtendConfigError(
-            "spec_extend.draft_prompt_pool reads the prompt at its own "
-            "positions, but the draft's working set is compacted (a draft with "
-            "fewer positions than the target, or compact_positions: true). "
-            "Leave draft_prompt_pool unset, or use a draft with the target's "
-            "positions."
         )
 
 

@@ -144,6 +144,9 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
         passes kept for them run now, before their blocks are handed out."""
         if self.deferral.holds_any(req_ids):
             self._run_kept_passes()
+        if getattr(self, "pools", None) is not None:
+            held = [self.state.slot_of(r) for r in req_ids]
+            self.pools.reset(np.array([s for s in held if s is not None], dtype=np.int64))
         self.state.release(req_ids)
         # Once the batch empties no draft step follows: publish now, or /metrics
         # would miss the last requests' counts until the next request.

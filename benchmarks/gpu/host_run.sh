@@ -558,6 +558,18 @@ PY
       'vocab-12288|/root/pair/target|{"draft_vocab": 12288}' \
       'window-2048|/root/pair/target|{"draft_prefill_window": 2048}'
     rc=$?; echo "options rc=$rc"; exit $rc ;;
+  pool45)
+    # What draft_prompt_pool costs in accepted tokens with real weights (issue
+    # #45): as `options`, CMR at a 512-token working set with no key, and with
+    # pools of 32 and 48 chunks (12% and 19% of an 8K prompt, as 128 chunks
+    # are of 32K; a pooled pass must fit the 2,048-token chunks). The GGUF
+    # travels first (`gguf`).
+    smollm2_target pool45 || exit 1
+    configs_side_by_side pool45 "none cmr" \
+      'none|/root/pair/target|{}' \
+      'pool-32|/root/pair/target|{"draft_prompt_pool": 32}' \
+      'pool-48|/root/pair/target|{"draft_prompt_pool": 48}'
+    rc=$?; echo "pool45 rc=$rc"; exit $rc ;;
   fp8draft)
     # What an fp8 draft costs in accepted tokens with real weights (issue
     # #26: +6.8% at 64K, batch 1, with the 1B shape): SmolLM2-135M-Instruct
@@ -634,5 +646,5 @@ PY
       --out "$OUT/copy_tasks_summary.json" > "$OUT/copy46_summary.log" 2>&1 || rc=$?
     tail -40 "$OUT/copy46_summary.log"
     echo "copy46 rc=$rc"; exit $rc ;;
-  *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|tp-tests|serve12|soak21|gguf|pair|eval|analyses|needle|grid23|copy46|options|fp8draft|viewattn|prefillfloor" >&2; exit 2 ;;
+  *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|tp-tests|serve12|soak21|gguf|pair|eval|analyses|needle|grid23|copy46|options|pool45|fp8draft|viewattn|prefillfloor" >&2; exit 2 ;;
 esac

@@ -12,11 +12,9 @@ deferral on and off the proposals must be equal: a kept pass keeps its window.
 from __future__ import annotations
 
 import pytest
-from cpu_engine import generate, make_llm, shutdown
+from cpu_engine import make_llm, recorded_run
 from test_lossless import CMR
 from test_prefill_deferral import CHUNKED, LENGTHS, MAX_TOKENS
-
-from benchmarks.harness.drafter import DraftRecorder, drafter, stats
 
 pytestmark = pytest.mark.engine
 
@@ -43,13 +41,7 @@ def _run(target, draft, prompts, window, defer=True):
 def _engine_run(target, draft, prompts, window, defer):
     llm = make_llm(target, draft, {**CMR, "draft_prefill_window": window,
                                    "defer_prefill_draft": defer}, **CHUNKED)
-    recorder = DraftRecorder(llm)
-    recorder.enabled = True
-    outputs = generate(llm, prompts, max_tokens=MAX_TOKENS)
-    run = dict(outputs=outputs, proposals=list(recorder.proposals.values()),
-               stats=stats(drafter(llm)))
-    shutdown(llm)
-    return run
+    return recorded_run(llm, prompts, MAX_TOKENS)
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,8 @@ large as every prompt's candidates must still be lossless.
 from __future__ import annotations
 
 import pytest
-from cpu_engine import generate, make_llm, plain_reference, shutdown
+from cpu_engine import make_llm, plain_reference, recorded_run
 from test_lossless import CMR
-
-from benchmarks.harness.drafter import DraftRecorder, drafter, stats
 
 pytestmark = pytest.mark.engine
 
@@ -33,13 +31,7 @@ def prompts(long_prompts):
 
 def _run(target, draft, prompts, chunked=CHUNKED, **spec_extend):
     llm = make_llm(target, draft, {**CMR, **spec_extend}, **chunked)
-    recorder = DraftRecorder(llm)
-    recorder.enabled = True
-    outputs = generate(llm, prompts, max_tokens=MAX_TOKENS)
-    run = dict(outputs=outputs, proposals=list(recorder.proposals.values()),
-               stats=stats(drafter(llm)))
-    shutdown(llm)
-    return run
+    return recorded_run(llm, prompts, MAX_TOKENS)
 
 
 @pytest.fixture(scope="module")
