@@ -147,20 +147,51 @@ def fit(pool: PoolRows, num_tokens: int, query_lens: np.ndarray, num_reqs: int,
     return full
 
 
+@dataclass
+class FirstPassPositions:
+    """Where the pooled rows' tokens sit in the draft's first forward.
+
+    vLLM's draft model builds that forward's positions itself, each row's
+    running on from its first token (``copy_and_expand_eagle_inputs_kernel``:
+    a row's queries are contiguous there), and its slot mapping from them; a
+    pooled row's are not. So after vLLM's ``set_inputs_first_pass`` the
+    proposer writes these: the rows' tokens and next tokens at ``index`` of
+    the forward take ``positions``, and slots through row ``rows``' table."""
+
+    index: torch.Tensor  # [m] int64, tokens of the first forward
+    positions: torch.Tensor  # [m] int64
+    rows: torch.Tensor  # [m] int64, their rows of the batch
+
+    def slots(self, block_table: torch.Tensor, block_size: int) -> torch.Tensor:
+        """The tokens' KV slots through the real table. [m] int64"""
+        blocks = block_table[self.rows, self.positions // block_size].long()
+        return blocks * block_size + self.positions % block_size
+
+    def apply(self, positions: torch.Tensor, cad, block_size: int) -> None:
+        """Into the forward's position buffer and its metadata's slots."""
+        positions[self.index] = self.positions.to(positions.dtype)
+        cad.slot_mapping[self.index] = self.slots(
+            cad.block_table_tensor, block_size).to(cad.slot_mapping.dtype)
+
+
 def substitute(pool: PoolRows, prompt_ids: list[torch.Tensor], token_ids, positions,
-               token_indices_to_sample, cad, block_size: int):
+               token_indices_to_sample, cad, block_size: int, extra_slots: int = 1):
     """The step's draft inputs with each pool row's query replaced by its
     pooled pass. ``prompt_ids[i]``: row ``pool.rows[i]``'s token ids up to its
-    ``seq`` (on the device). Returns ``(token_ids, positions,
-    token_indices_to_sample, cad)``; the other rows' tokens, and every row's
+    ``seq`` (on the device); ``extra_slots``: the tokens vLLM's draft model
+    adds to each row of its first forward (the next token). Returns
+    ``(token_ids, positions, token_indices_to_sample, cad, first_pass)``
+    (``FirstPassPositions``); the other rows' tokens, and every row's
     distance from its query's end to its sampled token, are unchanged."""
     num_reqs = cad.num_reqs
     qsl_cpu = cad.query_start_loc_cpu[: num_reqs + 1]
     old_lens = np.diff(qsl_cpu.numpy())  # [num_reqs]
     new_lens = old_lens.copy()
     new_lens[pool.rows] = pool.query_lens()
+    new_qsl = np.zeros(num_reqs + 1, dtype=np.int64)
+    np.cumsum(new_lens, out=new_qsl[1:])
     which = dict(zip(pool.rows.tolist(), range(pool.rows.size)))
-    tokens, pos = [], []
+    tokens, pos, fixed = [], [], []
     for r in range(num_reqs):
         i = which.get(r)
         if i is None:
@@ -171,10 +202,11 @@ def substitute(pool: PoolRows, prompt_ids: list[torch.Tensor], token_ids, positi
             p = pool.positions(i)
             tokens.append(prompt_ids[i][p].to(token_ids.dtype))
             pos.append(p.to(positions.dtype))
+            # In the first forward: the row's tokens, then its next token.
+            fixed.append((int(new_qsl[r]) + r * extra_slots, r, torch.cat(
+                [p, p.new_tensor([int(pool.seq[i])])])))
     token_ids = torch.cat(tokens)  # [num_tokens]
     positions = torch.cat(pos)  # [num_tokens]
-    new_qsl = np.zeros(num_reqs + 1, dtype=np.int64)
-    np.cumsum(new_lens, out=new_qsl[1:])
     qsl_cpu_new = torch.from_numpy(new_qsl.astype(np.int32))
     qsl = qsl_cpu_new.to(cad.query_start_loc.device, non_blocking=True)
     if token_indices_to_sample is not None:
@@ -204,4 +236,12 @@ def substitute(pool: PoolRows, prompt_ids: list[torch.Tensor], token_ids, positi
         _num_computed_tokens_cpu=computed,
         _num_computed_tokens_cache=None,
     )
-    return token_ids, positions, token_indices_to_sample, cad
+    device = positions.device
+    first_pass = FirstPassPositions(
+        index=torch.cat([start + torch.arange(p.numel(), device=device)
+                         for start, _, p in fixed]),
+        positions=torch.cat([p for _, _, p in fixed]).long(),
+        rows=torch.cat([torch.full((p.numel(),), r, device=device)
+                        for _, r, p in fixed]).long(),
+    )
+    return token_ids, positions, token_indices_to_sample, cad, first_pass

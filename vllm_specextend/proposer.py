@@ -49,7 +49,7 @@ from vllm_specextend.host_step import HostStep
 from vllm_specextend.kept_passes import KeptPasses
 from vllm_specextend.metrics import SpecExtendStats, StatsReporter
 from vllm_specextend.planner import BatchLens
-from vllm_specextend.prompt_pool import fit, substitute
+from vllm_specextend.prompt_pool import FirstPassPositions, fit, substitute
 from vllm_specextend.reconfigure import Reconfigurable
 from vllm_specextend.replicated import ReplicatedDraft
 from vllm_specextend.retriever import Retriever
@@ -90,6 +90,7 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
             compat.copy_outputs_after_sampling(runner)
         self._view: View | None = None
         self._first_view: View | None = None
+        self._first_pass: FirstPassPositions | None = None
         self.capture = DraftCapture(self)
         self.retriever = Retriever(self.cfg, None, self.staging, device)
         self._num_score_layers: int | None = None  # the target's, once loaded
@@ -232,7 +233,7 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
                 slot_mappings=slot_mappings,
             )
         finally:
-            self._view = self._first_view = None
+            self._view = self._first_view = self._first_pass = None
             self._report()
 
     def _pooled_inputs(self, step, first: int, token_ids, positions,
@@ -264,9 +265,10 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
             first_view = self.view_builder.pooled_pass(
                 step.params, full, step.slots_dev, step.block_table
             ).rows(first, first + cad.num_reqs)
-        return (*substitute(pool.shifted(first), prompt_ids, token_ids, positions,
-                            token_indices_to_sample, cad, self.block_size),
-                first_view)
+        *inputs, self._first_pass = substitute(
+            pool.shifted(first), prompt_ids, token_ids, positions,
+            token_indices_to_sample, cad, self.block_size, self.extra_slots_per_request)
+        return (*inputs, first_view)
 
     def _pre_pass(self, view, pool, i, first, prompt_ids, token_ids, positions,
                   cad, next_token_ids) -> None:
@@ -283,9 +285,9 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
         tokens = slice(int(qsl[row]), int(qsl[row + 1]))
         alone = pool.take([i]).shifted(int(pool.rows[i]))
         alone.full = np.ones(1, dtype=bool)
-        token_ids, positions, _, one = substitute(
+        token_ids, positions, _, one, self._first_pass = substitute(
             alone, [prompt_ids], token_ids[tokens], positions[tokens], None, one,
-            self.block_size)
+            self.block_size, self.extra_slots_per_request)
         self.stats.pooled_passes_alone += 1
         k, saved = self.num_speculative_tokens, self._view
         self._view, self._first_view = None, view.rows(row + first, row + first + 1)
@@ -294,7 +296,7 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
                                  next_token_ids[row:row + 1], None, one)
         finally:
             self.num_speculative_tokens, self._view = k, saved
-            self._first_view = None
+            self._first_view = self._first_pass = None
 
     def _prompt_ids(self, row: int, seq: int) -> torch.Tensor:
         """Batch row ``row``'s first ``seq`` token ids, on the device."""
@@ -327,6 +329,18 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
             for metadata in per_group:
                 compat.set_attn_splits(metadata, self._tuning.attn_splits)
         return per_group, per_layer
+
+    @override
+    def set_inputs_first_pass(self, *args, **kwargs):
+        # vLLM numbers each row's first-forward tokens on from the row's first
+        # one; a pooled pass's rows are not contiguous: their own positions
+        # and slots go in after (``prompt_pool.FirstPassPositions``).
+        num_tokens, token_indices_to_sample, cad = super().set_inputs_first_pass(
+            *args, **kwargs)
+        first_pass, self._first_pass = self._first_pass, None
+        if first_pass is not None:
+            first_pass.apply(self.positions, cad, self.block_size)
+        return num_tokens, token_indices_to_sample, cad
 
     @override
     def _greedy_sample(self, hidden_states: torch.Tensor) -> torch.Tensor:

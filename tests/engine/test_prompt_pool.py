@@ -13,8 +13,11 @@ large as every prompt's candidates must still be lossless.
 from __future__ import annotations
 
 import pytest
-from cpu_engine import make_llm, plain_reference, recorded_run
+import torch
+from cpu_engine import generate, make_llm, plain_reference, recorded_run, shutdown
 from test_lossless import CMR
+
+from benchmarks.harness.drafter import drafter
 
 pytestmark = pytest.mark.engine
 
@@ -65,3 +68,55 @@ def test_pooled_passes_too_many_for_one_forward_pass_alone(
     assert pooled["stats"]["pooled_prompt_passes"] == 3
     assert pooled["stats"]["pooled_passes_alone"] >= 1
     assert pooled["outputs"] == plain
+
+
+def _draft_kv_at_prompt_end(target, draft, prompt, spec_extend):
+    """The draft's first layer's KV blocks of ``prompt`` right after the step
+    that ends it, and (pooled) the pool's chunks and the window's start."""
+    from vllm_specextend import compat
+
+    llm = make_llm(target, draft, {**CMR, **spec_extend}, **CHUNKED)
+    proposer = drafter(llm)
+    layer = compat.attention_layer(proposer.vllm_config,
+                                   sorted(proposer._draft_attn_layer_names)[0])
+    propose, seen = proposer.propose, {}
+
+    def recording(*args, **kwargs):
+        drafts = propose(*args, **kwargs)
+        cad = args[6] if len(args) > 6 else kwargs["common_attn_metadata"]
+        seq = int(compat.batch_seq_lens_cpu(proposer.runner, 1)[0])
+        if not seen and seq >= len(prompt):
+            blocks = cad.block_table_tensor[0, : len(prompt) // proposer.block_size]
+            seen["kv"] = compat.layer_kv_cache(layer)[blocks.long()].clone()
+            slot = proposer.state.slot_of(compat.batch_req_ids(proposer.runner, 1)[0])
+            if proposer.pools is not None:
+                seen["pool"] = proposer.pools.chunks[slot].tolist()
+                seen["window_start"] = int(proposer.state.window_start[slot])
+        return drafts
+
+    proposer.propose = recording
+    generate(llm, [prompt], max_tokens=4)
+    shutdown(llm)
+    return seen
+
+
+def test_the_pooled_pass_writes_the_draft_kv_where_its_views_read(
+        tiny_target, tiny_draft, long_prompts):
+    """A first layer's keys and values depend on a token and its position
+    only: after the pooled pass the draft's first-layer KV of the sinks, the
+    pool's chunks and the window's whole blocks is the full pass's, and the
+    blocks of the other chunks were never written."""
+    prompt = long_prompts([1500])[0]
+    full = _draft_kv_at_prompt_end(tiny_target, tiny_draft, prompt, {})
+    pooled = _draft_kv_at_prompt_end(tiny_target, tiny_draft, prompt,
+                                     {"draft_prompt_pool": POOL})
+    per_chunk = 1  # 32-token chunks of 32-token blocks (the CPU engines' block size)
+    sinks = CMR.get("sink_tokens", 32) // 32
+    window = range(pooled["window_start"] // 32, len(prompt) // 32)
+    read = set(range(sinks)) | set(pooled["pool"]) | set(window)
+    assert len(pooled["pool"]) == POOL and len(window) > 0
+    for chunk in range(len(prompt) // 32):
+        blocks = slice(chunk * per_chunk, (chunk + 1) * per_chunk)
+        same = torch.allclose(pooled["kv"][blocks], full["kv"][blocks],
+                              rtol=1e-4, atol=1e-5)
+        assert same == (chunk in read), f"chunk {chunk}"

@@ -80,8 +80,8 @@ def test_substitute_replaces_the_pooled_rows_query_only():
     prompt = torch.arange(5000, 5200)  # row 1's token ids: 5000 + position
     sample = torch.tensor([1, 130, 132])  # row 0 samples one before its end
     pool = _pool()
-    tokens, pos, sample, new = substitute(pool, [prompt], token_ids, positions,
-                                          sample, cad, block_size=16)
+    tokens, pos, sample, new, first = substitute(pool, [prompt], token_ids, positions,
+                                                 sample, cad, block_size=16)
     n = 136
     assert new.query_start_loc_cpu.tolist() == [0, 3, 3 + n, 5 + n]
     assert new.query_start_loc.tolist() == [0, 3, 3 + n, 5 + n]
@@ -96,6 +96,30 @@ def test_substitute_replaces_the_pooled_rows_query_only():
     assert torch.equal(new.slot_mapping[:3], 50 + torch.arange(3) + 3 * 16 - 48)
     assert torch.equal(new.seq_lens, cad.seq_lens), "contexts unchanged"
     assert new._num_computed_tokens_cpu.tolist() == [50, 200 - n, 30]
+    # vLLM's first forward: row 1's tokens after row 0's 3 + 1 (its next
+    # token), then its own next token at position 200.
+    assert first.index.tolist() == list(range(4, 4 + n + 1))
+    assert first.positions.tolist() == pool.positions(0).tolist() + [200]
+    assert set(first.rows.tolist()) == {1}
+
+
+def test_the_first_forwards_positions_and_slots_are_the_pooled_rows_own():
+    """vLLM numbers a row's first-forward tokens on from its first one; the
+    pooled row's own positions and slots replace those."""
+    cad = _cad([3, 128, 2], [53, 200, 32])
+    pool = _pool()
+    n = 136
+    *_, new, first = substitute(pool, [torch.arange(5000, 5200)],
+                                torch.arange(133), torch.arange(133), None, cad, 16)
+    buffer = torch.arange(3 + n + 2 + 3)  # vLLM's contiguous numbering, 1 slot a row
+    new.slot_mapping = torch.full((3 + n + 2 + 3,), -1, dtype=torch.int64)
+    first.apply(buffer, new, block_size=16)
+    p = pool.positions(0).tolist() + [200]
+    assert buffer[4:4 + n + 1].tolist() == p
+    assert buffer[:4].tolist() == [0, 1, 2, 3], "the other rows as vLLM set them"
+    p = torch.tensor(p)
+    assert torch.equal(new.slot_mapping[4:4 + n + 1], (100 + p // 16) * 16 + p % 16)
+    assert (new.slot_mapping[:4] == -1).all()
 
 
 @pytest.mark.parametrize("capacity, full", [(400, [True, True]), (250, [True, False]),
