@@ -239,6 +239,7 @@ class EngineFacts:
     """The target's attention layers (vLLM's count; None if unknown)."""
     max_num_batched_tokens: int | None = None
     """The scheduler's token budget a step, the drafter's buffers' size."""
+    data_parallel_size: int = 1
 
 
 def compaction_on(cfg: SpecExtendConfig, facts: EngineFacts) -> bool:
@@ -524,6 +525,21 @@ def raise_if_prompt_pool_unsupported(cfg: SpecExtendConfig,
             "the draft's pass over a prompt; set one of them."
         )
     _raise_if_not_a_draft_model_at_its_positions("draft_prompt_pool", cfg, facts)
+    if facts.data_parallel_size > 1:
+        raise SpecExtendConfigError(
+            "spec_extend.draft_prompt_pool drops and adds draft forwards on one "
+            "engine, but data parallel ranks run every draft forward together "
+            f"(data_parallel_size={facts.data_parallel_size}). Leave "
+            "draft_prompt_pool unset."
+        )
+    if facts.num_speculative_tokens >= cfg.chunk_size:
+        raise SpecExtendConfigError(
+            f"spec_extend.draft_prompt_pool needs num_speculative_tokens "
+            f"({facts.num_speculative_tokens}) below chunk_size ({cfg.chunk_size}): "
+            "the window's start moves back by up to K tokens, and the pool must "
+            "still have its chunks before it. Raise chunk_size, or leave "
+            "draft_prompt_pool unset."
+        )
     budget = facts.max_num_batched_tokens
     need = pooled_pass_tokens(cfg, facts.num_speculative_tokens)
     if budget is not None and need > budget:

@@ -459,6 +459,8 @@ def test_draft_prompt_pool_must_be_a_positive_integer(value):
     ({"policy": "streaming"}, {}, 'policy "streaming" never ranks'),
     ({"top_k": 64}, {}, "below top_k=64"),
     ({"draft_prefill_window": 2048}, {}, "set one of them"),
+    ({}, {"data_parallel_size": 2}, "data parallel ranks"),
+    ({"chunk_size": 16}, {"num_speculative_tokens": 16}, "below chunk_size"),
 ])
 def test_validate_engine_refuses_a_prompt_pool_it_cannot_serve(cfg, facts, match):
     cfg = SpecExtendConfig(draft_prompt_pool=32, **cfg)

@@ -40,6 +40,7 @@ def engine_facts(vllm_config) -> dict[str, Any]:
             else spec.draft_model_config.model
         ),
         num_target_attention_layers=_num_attention_layers(vllm_config),
+        data_parallel_size=getattr(vllm_config.parallel_config, "data_parallel_size", 1),
         max_num_batched_tokens=getattr(
             getattr(vllm_config, "scheduler_config", None), "max_num_batched_tokens", None
         ),
