@@ -91,22 +91,27 @@ def _selections_and_stats(worker):
     proposer = worker_drafter(worker)
     heads = {m.num_kv_heads for m in proposer.model.modules()
              if hasattr(m, "num_kv_heads") and hasattr(m, "impl")}
-    return proposer.test_selections, stats(proposer), proposer.draft_placement, heads
+    pools = None if proposer.pools is None else proposer.pools.chunks.tolist()
+    return (proposer.test_selections, stats(proposer), proposer.draft_placement, heads,
+            pools)
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core per TP rank")
-@pytest.mark.parametrize("placement", ["sharded", "replicated"])
+@pytest.mark.parametrize("placement, pool", [("sharded", None), ("replicated", None),
+                                             ("sharded", 8)])
 def test_tensor_parallel_ranks_agree(tiny_target, tiny_draft, prompts, plain_outputs,
-                                     monkeypatch, placement):
+                                     monkeypatch, placement, pool):
     # Each rank scores its own KV heads; the reduced scores must give every rank
     # the same chunks, or the ranks' drafts would attend to different KV.
     # The draft routine runs on its static buffers ("static": the body a GPU
     # captures, collectives included), as every rank must take the same
     # replay-or-eager decision. Replicated: each rank holds the whole draft
-    # (all its KV heads) and drafts the same tokens.
+    # (all its KV heads) and drafts the same tokens. With a prompt pool
+    # (draft_prompt_pool) every rank must pool the same chunks.
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     llm = make_llm(tiny_target, tiny_draft,
-                   {**CMR, "draft_graph": "static", "draft_placement": placement},
+                   {**CMR, "draft_graph": "static", "draft_placement": placement,
+                    "draft_prompt_pool": pool},
                    tensor_parallel_size=2, distributed_executor_backend="mp")
     llm.collective_rpc(_record_selections)
     outputs = generate(llm, prompts)
@@ -115,9 +120,11 @@ def test_tensor_parallel_ranks_agree(tiny_target, tiny_draft, prompts, plain_out
 
     assert outputs == plain_outputs
     assert len(per_rank) == 2
-    (sel0, stats0, where0, heads0), (sel1, stats1, where1, heads1) = per_rank
+    (sel0, stats0, where0, heads0, pools0), (sel1, stats1, where1, heads1, pools1) = per_rank
     assert sel0 and sel0 == sel1
+    assert pools0 == pools1
     assert stats0["view_rows"] > 0 and stats0["graph_steps"] > 0
+    assert (stats0["pooled_prompt_passes"] > 0) == (pool is not None)
     stats0.pop("scoring_seconds"), stats1.pop("scoring_seconds")
     assert stats0 == stats1
     assert where0 == where1 == placement

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cpu_engine import generate, make_llm, plain_reference, recorded_run, shutdown
+from cpu_engine import counter, generate, make_llm, plain_reference, recorded_run, shutdown
 from test_lossless import CMR
 
-from benchmarks.harness.drafter import drafter
+from benchmarks.harness.drafter import drafter, stats
 
 pytestmark = pytest.mark.engine
 
@@ -68,6 +68,26 @@ def test_pooled_passes_too_many_for_one_forward_pass_alone(
     assert pooled["stats"]["pooled_prompt_passes"] == 3
     assert pooled["stats"]["pooled_passes_alone"] >= 1
     assert pooled["outputs"] == plain
+
+
+def test_a_pooled_prompt_served_from_the_prefix_cache_stays_lossless(
+        tiny_target, tiny_draft, prompts):
+    """The same prompt twice, one after the other: the second finds the
+    first's blocks cached (their draft KV pooled by the first) and pools
+    again over them."""
+    prompt = prompts[:1]
+    plain = plain_reference(tiny_target, prompt, MAX_TOKENS)
+    llm = make_llm(tiny_target, tiny_draft, {**CMR, "draft_prompt_pool": POOL},
+                   **CHUNKED)
+    first = generate(llm, prompt, max_tokens=MAX_TOKENS)
+    again = generate(llm, prompt, max_tokens=MAX_TOKENS)
+    hits = counter(llm, "vllm:prefix_cache_hits")
+    pooled = stats(drafter(llm))["pooled_prompt_passes"]
+    shutdown(llm)
+
+    assert hits > 0
+    assert pooled == 2
+    assert first == again == plain
 
 
 def _draft_kv_at_prompt_end(target, draft, prompt, spec_extend):
