@@ -72,7 +72,8 @@ class HostStep:
         if pool is not None:
             drafting[pool.rows] = True  # through their selection, as decode rows
         params = builder.params(seq, drafting, slots, self.stats, lens.q_start)
-        return Step(lens, drafting, slots, slots_dev, params, pool)
+        return Step(lens, drafting, slots, slots_dev, params, pool,
+                    cad.block_table_tensor)
 
     def _pool_rows(self, request, lens: BatchLens, slots) -> PoolRows | None:
         """The rows that end a pooled prompt this step (``draft_prompt_pool``)."""

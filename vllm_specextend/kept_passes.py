@@ -153,7 +153,6 @@ class KeptPasses:
         tokens, pos = token_ids[tokens_d], positions[..., tokens_d]
         if pooled_step is not None:
             # Pooled prompts end in the drafting rows (the kept ones end none).
-            pooled_step.block_table = cad.block_table_tensor
             tokens, pos, sample, cad_d, self._first_view = self._pooled_inputs(
                 pooled_step, drafting.start, tokens, pos, sample, cad_d,
                 next_token_ids[drafting])

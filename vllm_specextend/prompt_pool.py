@@ -26,6 +26,7 @@ Pure torch and numpy; no vLLM import (``substitute`` replaces fields of the
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,8 +136,7 @@ def fit(pool: PoolRows, num_tokens: int, query_lens: np.ndarray, num_reqs: int,
     ``capacity``. The others run theirs first, each alone (``pre_pass``).
     ``query_lens``: the rows' query lengths now. [n] bool"""
     grown = pool.query_lens() - query_lens[pool.rows]
-    rest = pool.take(slice(None))
-    rest.full = np.zeros(pool.rows.size, dtype=bool)
+    rest = dataclasses.replace(pool, full=np.zeros(pool.rows.size, dtype=bool))
     shrunk = rest.query_lens() - query_lens[pool.rows]
     total = num_tokens + num_reqs + int(shrunk.sum())
     full = np.zeros(pool.rows.size, dtype=bool)

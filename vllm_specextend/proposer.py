@@ -33,6 +33,7 @@ caching, preemption and later full-context steps remain exact.
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -203,7 +204,6 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
                     num_rejected_tokens_gpu, step if pooled else None)
             if pooled:
                 # Rows end a pooled prompt: their first forward is its pass.
-                step.block_table = cad.block_table_tensor
                 (target_token_ids, target_positions, token_indices_to_sample, cad,
                  self._first_view) = self._pooled_inputs(
                     step, 0, target_token_ids, target_positions,
@@ -252,8 +252,7 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
                                           strict=True)]
         alone = np.flatnonzero(~pool.full)
         if alone.size:
-            every = pool.take(slice(None))
-            every.full = np.ones(pool.rows.size, dtype=bool)
+            every = dataclasses.replace(pool, full=np.ones(pool.rows.size, dtype=bool))
             view = self.view_builder.pooled_pass(step.params, every, step.slots_dev,
                                                  step.block_table)
             for i in alone.tolist():
@@ -283,8 +282,8 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
             one, _ = compat.split_rows(one, self.runner, 1)
         qsl = cad.query_start_loc_cpu
         tokens = slice(int(qsl[row]), int(qsl[row + 1]))
-        alone = pool.take([i]).shifted(int(pool.rows[i]))
-        alone.full = np.ones(1, dtype=bool)
+        alone = dataclasses.replace(pool.take([i]).shifted(int(pool.rows[i])),
+                                    full=np.ones(1, dtype=bool))
         token_ids, positions, _, one, self._first_pass = substitute(
             alone, [prompt_ids], token_ids[tokens], positions[tokens], None, one,
             self.block_size, self.extra_slots_per_request)

@@ -25,6 +25,7 @@ Pure torch and numpy; no vLLM import (``apply`` replaces fields of the
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -289,19 +290,19 @@ class ViewBuilder:
         offsets = params.offsets.copy()
         prefix = (self.sink_blocks + n * self.blocks_per_chunk) * self.block_size
         offsets[rows] = pool.window_start - prefix
-        num_selected_d, window_block_d, offsets_d, rows_d = self.staging.to_device(
-            num_selected, params.window_block, offsets, rows)
+        (rows_d,) = self.staging.to_device(rows)
         chunks = self.state.selected_chunks[slots_dev]  # [num_reqs, top_k]
         if n > chunks.shape[1]:
             chunks = torch.nn.functional.pad(chunks, (0, n - chunks.shape[1]))
         chunks = chunks.index_copy(0, rows_d, pool.chunks.to(chunks.dtype))
-        table, _ = build_view(block_table, self.sink_blocks, num_selected_d,
-                              window_block_d, chunks, self.blocks_per_chunk)
-        return View(table, offsets_d.to(torch.int32),
-                    torch.from_numpy(offsets.astype(np.int32)))
+        params = dataclasses.replace(params, num_selected=num_selected, offsets=offsets)
+        return self.gather(params, None, slots_dev, block_table, None, chunks)
 
-    def gather(self, params: ViewParams, slots, slots_dev, block_table, stats) -> View:
-        """The device half: one gather of the real table for the whole batch."""
+    def gather(self, params: ViewParams, slots, slots_dev, block_table, stats,
+               chunks: torch.Tensor | None = None) -> View:
+        """The device half: one gather of the real table for the whole batch.
+        ``chunks`` [num_reqs, >= top_k]: each row's chunk ids, in place of its
+        selection (a pooled pass's view, ``pooled_pass``; no compaction)."""
         num_selected_d, window_block_d, offsets_d = self.staging.to_device(
             params.num_selected, params.window_block, params.offsets
         )
@@ -310,7 +311,7 @@ class ViewBuilder:
             self.sink_blocks,
             num_selected_d,
             window_block_d,
-            self.state.selected_chunks[slots_dev],  # [num_reqs, top_k]
+            self.state.selected_chunks[slots_dev] if chunks is None else chunks,
             self.blocks_per_chunk,
         )
         if self.compactor is not None:
