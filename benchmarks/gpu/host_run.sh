@@ -390,6 +390,8 @@ PY
     # head with 64K positions; draft_model rows then say eagle3). The calls of
     # one table go to one warm machine; merge them here:
     # python -m benchmarks.merge_results OUT/results.json serve12_*/results.json
+    # SERVE_STARTUP_TIMEOUT: a server's start limit (300 s; the 70B at TP=4
+    # with Ray and a draft takes longer: 600).
     # The bench runs under SERVE_TIMEOUT (480 s); stopping its server takes up
     # to 70 s more: give the call's own timeout at least SERVE_TIMEOUT + 100.
     # Concurrency 16 at 16K with a server start of 2-4 min does not fit a call
@@ -448,7 +450,7 @@ PY
       --draft $M/$draft --method $method --tokenizer .gpu/tokenizer --modes $mode
       --workloads $wl --input-lens $len $(serve_traffic)
       --runs 3 --acceptance-length 3.0 ${SERVE_SPEC_EXTEND:+--spec-extend "$SERVE_SPEC_EXTEND"}
-      --startup-timeout 300 --run-timeout 240 --out-dir "$res"
+      --startup-timeout ${SERVE_STARTUP_TIMEOUT:-300} --run-timeout 240 --out-dir "$res"
       -- --load-format dummy --max-model-len $((len + 1024 + 256)) $(tp_flags "$tp" "$executor"))
     if [ "$detach" = 1 ]; then
       detached "$dir" ${SERVE_WAIT_S:-540} "${cmd[@]}" || exit 0
