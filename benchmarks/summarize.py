@@ -90,7 +90,7 @@ def _ttft(run: dict, batch: int) -> float | None:
 
 def variant(result: dict, mode: str, row: dict | None = None) -> str | None:
     """The tuning switches a mode's engine or server ran with, e.g.
-    ``SPECEXTEND_DRAFT_AOT=0``, and what the file's plugin config set beyond
+    ``SPECEXTEND_DRAFT_AOT=0`` (or vLLM's ``VLLM_TEST_FORCE_FP8_MARLIN=1``), and what the file's plugin config set beyond
     the speed benches' (``draft_vocab=32768``); None where neither (the
     defaults of the file's commit). A serving row names its own server's
     switches (a merged file can hold the same mode with and without one);
@@ -106,6 +106,7 @@ def variant(result: dict, mode: str, row: dict | None = None) -> str | None:
         for e in result.get("engines", []) + result.get("servers", []):
             if e.get("mode") == mode:
                 env.update(e.get("plugin_env") or {})
+                env.update(e.get("vllm_env") or {})
     config = config_switches(_plugin_config(result, mode))
     return " ".join(v for v in (tuning_switches(env), config) if v) or None
 

@@ -8,18 +8,14 @@ drafts only from device tensors and plans from host lengths that are upper
 bounds under async scheduling (``planner``, ``draft_graph.blocker``), so it
 asks for it: on one H100 at 32K and batch 1 the eager draft path ran 145
 instead of 127 tok/s with it (``../shared/docs/draft-graphs.md``).
-``--no-async-scheduling`` keeps it off.
+``--no-async-scheduling`` keeps it off. Under Ray it holds for vLLM's v2
+executor (its default), not for the v1 one.
 """
 
 from __future__ import annotations
 
 from vllm_specextend import compat
 from vllm_specextend.config import ADDITIONAL_CONFIG_KEY
-
-ASYNC_EXECUTORS = (None, "mp", "uni", "external_launcher")
-"""Executor backends of vLLM 0.26 that support async scheduling (``None``
-resolves to one of them on a single host); Ray's does not."""
-
 
 def async_by_default(args) -> bool:
     """Before vLLM resolves ``args`` (its ``EngineArgs``): ask for async
@@ -28,8 +24,8 @@ def async_by_default(args) -> bool:
         return False
     if args.async_scheduling is not None or compat.is_cpu_platform():
         return False  # the user's choice; vLLM's CPU platform has none
-    if args.distributed_executor_backend not in ASYNC_EXECUTORS:
-        return False
+    if not compat.executor_supports_async(args.distributed_executor_backend):
+        return False  # vLLM would refuse it
     args.async_scheduling = True
     compat.logger.info(
         "SpecExtend: async scheduling on (vLLM leaves it off for draft models; "

@@ -75,6 +75,12 @@ def plugin_env() -> dict[str, str]:
 TUNING_PREFIXES = ("SPECEXTEND_DRAFT_", "SPECEXTEND_EARLY_")
 """The plugin's tuning switches (``tuning.DraftTuning``) among its variables."""
 
+VLLM_KERNEL_SWITCHES = ("VLLM_TEST_FORCE_FP8_MARLIN", "VLLM_FLASHINFER_ALLREDUCE_BACKEND")
+"""vLLM variables that choose other kernels for a whole engine (an engine's
+``vllm_env``): a run with one set is a variant, as with a tuning switch.
+``VLLM_ALLREDUCE_USE_SYMM_MEM=0``, set in every mode at TP on these hosts,
+is not one."""
+
 
 SPEED_SPEC_EXTEND = {"top_k": 32, "recent_tokens": 256}
 """The plugin config of the speed benches (``bench_decode``, ``bench_serve``):
@@ -98,9 +104,11 @@ def config_switches(spec_extend: str | dict | None) -> str | None:
 
 
 def tuning_switches(env: dict[str, str] | None) -> str | None:
-    """The tuning switches set in ``env`` (a ``plugin_env()``), e.g.
-    ``SPECEXTEND_DRAFT_AOT=0``; None where none is (the commit's defaults)."""
-    found = {k: v for k, v in (env or {}).items() if k.startswith(TUNING_PREFIXES)}
+    """The tuning switches set in ``env`` (a ``plugin_env()``, and an
+    engine's ``VLLM_KERNEL_SWITCHES``), e.g. ``SPECEXTEND_DRAFT_AOT=0``; None
+    where none is (the commit's defaults)."""
+    found = {k: v for k, v in (env or {}).items()
+             if k.startswith(TUNING_PREFIXES) or k in VLLM_KERNEL_SWITCHES}
     return " ".join(f"{k}={v}" for k, v in sorted(found.items())) or None
 
 

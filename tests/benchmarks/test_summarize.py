@@ -202,6 +202,21 @@ def test_tuning_variants_stay_out_of_the_headline(results):
     assert "999" not in text and "[200 (180–210)]" in text
 
 
+def test_vllm_kernel_switches_make_a_variant(results):
+    """A run whose engines chose other vLLM kernels (fp8 Marlin forced, say)
+    is a variant of its file's modes, the baseline's too; the TP hosts'
+    standing ``VLLM_ALLREDUCE_USE_SYMM_MEM=0`` is not one."""
+    ab = _decode("z", [_decode_row("plain", [11.0]), _decode_row("spec_extend", [999.0])])
+    env = {"VLLM_TEST_FORCE_FP8_MARLIN": "1", "VLLM_ALLREDUCE_USE_SYMM_MEM": "0"}
+    ab["engines"] = [{"mode": m, "plugin_env": {}, "vllm_env": env}
+                     for m in ("plain", "spec_extend")]
+    (results / "decode" / "20261209T0000Z_marlin.json").write_text(json.dumps(ab))
+    rows = summarize.summarize(results)
+    assert [r["variant"] for r in rows if r["file"].endswith("_marlin.json")] == [
+        "VLLM_TEST_FORCE_FP8_MARLIN=1"] * 2
+    assert "999" not in summarize.render(rows, results / "docs")
+
+
 def test_serving_variants_stay_out_of_the_headline(results):
     """A server started with a tuning switch set (an A/B of
     SPECEXTEND_EARLY_OUTPUT_COPY, say) gives variant rows."""

@@ -21,8 +21,15 @@ def gpu_platform(monkeypatch):
     monkeypatch.setattr(scheduling.compat, "is_cpu_platform", lambda: False)
 
 
-@pytest.mark.usefixtures("gpu_platform")
-@pytest.mark.parametrize("backend", [None, "mp", "uni"])
+@pytest.fixture
+def ray_v2(monkeypatch):
+    """vLLM 0.26's default Ray executor: the v2 one (multiprocessing)."""
+    monkeypatch.setenv("VLLM_USE_RAY_V2_EXECUTOR_BACKEND", "1")
+    scheduling.compat.reread_env()
+
+
+@pytest.mark.usefixtures("gpu_platform", "ray_v2")
+@pytest.mark.parametrize("backend", [None, "mp", "uni", "ray"])
 def test_spec_extend_turns_async_scheduling_on(backend):
     args = _args(backend=backend)
     assert scheduling.async_by_default(args)
@@ -30,11 +37,26 @@ def test_spec_extend_turns_async_scheduling_on(backend):
 
 
 @pytest.mark.usefixtures("gpu_platform")
+@pytest.mark.parametrize("v2", ["1", "0"])
+def test_ray_follows_the_executor_vllm_picks(monkeypatch, v2):
+    """What the plugin asks for under Ray is what vLLM's executor class for
+    Ray supports (v2: yes; the v1 compiled-DAG executor: no)."""
+    from vllm.v1.executor.ray_executor import RayDistributedExecutor
+    from vllm.v1.executor.ray_executor_v2 import RayExecutorV2
+
+    monkeypatch.setenv("VLLM_USE_RAY_V2_EXECUTOR_BACKEND", v2)
+    scheduling.compat.reread_env()
+    executor = RayExecutorV2 if v2 == "1" else RayDistributedExecutor
+    args = _args(backend="ray")
+    assert scheduling.async_by_default(args) is executor.supports_async_scheduling()
+
+
+@pytest.mark.usefixtures("gpu_platform")
 @pytest.mark.parametrize("args", [
     _args(async_scheduling=False),  # --no-async-scheduling stands
     _args(spec_extend=False),  # not our engine
-    _args(backend="ray"),  # Ray's executor has no async scheduling
-], ids=["user-off", "no-plugin", "ray"])
+    _args(backend="external"),  # an executor vLLM would refuse it for
+], ids=["user-off", "no-plugin", "other-executor"])
 def test_left_alone(args):
     before = args.async_scheduling
     assert not scheduling.async_by_default(args)

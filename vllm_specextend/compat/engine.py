@@ -122,3 +122,21 @@ def is_cpu_platform() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
+
+
+def executor_supports_async(backend) -> bool:
+    """Whether the executor vLLM picks for ``--distributed-executor-backend
+    backend`` overlaps scheduling with the step (async scheduling).
+
+    vLLM 0.26: ``Executor.get_class`` and its ``supports_async_scheduling``.
+    ``None`` resolves to ``uni`` or ``mp``; ``ray`` is Ray's v2 executor, a
+    multiprocessing executor that supports it, unless
+    ``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0`` picks the v1 (compiled DAG) one,
+    which does not. (A server at TP=4 with Ray ran without async scheduling
+    when the plugin took Ray's for the v1 executor, 2026-11-28.)
+    """
+    if backend == "ray":
+        from vllm import envs
+
+        return bool(envs.VLLM_USE_RAY_V2_EXECUTOR_BACKEND)
+    return backend in (None, "mp", "uni", "external_launcher")
