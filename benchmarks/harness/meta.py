@@ -145,5 +145,17 @@ def device(meta: dict) -> str:
         name = meta.get("gpu") or "?"
     if name == "cpu":
         name = "CPU"
-    tp = (meta.get("config") or {}).get("tensor_parallel_size") or 1
+    tp = _tensor_parallel_size(meta.get("config") or {})
     return f"{name} ×{tp} (TP={tp})" if tp > 1 else name
+
+
+def _tensor_parallel_size(config: dict) -> int:
+    """A decode bench's ``tensor_parallel_size``, or the serving bench's
+    ``--tensor-parallel-size`` among the flags it passed its servers."""
+    if config.get("tensor_parallel_size"):
+        return int(config["tensor_parallel_size"])
+    args = config.get("serve_args") or []
+    for flag in ("--tensor-parallel-size", "-tp"):
+        if flag in args[:-1]:
+            return int(args[args.index(flag) + 1])
+    return 1

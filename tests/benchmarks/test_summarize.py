@@ -217,6 +217,16 @@ def test_vllm_kernel_switches_make_a_variant(results):
     assert "999" not in summarize.render(rows, results / "docs")
 
 
+def test_a_server_across_gpus_names_its_tp_degree():
+    """A serving file's servers at TP=4 (``serve_args``) are not a one-GPU
+    cell: its device says the degree, as a decode file's does."""
+    meta = {"hardware": {"device": "NVIDIA H200"},
+            "config": {"serve_args": ["--load-format", "dummy", "--tensor-parallel-size", "4"]}}
+    assert summarize.device(meta) == "NVIDIA H200 ×4 (TP=4)"
+    assert summarize.device({**meta, "config": {"serve_args": ["--max-model-len", "9"]}}) \
+        == "NVIDIA H200"
+
+
 def test_serving_variants_stay_out_of_the_headline(results):
     """A server started with a tuning switch set (an A/B of
     SPECEXTEND_EARLY_OUTPUT_COPY, say) gives variant rows."""
