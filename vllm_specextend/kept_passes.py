@@ -187,23 +187,28 @@ class KeptPasses:
         before the runner's step (``on_requests_done``, block copies)."""
         if not len(self.deferral):
             return
-        k = getattr(self, "num_speculative_tokens", None)
         passes = self.deferral.take()
         try:
             while passes:
                 kept = passes[0]
                 self._view = kept.view  # the funnel reads through it
-                self._greedy_propose(
-                    0, kept.token_ids, kept.positions, None, kept.next_token_ids,
-                    None, kept.common_attn_metadata,
-                )
+                self._first_pass_only(kept.token_ids, kept.positions,
+                                      kept.next_token_ids, kept.common_attn_metadata)
                 passes.pop(0)
                 self.stats.deferred_prefill_passes += 1
         finally:
             self._view = None
             # A pass that raised stays kept, with those after it.
             self.deferral.passes[:0] = passes
-            # vLLM's propose keeps the K it was last called with.
+
+    def _first_pass_only(self, token_ids, positions, next_token_ids, cad) -> None:
+        """vLLM's propose with K = 0: its first forward alone, the one that
+        writes the rows' draft KV (a kept pass, a pooled pass run alone).
+        vLLM's propose keeps the K it was last called with: restored here."""
+        k = getattr(self, "num_speculative_tokens", None)
+        try:
+            self._greedy_propose(0, token_ids, positions, None, next_token_ids, None, cad)
+        finally:
             if k is not None:
                 self.num_speculative_tokens = k
 

@@ -288,13 +288,12 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
             alone, [prompt_ids], token_ids[tokens], positions[tokens], None, one,
             self.block_size, self.extra_slots_per_request)
         self.stats.pooled_passes_alone += 1
-        k, saved = self.num_speculative_tokens, self._view
+        saved = self._view
         self._view, self._first_view = None, view.rows(row + first, row + first + 1)
         try:
-            self._greedy_propose(0, token_ids, positions, None,
-                                 next_token_ids[row:row + 1], None, one)
+            self._first_pass_only(token_ids, positions, next_token_ids[row:row + 1], one)
         finally:
-            self.num_speculative_tokens, self._view = k, saved
+            self._view = saved
             self._first_view = self._first_pass = None
 
     def _prompt_ids(self, row: int, seq: int) -> torch.Tensor:
