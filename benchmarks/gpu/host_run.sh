@@ -24,7 +24,12 @@ source benchmarks/gpu/detached.sh
 # left, and wait until no process holds the GPU. The patterns are anchored at
 # the start of a command line, so the shell that runs this never matches; a
 # detached run (a soak, a long serving table: detached.sh) is left alone.
+# Phases side by side on one host, each on its GPUs (CUDA_VISIBLE_DEVICES):
+# SIDE_BY_SIDE=1 in every one but the first keeps this from killing the
+# others' engines (2026-11-28: three phases on a 4-GPU host; the first one
+# started alone). Tar the logs: a call brings back at most 8 files.
 stop_leftovers() {
+  [ "${SIDE_BY_SIDE:-0}" = 1 ] && return 0
   local bench='^python3 -m benchmarks\.serve\.(bench_serve|soak) '
   local vllm='^[^ ]*python[0-9.]* -m vllm\.entrypoints\.cli\.main serve |^[^ ]*/vllm serve |^VLLM::'
   local running
