@@ -147,7 +147,13 @@ configs_side_by_side() {
 # SERVE_GOODPUT's SLOs in ms ("ttft:20000 tpot:50"), SERVE_PROMPTS requests a
 # run (32).
 serve_traffic() {
-  if [ -n "${SERVE_RATES:-}" ]; then
+  if [ -n "${SERVE_FIND_RATE:-}" ]; then
+    # The rates found on the first mode's server (bench_serve --find-rate):
+    # SERVE_PROBES probe runs from SERVE_FIND_RATE, then every mode at the
+    # rate with 16 requests in flight (high) and at half of it (low).
+    echo --find-rate $SERVE_FIND_RATE --probes ${SERVE_PROBES:-2} \
+      --goodput ${SERVE_GOODPUT:-ttft:20000 tpot:50} --num-prompts ${SERVE_PROMPTS:-32}
+  elif [ -n "${SERVE_RATES:-}" ]; then
     echo --request-rates $SERVE_RATES ${SERVE_LOAD:+--load $SERVE_LOAD} \
       --goodput ${SERVE_GOODPUT:-ttft:20000 tpot:50} --num-prompts ${SERVE_PROMPTS:-32}
   else
@@ -403,7 +409,9 @@ PY
     # beside 1 and 4: give it its own. Request rates instead: SERVE_RATES
     # (serve_traffic above); each rate table proposes the rate for 16 requests
     # in flight (bench_serve.next_rate): probe plain at a rate or two, then
-    # run every mode at the proposed one with SERVE_LOAD=high.
+    # run every mode at the proposed one with SERVE_LOAD=high. Or in one
+    # detached run: SERVE_FIND_RATE=0.3 SERVE_MODE="plain spec_extend ..."
+    # SERVE_DETACH=1 (the first server probes, every mode runs high and low).
     # Across GPUs (issue #44): SERVE_TARGET 8b (default) or 70b, SERVE_TP the
     # tensor-parallel size (1; the 70B needs 4), SERVE_EXECUTOR mp (default)
     # or ray (parts packed with RAY=1 bash benchmarks/gpu/prepare.sh). At
@@ -419,6 +427,7 @@ PY
     draft=${SERVE_DRAFT:-llama32_1b}; method=${SERVE_METHOD:-draft_model}
     traffic=${SERVE_CONCURRENCY:-1 4}  # in file names: "1 4", "r0.5 1 high"
     [ -n "${SERVE_RATES:-}" ] && traffic="r$SERVE_RATES ${SERVE_LOAD:-}"
+    [ -n "${SERVE_FIND_RATE:-}" ] && traffic="find$SERVE_FIND_RATE"
     # SERVE_SPEC_EXTEND: the plugin's config (JSON) instead of bench_serve's
     # default, the speed benches' (a variant: e.g. '{"top_k": 32,
     # "recent_tokens": 256, "draft_prefill_window": 2048}'); SERVE_TAG then

@@ -42,6 +42,11 @@ completed requests per second that met them all. A rate's rows carry
 ``request_rate``, ``load`` and ``goodput_slo``; its table gives, per series,
 the rate at which ``--target-in-flight`` (16) requests would be in flight
 (``next_rate``, Little's law from the table's rates), the rate to run next.
+``--find-rate RATE`` finds the rates itself: the first mode's server runs
+``--probes`` probe runs (one run each, documents of their own), the first at
+RATE and each next one at ``next_rate`` of those before; the table then runs
+every mode at the rate so found (``high``) and at half of it (``low``). The
+probes are kept under ``probes`` in the results, outside the table's rows.
 
 Each run is a ``vllm bench serve`` run, its arguments those of the command
 that results record, run in one warm client process
@@ -91,6 +96,7 @@ counters reach ``/metrics`` once per interval while drafting.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import importlib.util
 import itertools
@@ -262,6 +268,10 @@ def plan(args) -> tuple[dict[int, str], list[Cell]]:
     root = args.out_dir / "datasets"
     runs = [(w, t, run) for w in args.workloads for t in traffics(args)
             for run in range(args.runs)]
+    if args.find_rate is not None:
+        # The probes' own documents, one run each: no run reuses a probe's cache.
+        probe = Traffic(None, args.num_prompts[-1], args.find_rate, "probe")
+        runs = [(args.workloads[0], probe, i) for i in range(args.probes)] + runs
     for input_len in args.input_lens:
         lens = [document_lens(args, w, input_len, t.num_prompts) for w, t, _ in runs]
         # All documents of this input length from one call, in the order the
@@ -271,15 +281,16 @@ def plan(args) -> tuple[dict[int, str], list[Cell]]:
         warmups[input_len] = next(texts)
         here: dict[tuple[str, str], Cell] = {}
         for (workload, t, run), run_lens in zip(runs, lens, strict=True):
-            if (workload, t.tag) not in here:
+            if (workload, t.tag, t.load) not in here:
                 short = args.mixed_short_len if workload == "mixed" else None
-                here[workload, t.tag] = Cell(
+                here[workload, t.tag, t.load] = Cell(
                     workload, input_len, t.concurrency, t.num_prompts,
                     output_len(args, workload), [], [], short, t.request_rate, t.load)
-            cell = here[workload, t.tag]
+            cell = here[workload, t.tag, t.load]
             rows, prime = run_prompts(workload, [next(texts) for _ in run_lens],
                                       t.num_prompts)
-            path = root / f"{workload}_{input_len}_{t.tag}_run{run}.jsonl"
+            kind = "_probe" if t.load == "probe" else ""
+            path = root / f"{workload}_{input_len}_{t.tag}{kind}_run{run}.jsonl"
             cell.datasets.append(write_dataset(path, rows, cell.output_len))
             cell.primes.append(prime)
         cells += here.values()
@@ -423,6 +434,23 @@ def next_rate(probes: list[tuple[float, float]], target: float = 16.0) -> float 
     return line
 
 
+def find_rate(probe, first: float, probes: int, target: float = 16.0,
+              ) -> tuple[float | None, list[tuple[float, float | None]]]:
+    """The request rate for ``target`` requests in flight, from ``probes``
+    probe runs: ``probe(rate)`` runs one and returns its mean in flight (None
+    where it had none, e.g. every request failed); the first at ``first``,
+    each next one at ``next_rate`` of those before. Returns that rate over
+    every probe (None without a usable one) and the probes."""
+    done: list[tuple[float, float | None]] = []
+    rate = first
+    for _ in range(probes):
+        done.append((rate, probe(rate)))
+        rate = next_rate([(r, n) for r, n in done if n], target)
+        if rate is None:
+            break
+    return rate, done
+
+
 def tokens_per_chunk(bench: dict) -> float | None:
     """Median over the requests that produced tokens of output tokens per
     streamed chunk. An API server that keeps up sends one chunk per engine
@@ -476,6 +504,8 @@ def run_cell(args, client: BenchClient, base: str, mode: str, cell: Cell,
     for i, (dataset, prime) in enumerate(zip(cell.datasets, cell.primes, strict=True)):
         tag = (f"{label(args, mode)}_{cell.workload}_{cell.input_len}"
                f"_{cell.traffic.tag}_run{i}")
+        if cell.load == "probe":  # one dataset a probe, named apart
+            tag = f"{label(args, mode)}_{dataset.stem}"
         result = args.out_dir / "bench" / f"{tag}.json"
         cmd = bench_command(args, base, dataset, cell.traffic, result)
         argv = cmd[cmd.index("serve") + 1:]  # what `vllm bench serve` parses
@@ -529,6 +559,40 @@ def async_scheduling(log: Path) -> bool | None:
     return found[-1] == "enabled" if found else None
 
 
+def probe_rates(args, client: BenchClient, base: str, mode: str, cell: Cell,
+                logs: Path) -> dict:
+    """``--find-rate``: the probe runs on this server (``find_rate``), one
+    of ``cell``'s datasets each; the rate found and every probe's run."""
+    runs = []
+
+    def probe(rate: float) -> float | None:
+        i = len(runs)
+        one = dataclasses.replace(cell, datasets=[cell.datasets[i]],
+                                  primes=[cell.primes[i]], request_rate=rate)
+        run = run_cell(args, client, base, mode, one, logs)[0]
+        runs.append({"request_rate": rate, **run})
+        print(json.dumps({"probe": i, "request_rate": rate,  # noqa: T201
+                          "in_flight": run.get("in_flight")}), flush=True)
+        return run.get("in_flight")
+
+    rate, _ = find_rate(probe, args.find_rate, args.probes, args.target_in_flight)
+    return {"mode": label(args, mode), "high_rate": rate, "runs": runs}
+
+
+def set_rates(args, cells: list[Cell], result: dict, probes: dict) -> None:
+    """The found rate to the table's cells (``high``; ``low`` half of it)
+    and into the results; none found: the table cannot run."""
+    result["probes"] = probes
+    high = probes["high_rate"]
+    if high is None:
+        raise RuntimeError("--find-rate: no probe had a request in flight "
+                           "(see the probe runs' errors in results.json)")
+    high = float(f"{high:.3g}")
+    for cell in cells:
+        cell.request_rate = high if cell.load == "high" else float(f"{high / 2:.3g}")
+    result["meta"]["config"]["request_rates"] = sorted({c.request_rate for c in cells})
+
+
 def run_mode(args, client: BenchClient, mode: str, warmups: dict[int, str],
              cells: list[Cell], result: dict, out: Path) -> None:
     """Start the mode's server, run every cell, record as it goes."""
@@ -544,6 +608,12 @@ def run_mode(args, client: BenchClient, mode: str, warmups: dict[int, str],
             for prompt in warmups.values():
                 # Compiles what runs on first use (the scoring kernel, ...).
                 complete(server.base, args.target, prompt, 16, args.run_timeout)
+            if cells and cells[0].load == "probe":
+                # The first server probes; every mode then runs the rates found.
+                probe_cell = cells.pop(0)
+                set_rates(args, cells, result, probe_rates(
+                    args, client, server.base, mode, probe_cell, logs))
+                out.write_text(json.dumps(result, indent=1))
             for cell in cells:
                 row = cell_row(args, mode, cell, run_cell(
                     args, client, server.base, mode, cell, logs))
@@ -652,6 +722,11 @@ def rate_notes(rows: list[dict], target: float) -> list[str]:
     return notes
 
 
+def _in_flight(run: dict) -> str:
+    n = run.get("in_flight")
+    return "none" if n is None else f"{n:.1f}"
+
+
 def table(result: dict) -> str:
     """Markdown: a table per workload and input length (and traffic: bursts,
     rates), a line per mode and concurrency or rate; then the servers and the
@@ -674,6 +749,13 @@ def table(result: dict) -> str:
         line = _rate_line if at_rate else _burst_line
         out += [line(r, [x for x in r["runs"] if "error" not in x]) for r in rows]
         out += ["", *rate_notes(rows, target), ""] if at_rate else [""]
+    if probes := result.get("probes"):
+        found = probes["high_rate"]
+        out += [f"Rates found (`--find-rate`) on the {probes['mode']} server: probes at "
+                + ", ".join(f"{r['request_rate']:.3g} req/s ({_in_flight(r)} in flight)"
+                            for r in probes["runs"])
+                + (f"; high {found:.3g} req/s, low half of it." if found is not None
+                   else "; no rate found."), ""]
     out += ["| server | start-up s | async scheduling | stopped cleanly |",
             "|---|---|---|---|"]
     for s in result["servers"]:
@@ -724,6 +806,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--goodput", nargs="+", metavar="METRIC:MS",
                    help="SLOs for vllm bench serve's goodput, e.g. ttft:20000 "
                    f"tpot:50 (metrics: {', '.join(GOODPUT_METRICS)})")
+    p.add_argument("--find-rate", type=float, metavar="RATE",
+                   help="instead of --request-rates: probe the first mode's "
+                   "server from RATE on (--probes runs) for the rate with "
+                   "--target-in-flight requests in flight, then run every mode "
+                   "there (load high) and at half of it (low)")
+    p.add_argument("--probes", type=int, default=2,
+                   help="--find-rate's probe runs (each at next_rate of those before)")
     p.add_argument("--target-in-flight", type=float, default=16.0,
                    help="rate tables propose the rate for this many requests "
                    "in flight (next_rate)")
@@ -785,6 +874,15 @@ def check_traffic(args) -> str | None:
     """What is wrong with the traffic options, or None once their defaults are
     filled in: ``concurrency`` (None at rates), ``num_prompts`` and ``load``
     (None for bursts) one per concurrency or rate."""
+    if args.find_rate is not None:
+        if args.request_rates or args.concurrency or args.load:
+            return "--find-rate sets the rates and loads: no --request-rates, --load or --concurrency"
+        if args.find_rate <= 0 or args.probes < 1:
+            return "--find-rate must be above 0, --probes at least 1"
+        if len(args.workloads) * len(args.input_lens) != 1:
+            return "--find-rate probes one workload at one input length"
+        # Placeholders until the probes have run (set_rates).
+        args.request_rates, args.load = [args.find_rate / 2, args.find_rate], list(LOADS)
     rates = args.request_rates or []
     if rates and args.concurrency:
         return "--concurrency (bursts) or --request-rates, not both"
@@ -829,6 +927,8 @@ def main(argv: list[str] | None = None) -> int:
     with BenchClient(args.out_dir / "logs" / "bench_client.log") as client:
         for mode in args.modes:
             run_mode(args, client, mode, warmups, cells, result, out)
+            if (result.get("probes") or {}).get("high_rate", 0) is None:
+                break  # --find-rate found no rate: nothing to run at
     summary = table(result)
     (args.out_dir / "summary.md").write_text(summary + "\n")
     print(summary)  # noqa: T201

@@ -612,3 +612,97 @@ def test_rate_plots_apart_from_bursts(tmp_path):
     assert fig.axes[0].get_xlabel() == "request rate (req/s)"
     assert sorted(tuple(c.lines[0].get_xdata()) for c in fig.axes[0].containers) == [
         (0.5, 2.0), (2.0,)]
+
+
+def _queue(rate: float) -> float:
+    """A server whose latency grows with the load (20 s unloaded, saturating
+    at 1 request/s): its mean requests in flight at ``rate`` (Little's law)."""
+    return rate * 20.0 / (1.0 - rate)
+
+
+def test_find_rate_closes_in_on_the_target():
+    """The first probe at the given rate, each next one at next_rate of those
+    before; 16 in flight is at 16/36 req/s here."""
+    rate, probes = bench_serve.find_rate(_queue, 0.3, 2)
+    assert [r for r, _ in probes] == [0.3, pytest.approx(0.3 * 16 / _queue(0.3))]
+    assert rate == pytest.approx(16 / 36, rel=0.08)
+    rate3, _ = bench_serve.find_rate(_queue, 0.3, 3)
+    assert abs(rate3 - 16 / 36) < abs(rate - 16 / 36)
+    # No probe with a request in flight: no rate, and no probe after the first.
+    assert bench_serve.find_rate(lambda r: None, 0.3, 3) == (None, [(0.3, None)])
+
+
+FIND_ARGS = ["--target", "T", "--modes", "plain", "spec_extend", "--draft", "D",
+             "--workloads", "long", "--input-lens", "256", "--find-rate", "0.3",
+             "--num-prompts", "4", "--runs", "2"]
+
+
+@pytest.mark.parametrize("extra", [
+    ["--request-rates", "1"], ["--load", "high"], ["--concurrency", "4"],
+    ["--probes", "0"], ["--input-lens", "256", "512"],
+])
+def test_find_rate_options_that_make_no_sense(extra, capsys):
+    with pytest.raises(SystemExit):
+        bench_serve.parse_args([*FIND_ARGS, "--out-dir", "x", *extra])
+    assert "error:" in capsys.readouterr().err
+
+
+def test_find_rate_probes_on_the_first_server_only(tiny_target, long_prompts,
+                                                   tmp_path, monkeypatch):
+    """The first mode's server runs the probes (documents of their own),
+    then every mode runs the table at the rate found and half of it."""
+    args = bench_serve.parse_args([*FIND_ARGS[:-8], "--target", tiny_target,
+                                   *FIND_ARGS[-8:], "--out-dir", str(tmp_path)])
+    warmups, cells = bench_serve.plan(args)
+    assert [(c.load, len(c.datasets)) for c in cells] == [
+        ("probe", 2), ("low", 2), ("high", 2)]
+    texts = [p.read_text() for c in cells for p in c.datasets]
+    assert len(set(texts)) == len(texts), "no document serves a probe and a run"
+
+    class Server:
+        base, startup_s, command, forced_stop = "http://x", 1.0, ["vllm"], []
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    ran = []
+
+    def run_cell(args, client, base, mode, cell, logs):
+        ran.append((mode, cell.load, cell.request_rate, len(cell.datasets)))
+        return [{"in_flight": _queue(cell.request_rate), "acceptance_length": None}
+                for _ in cell.datasets]
+
+    monkeypatch.setattr(bench_serve, "serve", lambda *a, **k: Server())
+    monkeypatch.setattr(bench_serve, "complete", lambda *a, **k: None)
+    monkeypatch.setattr(bench_serve, "run_cell", run_cell)
+    monkeypatch.setattr(bench_serve, "log_errors", lambda log: [])
+    monkeypatch.setattr(bench_serve, "async_scheduling", lambda log: True)
+    (tmp_path / "logs").mkdir()
+    result = {"meta": {"config": {}}, "servers": [], "results": []}
+    for mode in args.modes:
+        bench_serve.run_mode(args, None, mode, warmups, cells, result,
+                             tmp_path / "results.json")
+    assert [s.get("error") for s in result["servers"]] == [None, None]
+    high, _ = bench_serve.find_rate(_queue, 0.3, 2)
+    high = float(f"{high:.3g}")
+    low = float(f"{high / 2:.3g}")
+    assert ran == [("plain", "probe", 0.3, 1), ("plain", "probe", ran[1][2], 1),
+                   ("plain", "low", low, 2), ("plain", "high", high, 2),
+                   ("spec_extend", "low", low, 2), ("spec_extend", "high", high, 2)]
+    assert result["probes"]["high_rate"] == pytest.approx(high, rel=1e-2)
+    assert [r["request_rate"] for r in result["probes"]["runs"]] == [0.3, ran[1][2]]
+    assert [(r["load"], r["request_rate"]) for r in result["results"]] == [
+        ("low", low), ("high", high)] * 2
+    assert result["meta"]["config"]["request_rates"] == [low, high]
+
+
+def test_rate_table_says_how_its_rates_were_found(tmp_path):
+    result = rate_result(tmp_path)
+    result["probes"] = {"mode": "plain", "high_rate": 2.0, "runs": [
+        {"request_rate": 0.3, "in_flight": 4.0}, {"request_rate": 1.2, "in_flight": None}]}
+    assert ("Rates found (`--find-rate`) on the plain server: probes at 0.3 req/s "
+            "(4.0 in flight), 1.2 req/s (none in flight); high 2 req/s, low half of it."
+            ) in bench_serve.table(result)
