@@ -52,7 +52,11 @@ def merge(parts: list[dict]) -> dict:
     meta["calls"] = [{"modes": p["meta"]["config"]["modes"],
                       "date_utc": p["meta"]["date_utc"],
                       "command": p["meta"]["command"]} for p in parts]
-    return {"meta": meta, **{k: [item for p in parts for item in p[k]] for k in keys}}
+    # bench_serve --find-rate's probes: the call that ran them (the first
+    # server's) holds them.
+    probes = next(({"probes": p["probes"]} for p in parts if "probes" in p), {})
+    return {"meta": meta, **{k: [item for p in parts for item in p[k]] for k in keys},
+            **probes}
 
 
 CELL = ("mode", "method", "draft", "context", "batch", "output_len",

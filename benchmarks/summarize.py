@@ -100,7 +100,7 @@ def variant(result: dict, mode: str, row: dict | None = None) -> str | None:
     displace the headline's same-session ratios. Variant rows stay out of the
     headline tables."""
     if row is not None and "plugin_env" in row:
-        env = row["plugin_env"]
+        env = {**row["plugin_env"], **(row.get("vllm_env") or {})}
     else:
         env = {}
         for e in result.get("engines", []) + result.get("servers", []):

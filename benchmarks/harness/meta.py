@@ -65,6 +65,13 @@ def hardware() -> dict:
     }
 
 
+def vllm_kernel_env() -> dict[str, str]:
+    """The ``VLLM_KERNEL_SWITCHES`` set in this process's environment, which a
+    server started from here inherits (a serving run's variant, as
+    ``plugin_env``'s tuning switches)."""
+    return {k: v for k, v in os.environ.items() if k in VLLM_KERNEL_SWITCHES}
+
+
 def plugin_env() -> dict[str, str]:
     """The plugin's variables in this process's environment (``SPECEXTEND_*``:
     its tuning switches and paths), which an engine or server started from
@@ -154,8 +161,11 @@ def _tensor_parallel_size(config: dict) -> int:
     ``--tensor-parallel-size`` among the flags it passed its servers."""
     if config.get("tensor_parallel_size"):
         return int(config["tensor_parallel_size"])
-    args = config.get("serve_args") or []
-    for flag in ("--tensor-parallel-size", "-tp"):
-        if flag in args[:-1]:
-            return int(args[args.index(flag) + 1])
+    args = [a.replace("_", "-") for a in config.get("serve_args") or []]
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in ("--tensor-parallel-size", "-tp"):
+            if not eq and i + 1 < len(args):
+                value = args[i + 1]
+            return int(value) if value.isdigit() else 1
     return 1

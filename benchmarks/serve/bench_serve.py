@@ -125,6 +125,7 @@ from benchmarks.harness.meta import (
     device,
     plugin_env,
     run_metadata,
+    vllm_kernel_env,
 )
 from benchmarks.harness.server import (
     log_errors,
@@ -560,10 +561,12 @@ def async_scheduling(log: Path) -> bool | None:
 
 
 def probe_rates(args, client: BenchClient, base: str, mode: str, cell: Cell,
-                logs: Path) -> dict:
+                logs: Path, probes: dict) -> None:
     """``--find-rate``: the probe runs on this server (``find_rate``), one
-    of ``cell``'s datasets each; the rate found and every probe's run."""
-    runs = []
+    of ``cell``'s datasets each, into ``probes`` as they end (``runs``),
+    then the rate found (``high_rate``, None until found: a probe that
+    raised leaves it None, and no mode runs the table)."""
+    runs = probes["runs"]
 
     def probe(rate: float) -> float | None:
         i = len(runs)
@@ -575,15 +578,14 @@ def probe_rates(args, client: BenchClient, base: str, mode: str, cell: Cell,
                           "in_flight": run.get("in_flight")}), flush=True)
         return run.get("in_flight")
 
-    rate, _ = find_rate(probe, args.find_rate, args.probes, args.target_in_flight)
-    return {"mode": label(args, mode), "high_rate": rate, "runs": runs}
+    probes["high_rate"], _ = find_rate(probe, args.find_rate, args.probes,
+                                       args.target_in_flight)
 
 
-def set_rates(args, cells: list[Cell], result: dict, probes: dict) -> None:
-    """The found rate to the table's cells (``high``; ``low`` half of it)
-    and into the results; none found: the table cannot run."""
-    result["probes"] = probes
-    high = probes["high_rate"]
+def set_rates(cells: list[Cell], result: dict) -> None:
+    """The found rate (``result["probes"]``) to the table's cells (``high``;
+    ``low`` half of it) and into the results; none found: the table cannot run."""
+    high = result["probes"]["high_rate"]
     if high is None:
         raise RuntimeError("--find-rate: no probe had a request in flight "
                            "(see the probe runs' errors in results.json)")
@@ -598,7 +600,8 @@ def run_mode(args, client: BenchClient, mode: str, warmups: dict[int, str],
     """Start the mode's server, run every cell, record as it goes."""
     logs = args.out_dir / "logs"
     log = logs / f"serve_{label(args, mode)}.log"
-    record = {**names(args, mode), "plugin_env": plugin_env()}
+    record = {**names(args, mode), "plugin_env": plugin_env(),
+              "vllm_env": vllm_kernel_env()}
     result["servers"].append(record)
     try:
         with serve(serve_args(args, mode), log, args.startup_timeout) as server:
@@ -611,13 +614,17 @@ def run_mode(args, client: BenchClient, mode: str, warmups: dict[int, str],
             if cells and cells[0].load == "probe":
                 # The first server probes; every mode then runs the rates found.
                 probe_cell = cells.pop(0)
-                set_rates(args, cells, result, probe_rates(
-                    args, client, server.base, mode, probe_cell, logs))
+                result["probes"] = {"mode": label(args, mode), "high_rate": None,
+                                    "runs": []}
+                probe_rates(args, client, server.base, mode, probe_cell, logs,
+                            result["probes"])
+                set_rates(cells, result)
                 out.write_text(json.dumps(result, indent=1))
             for cell in cells:
                 row = cell_row(args, mode, cell, run_cell(
                     args, client, server.base, mode, cell, logs))
                 row["plugin_env"] = record["plugin_env"]
+                row["vllm_env"] = record["vllm_env"]
                 print(json.dumps({k: v for k, v in row.items() if k != "runs"}),  # noqa: T201
                       flush=True)
                 result["results"].append(row)
@@ -890,6 +897,8 @@ def check_traffic(args) -> str | None:
         return "--load labels --request-rates"
     if any(r <= 0 for r in rates):
         return "--request-rates must be above 0"
+    if len(set(rates)) != len(rates):
+        return "--request-rates: each rate once (a rate names its runs' files)"
     if error := next(filter(None, map(_slo_error, args.goodput or [])), None):
         return error
     args.concurrency = None if rates else args.concurrency or [1, 4, 16, 32]

@@ -26,6 +26,15 @@ def test_rows_modes_and_calls():
                                                                "run draft_model"]
 
 
+def test_the_rate_probes_survive_a_merge():
+    """bench_serve --find-rate's probes (a dict, in the first server's call)."""
+    first = part("results", "plain", "2026-11-22T16:09")
+    first["probes"] = {"mode": "plain", "high_rate": 0.4, "runs": [{"request_rate": 0.3}]}
+    merged = merge_results.merge([part("results", "spec_extend", "2026-11-22T16:18"), first])
+    assert merged["probes"] == first["probes"]
+    assert "probes" not in merge_results.merge([part("results", "plain", "d")])
+
+
 def test_refuses_different_benchmarks():
     with pytest.raises(ValueError, match="same benchmark"):
         merge_results.merge([part("runs", "plain", "a"), part("results", "plain", "b")])

@@ -432,6 +432,7 @@ def test_rate_options_and_their_defaults(tmp_path):
     ["--request-rates", "0"],
     ["--request-rates", "1", "--goodput", "ttft=20000"],
     ["--request-rates", "1", "--goodput", "latency:20"],
+    ["--request-rates", "1", "1", "--load", "low", "high"],
 ])
 def test_rate_options_that_make_no_sense(extra, capsys):
     with pytest.raises(SystemExit):
@@ -706,3 +707,52 @@ def test_rate_table_says_how_its_rates_were_found(tmp_path):
     assert ("Rates found (`--find-rate`) on the plain server: probes at 0.3 req/s "
             "(4.0 in flight), 1.2 req/s (none in flight); high 2 req/s, low half of it."
             ) in bench_serve.table(result)
+
+
+def test_a_probe_that_fails_stops_the_table(tiny_target, long_prompts, tmp_path,
+                                            monkeypatch):
+    """A probe that raises (its server died, say): the probes so far are kept,
+    no rate is set, and no mode runs the table at the placeholder rates."""
+    args = bench_serve.parse_args([*FIND_ARGS[:-8], "--target", tiny_target,
+                                   *FIND_ARGS[-8:], "--out-dir", str(tmp_path)])
+    warmups, cells = bench_serve.plan(args)
+    ran = []
+
+    def run_cell(args, client, base, mode, cell, logs):
+        ran.append((mode, cell.load))
+        if len(ran) == 2:
+            raise OSError("the server went away")
+        return [{"in_flight": 5.0, "acceptance_length": None}]
+
+    class Server:
+        base, startup_s, command, forced_stop = "http://x", 1.0, ["vllm"], []
+        __enter__ = lambda self: self  # noqa: E731
+        __exit__ = lambda self, *exc: False  # noqa: E731
+
+    monkeypatch.setattr(bench_serve, "serve", lambda *a, **k: Server())
+    monkeypatch.setattr(bench_serve, "complete", lambda *a, **k: None)
+    monkeypatch.setattr(bench_serve, "run_cell", run_cell)
+    monkeypatch.setattr(bench_serve, "log_errors", lambda log: [])
+    monkeypatch.setattr(bench_serve, "async_scheduling", lambda log: True)
+    monkeypatch.setattr(bench_serve, "BenchClient", _NoClient)
+    monkeypatch.setattr(bench_serve, "plan", lambda args: (warmups, cells))
+    monkeypatch.setattr(bench_serve, "table", lambda result: "")
+    bench_serve.main([*FIND_ARGS[:-8], "--target", tiny_target, *FIND_ARGS[-8:],
+                      "--out-dir", str(tmp_path)])
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert ran == [("plain", "probe"), ("plain", "probe")]
+    assert result["probes"]["high_rate"] is None
+    assert [r["request_rate"] for r in result["probes"]["runs"]] == [0.3]
+    assert result["results"] == [] and "went away" in result["servers"][0]["error"]
+    assert [s["mode"] for s in result["servers"]] == ["plain"]
+
+
+class _NoClient:
+    def __init__(self, *a):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

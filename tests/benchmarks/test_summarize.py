@@ -225,6 +225,21 @@ def test_a_server_across_gpus_names_its_tp_degree():
     assert summarize.device(meta) == "NVIDIA H200 ×4 (TP=4)"
     assert summarize.device({**meta, "config": {"serve_args": ["--max-model-len", "9"]}}) \
         == "NVIDIA H200"
+    for args in (["--tensor-parallel-size=2"], ["--tensor_parallel_size", "2"], ["-tp", "2"]):
+        assert summarize.device({**meta, "config": {"serve_args": args}}) \
+            == "NVIDIA H200 ×2 (TP=2)"
+
+
+def test_a_serving_kernel_switch_makes_a_variant(results):
+    """A server whose process set a vLLM kernel switch (the row's
+    ``vllm_env``, bench_serve's record) is a variant too."""
+    ab = _serve([_serve_row("spec_extend", [999.0])])
+    ab["results"][0].update(plugin_env={}, vllm_env={"VLLM_TEST_FORCE_FP8_MARLIN": "1"})
+    (results / "serve" / "20261209T0000Z_marlin").mkdir(parents=True)
+    (results / "serve" / "20261209T0000Z_marlin" / "results.json").write_text(json.dumps(ab))
+    rows = summarize.summarize(results)
+    assert [r["variant"] for r in rows if "_marlin" in r["file"]] == [
+        "VLLM_TEST_FORCE_FP8_MARLIN=1"]
 
 
 def test_serving_variants_stay_out_of_the_headline(results):

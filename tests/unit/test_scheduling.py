@@ -41,13 +41,18 @@ def test_spec_extend_turns_async_scheduling_on(backend):
 def test_ray_follows_the_executor_vllm_picks(monkeypatch, v2):
     """What the plugin asks for under Ray is what vLLM's executor class for
     Ray supports (v2: yes; the v1 compiled-DAG executor: no)."""
-    from vllm.v1.executor.ray_executor import RayDistributedExecutor
-    from vllm.v1.executor.ray_executor_v2 import RayExecutorV2
+    from vllm.v1.executor.abstract import Executor
 
     monkeypatch.setenv("VLLM_USE_RAY_V2_EXECUTOR_BACKEND", v2)
     scheduling.compat.reread_env()
-    executor = RayExecutorV2 if v2 == "1" else RayDistributedExecutor
+    config = types.SimpleNamespace(parallel_config=types.SimpleNamespace(
+        distributed_executor_backend="ray"))
+    executor = Executor.get_class(config)
+    assert executor.__name__ == ("RayExecutorV2" if v2 == "1" else "RayDistributedExecutor")
     args = _args(backend="ray")
+    assert scheduling.async_by_default(args) is executor.supports_async_scheduling()
+    # An executor class given as the backend answers for itself.
+    args = _args(backend=executor)
     assert scheduling.async_by_default(args) is executor.supports_async_scheduling()
 
 

@@ -129,12 +129,17 @@ def executor_supports_async(backend) -> bool:
     backend`` overlaps scheduling with the step (async scheduling).
 
     vLLM 0.26: ``Executor.get_class`` and its ``supports_async_scheduling``.
-    ``None`` resolves to ``uni`` or ``mp``; ``ray`` is Ray's v2 executor, a
-    multiprocessing executor that supports it, unless
-    ``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0`` picks the v1 (compiled DAG) one,
-    which does not. (A server at TP=4 with Ray ran without async scheduling
-    when the plugin took Ray's for the v1 executor, 2026-11-28.)
+    ``ray`` is Ray's v2 executor, a multiprocessing executor that supports
+    it, unless ``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0`` picks the v1 (compiled
+    DAG) one, which does not. (A server at TP=4 with Ray ran without async
+    scheduling when the plugin took Ray's for the v1 executor, 2026-11-28.)
+    ``None`` resolves later (``ParallelConfig``): to ``uni`` or ``mp``, or to
+    ``ray`` inside a Ray placement group (Ray Serve) or with
+    ``--data-parallel-backend ray``, where the ``ray`` rule holds as well
+    with vLLM's default; an executor class answers for itself.
     """
+    if isinstance(backend, type):
+        return bool(backend.supports_async_scheduling())
     if backend == "ray":
         from vllm import envs
 
