@@ -660,15 +660,6 @@ def test_find_rate_probes_on_the_first_server_only(tiny_target, long_prompts,
     texts = [p.read_text() for c in cells for p in c.datasets]
     assert len(set(texts)) == len(texts), "no document serves a probe and a run"
 
-    class Server:
-        base, startup_s, command, forced_stop = "http://x", 1.0, ["vllm"], []
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
     ran = []
 
     def run_cell(args, client, base, mode, cell, logs):
@@ -676,7 +667,7 @@ def test_find_rate_probes_on_the_first_server_only(tiny_target, long_prompts,
         return [{"in_flight": _queue(cell.request_rate), "acceptance_length": None}
                 for _ in cell.datasets]
 
-    monkeypatch.setattr(bench_serve, "serve", lambda *a, **k: Server())
+    monkeypatch.setattr(bench_serve, "serve", lambda *a, **k: _Server())
     monkeypatch.setattr(bench_serve, "complete", lambda *a, **k: None)
     monkeypatch.setattr(bench_serve, "run_cell", run_cell)
     monkeypatch.setattr(bench_serve, "log_errors", lambda log: [])
@@ -724,12 +715,7 @@ def test_a_probe_that_fails_stops_the_table(tiny_target, long_prompts, tmp_path,
             raise OSError("the server went away")
         return [{"in_flight": 5.0, "acceptance_length": None}]
 
-    class Server:
-        base, startup_s, command, forced_stop = "http://x", 1.0, ["vllm"], []
-        __enter__ = lambda self: self  # noqa: E731
-        __exit__ = lambda self, *exc: False  # noqa: E731
-
-    monkeypatch.setattr(bench_serve, "serve", lambda *a, **k: Server())
+    monkeypatch.setattr(bench_serve, "serve", lambda *a, **k: _Server())
     monkeypatch.setattr(bench_serve, "complete", lambda *a, **k: None)
     monkeypatch.setattr(bench_serve, "run_cell", run_cell)
     monkeypatch.setattr(bench_serve, "log_errors", lambda log: [])
@@ -745,6 +731,17 @@ def test_a_probe_that_fails_stops_the_table(tiny_target, long_prompts, tmp_path,
     assert [r["request_rate"] for r in result["probes"]["runs"]] == [0.3]
     assert result["results"] == [] and "went away" in result["servers"][0]["error"]
     assert [s["mode"] for s in result["servers"]] == ["plain"]
+
+
+class _Server:
+    """What run_mode reads of a started server, without one."""
+    base, startup_s, command, forced_stop = "http://x", 1.0, ["vllm"], []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
 class _NoClient:
