@@ -90,8 +90,9 @@ def _ttft(run: dict, batch: int) -> float | None:
 
 def variant(result: dict, mode: str, row: dict | None = None) -> str | None:
     """The tuning switches a mode's engine or server ran with, e.g.
-    ``SPECEXTEND_DRAFT_AOT=0`` (or vLLM's ``VLLM_TEST_FORCE_FP8_MARLIN=1``), and what the file's plugin config set beyond
-    the speed benches' (``draft_vocab=32768``); None where neither (the
+    ``SPECEXTEND_DRAFT_AOT=0`` (or vLLM's ``VLLM_TEST_FORCE_FP8_MARLIN=1``),
+    and what the file's plugin config set beyond the speed benches'
+    (``draft_vocab=32768``); None where neither (the
     defaults of the file's commit). A serving row names its own server's
     switches (a merged file can hold the same mode with and without one);
     older rows go by every engine or server of the mode. The config names

@@ -207,7 +207,8 @@ class KeptPasses:
         vLLM's propose keeps the K it was last called with: restored here."""
         k = getattr(self, "num_speculative_tokens", None)
         try:
-            self._greedy_propose(0, token_ids, positions, None, next_token_ids, None, cad)
+            self._greedy_propose(0, token_ids, positions, None, next_token_ids,
+                                 None, cad)
         finally:
             if k is not None:
                 self.num_speculative_tokens = k

@@ -291,7 +291,8 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
         saved = self._view
         self._view, self._first_view = None, view.rows(row + first, row + first + 1)
         try:
-            self._first_pass_only(token_ids, positions, next_token_ids[row:row + 1], one)
+            self._first_pass_only(token_ids, positions,
+                                  next_token_ids[row:row + 1], one)
         finally:
             self._view = saved
             self._first_view = self._first_pass = None

@@ -82,7 +82,8 @@ def plugin_env() -> dict[str, str]:
 TUNING_PREFIXES = ("SPECEXTEND_DRAFT_", "SPECEXTEND_EARLY_")
 """The plugin's tuning switches (``tuning.DraftTuning``) among its variables."""
 
-VLLM_KERNEL_SWITCHES = ("VLLM_TEST_FORCE_FP8_MARLIN", "VLLM_FLASHINFER_ALLREDUCE_BACKEND")
+VLLM_KERNEL_SWITCHES = ("VLLM_TEST_FORCE_FP8_MARLIN",
+                        "VLLM_FLASHINFER_ALLREDUCE_BACKEND")
 """vLLM variables that choose other kernels for a whole engine (an engine's
 ``vllm_env``): a run with one set is a variant, as with a tuning switch.
 ``VLLM_ALLREDUCE_USE_SYMM_MEM=0``, set in every mode at TP on these hosts,

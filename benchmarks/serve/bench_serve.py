@@ -280,7 +280,7 @@ def plan(args) -> tuple[dict[int, str], list[Cell]]:
         texts = iter(document_prompts(args.tokenizer, args.datasets,
                                       [input_len, *itertools.chain(*lens)]))
         warmups[input_len] = next(texts)
-        here: dict[tuple[str, str], Cell] = {}
+        here: dict[tuple[str, str, str | None], Cell] = {}
         for (workload, t, run), run_lens in zip(runs, lens, strict=True):
             if (workload, t.tag, t.load) not in here:
                 short = args.mixed_short_len if workload == "mixed" else None
@@ -758,11 +758,12 @@ def table(result: dict) -> str:
         out += ["", *rate_notes(rows, target), ""] if at_rate else [""]
     if probes := result.get("probes"):
         found = probes["high_rate"]
-        out += [f"Rates found (`--find-rate`) on the {probes['mode']} server: probes at "
-                + ", ".join(f"{r['request_rate']:.3g} req/s ({_in_flight(r)} in flight)"
-                            for r in probes["runs"])
-                + (f"; high {found:.3g} req/s, low half of it." if found is not None
-                   else "; no rate found."), ""]
+        runs = ", ".join(f"{r['request_rate']:.3g} req/s ({_in_flight(r)} in flight)"
+                         for r in probes["runs"])
+        end = ("no rate found." if found is None
+               else f"high {found:.3g} req/s, low half of it.")
+        out += [f"Rates found (`--find-rate`) on the {probes['mode']} server: "
+                f"probes at {runs}; {end}", ""]
     out += ["| server | start-up s | async scheduling | stopped cleanly |",
             "|---|---|---|---|"]
     for s in result["servers"]:
@@ -883,13 +884,15 @@ def check_traffic(args) -> str | None:
     (None for bursts) one per concurrency or rate."""
     if args.find_rate is not None:
         if args.request_rates or args.concurrency or args.load:
-            return "--find-rate sets the rates and loads: no --request-rates, --load or --concurrency"
+            return ("--find-rate sets the rates and loads: no --request-rates, "
+                    "--load or --concurrency")
         if args.find_rate <= 0 or args.probes < 1:
             return "--find-rate must be above 0, --probes at least 1"
         if len(args.workloads) * len(args.input_lens) != 1:
             return "--find-rate probes one workload at one input length"
         # Placeholders until the probes have run (set_rates).
-        args.request_rates, args.load = [args.find_rate / 2, args.find_rate], list(LOADS)
+        args.request_rates = [args.find_rate / 2, args.find_rate]
+        args.load = list(LOADS)
     rates = args.request_rates or []
     if rates and args.concurrency:
         return "--concurrency (bursts) or --request-rates, not both"
@@ -936,7 +939,8 @@ def main(argv: list[str] | None = None) -> int:
     with BenchClient(args.out_dir / "logs" / "bench_client.log") as client:
         for mode in args.modes:
             run_mode(args, client, mode, warmups, cells, result, out)
-            if (result.get("probes") or {}).get("high_rate", 0) is None:
+            probes = result.get("probes")
+            if probes and probes["high_rate"] is None:
                 break  # --find-rate found no rate: nothing to run at
     summary = table(result)
     (args.out_dir / "summary.md").write_text(summary + "\n")
