@@ -150,8 +150,9 @@ serve_traffic() {
   if [ -n "${SERVE_FIND_RATE:-}" ]; then
     # The rates found on the first mode's server (bench_serve --find-rate):
     # SERVE_PROBES probe runs from SERVE_FIND_RATE, then every mode at the
-    # rate with 16 requests in flight (high) and at half of it (low).
-    echo --find-rate $SERVE_FIND_RATE --probes ${SERVE_PROBES:-2} \
+    # rate with 16 requests in flight (high) and at half of it (low), high
+    # first; SERVE_LOAD=high runs that load alone.
+    echo --find-rate $SERVE_FIND_RATE --probes ${SERVE_PROBES:-2} ${SERVE_LOAD:+--load $SERVE_LOAD} \
       --goodput ${SERVE_GOODPUT:-ttft:20000 tpot:50} --num-prompts ${SERVE_PROMPTS:-32}
   elif [ -n "${SERVE_RATES:-}" ]; then
     echo --request-rates $SERVE_RATES ${SERVE_LOAD:+--load $SERVE_LOAD} \
@@ -427,7 +428,7 @@ PY
     draft=${SERVE_DRAFT:-llama32_1b}; method=${SERVE_METHOD:-draft_model}
     traffic=${SERVE_CONCURRENCY:-1 4}  # in file names: "1 4", "r0.5 1 high"
     [ -n "${SERVE_RATES:-}" ] && traffic="r$SERVE_RATES ${SERVE_LOAD:-}"
-    [ -n "${SERVE_FIND_RATE:-}" ] && traffic="find$SERVE_FIND_RATE"
+    [ -n "${SERVE_FIND_RATE:-}" ] && traffic="find$SERVE_FIND_RATE ${SERVE_LOAD:-}"
     # SERVE_SPEC_EXTEND: the plugin's config (JSON) instead of bench_serve's
     # default, the speed benches' (a variant: e.g. '{"top_k": 32,
     # "recent_tokens": 256, "draft_prefill_window": 2048}'); SERVE_TAG then

@@ -45,8 +45,9 @@ the rate at which ``--target-in-flight`` (16) requests would be in flight
 ``--find-rate RATE`` finds the rates itself: the first mode's server runs
 ``--probes`` probe runs (one run each, documents of their own), the first at
 RATE and each next one at ``next_rate`` of those before; the table then runs
-every mode at the rate so found (``high``) and at half of it (``low``). The
-probes are kept under ``probes`` in the results, outside the table's rows.
+every mode at the rate so found (``high``) and at half of it (``low``), high
+first (``--load`` picks one, or the order). The probes are kept under
+``probes`` in the results, outside the table's rows.
 
 Each run is a ``vllm bench serve`` run, its arguments those of the command
 that results record, run in one warm client process
@@ -818,7 +819,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="instead of --request-rates: probe the first mode's "
                    "server from RATE on (--probes runs) for the rate with "
                    "--target-in-flight requests in flight, then run every mode "
-                   "there (load high) and at half of it (low)")
+                   "there (load high) and at half of it (low); --load high "
+                   "or low alone runs that load only")
     p.add_argument("--probes", type=int, default=2,
                    help="--find-rate's probe runs (each at next_rate of those before)")
     p.add_argument("--target-in-flight", type=float, default=16.0,
@@ -883,16 +885,20 @@ def check_traffic(args) -> str | None:
     filled in: ``concurrency`` (None at rates), ``num_prompts`` and ``load``
     (None for bursts) one per concurrency or rate."""
     if args.find_rate is not None:
-        if args.request_rates or args.concurrency or args.load:
-            return ("--find-rate sets the rates and loads: no --request-rates, "
-                    "--load or --concurrency")
+        if args.request_rates or args.concurrency:
+            return "--find-rate sets the rates: no --request-rates or --concurrency"
         if args.find_rate <= 0 or args.probes < 1:
             return "--find-rate must be above 0, --probes at least 1"
         if len(args.workloads) * len(args.input_lens) != 1:
             return "--find-rate probes one workload at one input length"
+        # --load picks the loads and their order; high first by default, so a
+        # table cut short (device time) still holds every mode's high load.
+        args.load = args.load or ["high", "low"]
+        if len(set(args.load)) != len(args.load):
+            return "--load with --find-rate: each load once (high, low)"
         # Placeholders until the probes have run (set_rates).
-        args.request_rates = [args.find_rate / 2, args.find_rate]
-        args.load = list(LOADS)
+        args.request_rates = [args.find_rate / (1 if load == "high" else 2)
+                              for load in args.load]
     rates = args.request_rates or []
     if rates and args.concurrency:
         return "--concurrency (bursts) or --request-rates, not both"

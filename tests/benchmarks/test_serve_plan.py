@@ -639,7 +639,7 @@ FIND_ARGS = ["--target", "T", "--modes", "plain", "spec_extend", "--draft", "D",
 
 
 @pytest.mark.parametrize("extra", [
-    ["--request-rates", "1"], ["--load", "high"], ["--concurrency", "4"],
+    ["--request-rates", "1"], ["--load", "high", "high"], ["--concurrency", "4"],
     ["--probes", "0"], ["--input-lens", "256", "512"],
 ])
 def test_find_rate_options_that_make_no_sense(extra, capsys):
@@ -651,12 +651,13 @@ def test_find_rate_options_that_make_no_sense(extra, capsys):
 def test_find_rate_probes_on_the_first_server_only(tiny_target, long_prompts,
                                                    tmp_path, monkeypatch):
     """The first mode's server runs the probes (documents of their own),
-    then every mode runs the table at the rate found and half of it."""
+    then every mode runs the table at the rate found and half of it, high
+    first."""
     args = bench_serve.parse_args([*FIND_ARGS[:-8], "--target", tiny_target,
                                    *FIND_ARGS[-8:], "--out-dir", str(tmp_path)])
     warmups, cells = bench_serve.plan(args)
     assert [(c.load, len(c.datasets)) for c in cells] == [
-        ("probe", 2), ("low", 2), ("high", 2)]
+        ("probe", 2), ("high", 2), ("low", 2)]
     texts = [p.read_text() for c in cells for p in c.datasets]
     assert len(set(texts)) == len(texts), "no document serves a probe and a run"
 
@@ -682,13 +683,26 @@ def test_find_rate_probes_on_the_first_server_only(tiny_target, long_prompts,
     high = float(f"{high:.3g}")
     low = float(f"{high / 2:.3g}")
     assert ran == [("plain", "probe", 0.3, 1), ("plain", "probe", ran[1][2], 1),
-                   ("plain", "low", low, 2), ("plain", "high", high, 2),
-                   ("spec_extend", "low", low, 2), ("spec_extend", "high", high, 2)]
+                   ("plain", "high", high, 2), ("plain", "low", low, 2),
+                   ("spec_extend", "high", high, 2), ("spec_extend", "low", low, 2)]
     assert result["probes"]["high_rate"] == pytest.approx(high, rel=1e-2)
     assert [r["request_rate"] for r in result["probes"]["runs"]] == [0.3, ran[1][2]]
     assert [(r["load"], r["request_rate"]) for r in result["results"]] == [
-        ("low", low), ("high", high)] * 2
+        ("high", high), ("low", low)] * 2
     assert result["meta"]["config"]["request_rates"] == [low, high]
+
+
+def test_find_rate_runs_the_loads_asked_for(tiny_target, long_prompts, tmp_path):
+    """``--load high`` with ``--find-rate``: the probes, then the high load
+    alone (a session with device time for the done-when's load only)."""
+    args = bench_serve.parse_args([*FIND_ARGS[:-8], "--target", tiny_target,
+                                   *FIND_ARGS[-8:], "--out-dir", str(tmp_path),
+                                   "--load", "high"])
+    _, cells = bench_serve.plan(args)
+    assert [(c.load, len(c.datasets)) for c in cells] == [("probe", 2), ("high", 2)]
+    bench_serve.set_rates(cells[1:], {"probes": {"high_rate": 0.41},
+                                      "meta": {"config": {}}})
+    assert cells[1].request_rate == 0.41
 
 
 def test_rate_table_says_how_its_rates_were_found(tmp_path):
