@@ -447,7 +447,9 @@ PY
     esac
     across=""; [ "$tp" -gt 1 ] && across="${target}_tp${tp}_$executor"
     [ "$tp" -gt 1 ] || [ "$target" = 8b ] || across=$target
-    tag=$(echo "$across $mode ${method#draft_model} $other $wl $len $traffic ${SERVE_TAG:-}" | tr -s ' ' - | sed 's/^-//; s/-$//')
+    # SERVE_OUTPUT_LEN: the long workload's output tokens (1024; #45's rate
+    # tables: 512), in the file names as o<N>.
+    tag=$(echo "$across $mode ${method#draft_model} $other $wl $len ${SERVE_OUTPUT_LEN:+o$SERVE_OUTPUT_LEN} $traffic ${SERVE_TAG:-}" | tr -s ' ' - | sed 's/^-//; s/-$//')
     # SERVE_DETACH=1: a cell longer than a call (32K at concurrency 16: a
     # server start of 3-4 min and ~1 min a run) runs detached (detached.sh)
     # under SERVE_TIMEOUT (default then 1500 s); each call waits SERVE_WAIT_S
@@ -465,6 +467,7 @@ PY
       --draft $M/$draft --method $method --tokenizer .gpu/tokenizer --modes $mode
       --workloads $wl --input-lens $len $(serve_traffic)
       --runs 3 --acceptance-length 3.0 ${SERVE_SPEC_EXTEND:+--spec-extend "$SERVE_SPEC_EXTEND"}
+      ${SERVE_OUTPUT_LEN:+--long-output-len $SERVE_OUTPUT_LEN}
       --startup-timeout ${SERVE_STARTUP_TIMEOUT:-300} --run-timeout 240 --out-dir "$res"
       -- --load-format dummy --max-model-len $((len + 1024 + 256)) $(tp_flags "$tp" "$executor"))
     if [ "$detach" = 1 ]; then
