@@ -44,7 +44,9 @@ the rate at which ``--target-in-flight`` (16) requests would be in flight
 (``next_rate``, Little's law from the table's rates), the rate to run next.
 ``--find-rate RATE`` finds the rates itself: the first mode's server runs
 ``--probes`` probe runs (one run each, documents of their own), the first at
-RATE and each next one at ``next_rate`` of those before; the table then runs
+RATE and each next one at ``next_rate`` of those before, at most
+``CAPACITY_SHARE`` (90%) of the completed requests per second of a probe that
+ran past the server's capacity (``OVERLOADED``); the table then runs
 every mode at the rate so found (``high``) and at half of it (``low``), high
 first (``--load`` picks one, or the order). The probes are kept under
 ``probes`` in the results, outside the table's rows.
@@ -291,8 +293,9 @@ def plan(args) -> tuple[dict[int, str], list[Cell]]:
             cell = here[workload, t.tag, t.load]
             rows, prime = run_prompts(workload, [next(texts) for _ in run_lens],
                                       t.num_prompts)
-            kind = "_probe" if t.load == "probe" else ""
-            path = root / f"{workload}_{input_len}_{t.tag}{kind}_run{run}.jsonl"
+            # A probe's rate is known only when it runs: its files name no rate.
+            name = "probe" if t.load == "probe" else t.tag
+            path = root / f"{workload}_{input_len}_{name}_run{run}.jsonl"
             cell.datasets.append(write_dataset(path, rows, cell.output_len))
             cell.primes.append(prime)
         cells += here.values()
@@ -436,21 +439,42 @@ def next_rate(probes: list[tuple[float, float]], target: float = 16.0) -> float 
     return line
 
 
+# A probe that completed fewer than OVERLOADED x its rate requests per second
+# ran past the server's capacity: its queue grew for the whole run, and a
+# finite run's mean in flight then grows with the rate without bound (H200,
+# 8B, 32K/512, 32 requests: 24 in flight at 1.63 req/s against a capacity of
+# 0.53; next_rate then proposed 1.14, twice the capacity, 2026-11-28).
+OVERLOADED = 0.8
+# The highest rate found: this share of the capacity such a probe measured
+# (its completed requests per second).
+CAPACITY_SHARE = 0.9
+
+
 def find_rate(probe, first: float, probes: int, target: float = 16.0,
-              ) -> tuple[float | None, list[tuple[float, float | None]]]:
+              ) -> tuple[float | None, list[tuple[float, float | None]], float | None]:
     """The request rate for ``target`` requests in flight, from ``probes``
-    probe runs: ``probe(rate)`` runs one and returns its mean in flight (None
-    where it had none, e.g. every request failed); the first at ``first``,
-    each next one at ``next_rate`` of those before. Returns that rate over
-    every probe (None without a usable one) and the probes."""
+    probe runs: ``probe(rate)`` runs one and returns its run (``in_flight``,
+    None where it had none, e.g. every request failed; ``request_throughput``,
+    completed requests per second); the first at ``first``, each next one at
+    ``next_rate`` of those before, capped at ``CAPACITY_SHARE`` of the
+    capacity an overloaded probe measured (``OVERLOADED``). Returns that rate
+    over every probe (None without a usable one), the probes (rate, in
+    flight) and the capacity (None where no probe was overloaded)."""
     done: list[tuple[float, float | None]] = []
+    capacity = None
     rate = first
     for _ in range(probes):
-        done.append((rate, probe(rate)))
+        run = probe(rate)
+        done.append((rate, run.get("in_flight")))
+        throughput = run.get("request_throughput")
+        if throughput and throughput < OVERLOADED * rate:
+            capacity = max(capacity or 0.0, throughput)
         rate = next_rate([(r, n) for r, n in done if n], target)
         if rate is None:
             break
-    return rate, done
+        if capacity is not None:
+            rate = min(rate, CAPACITY_SHARE * capacity)
+    return rate, done, capacity
 
 
 def tokens_per_chunk(bench: dict) -> float | None:
@@ -576,11 +600,13 @@ def probe_rates(args, client: BenchClient, base: str, mode: str, cell: Cell,
         run = run_cell(args, client, base, mode, one, logs)[0]
         runs.append({"request_rate": rate, **run})
         print(json.dumps({"probe": i, "request_rate": rate,  # noqa: T201
-                          "in_flight": run.get("in_flight")}), flush=True)
-        return run.get("in_flight")
+                          "in_flight": run.get("in_flight"),
+                          "request_throughput": run.get("request_throughput")}),
+              flush=True)
+        return run
 
-    probes["high_rate"], _ = find_rate(probe, args.find_rate, args.probes,
-                                       args.target_in_flight)
+    probes["high_rate"], _, probes["capacity"] = find_rate(
+        probe, args.find_rate, args.probes, args.target_in_flight)
 
 
 def set_rates(cells: list[Cell], result: dict) -> None:
@@ -763,6 +789,9 @@ def table(result: dict) -> str:
                          for r in probes["runs"])
         end = ("no rate found." if found is None
                else f"high {found:.3g} req/s, low half of it.")
+        if capacity := probes.get("capacity"):
+            end += (f" A probe ran past the server's capacity, {capacity:.3g} "
+                    f"completed req/s: high is at most {CAPACITY_SHARE:.0%} of it.")
         out += [f"Rates found (`--find-rate`) on the {probes['mode']} server: "
                 f"probes at {runs}; {end}", ""]
     out += ["| server | start-up s | async scheduling | stopped cleanly |",

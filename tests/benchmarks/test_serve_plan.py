@@ -621,16 +621,44 @@ def _queue(rate: float) -> float:
     return rate * 20.0 / (1.0 - rate)
 
 
+def _queue_run(rate: float) -> dict:
+    """A probe run on ``_queue``'s server, which keeps up below 1 request/s
+    (a finite run completes a little under its rate: the last ones drain)."""
+    return {"in_flight": _queue(rate), "request_throughput": 0.93 * rate}
+
+
+def _overloaded_run(rate: float) -> dict:
+    """A probe run on a server whose capacity is 0.535 requests/s (the H200
+    8B at 32K/512 of 2026-11-28): past it the queue grows all run long, and a
+    32-request run's mean in flight still grows with the rate."""
+    return {"in_flight": 9.8 * rate if rate < 0.5 else 14.8 * rate,
+            "request_throughput": min(0.93 * rate, 0.535)}
+
+
 def test_find_rate_closes_in_on_the_target():
     """The first probe at the given rate, each next one at next_rate of those
     before; 16 in flight is at 16/36 req/s here."""
-    rate, probes = bench_serve.find_rate(_queue, 0.3, 2)
+    rate, probes, capacity = bench_serve.find_rate(_queue_run, 0.3, 2)
     assert [r for r, _ in probes] == [0.3, pytest.approx(0.3 * 16 / _queue(0.3))]
     assert rate == pytest.approx(16 / 36, rel=0.08)
-    rate3, _ = bench_serve.find_rate(_queue, 0.3, 3)
+    assert capacity is None, "no probe ran past the server's capacity"
+    rate3, _, _ = bench_serve.find_rate(_queue_run, 0.3, 3)
     assert abs(rate3 - 16 / 36) < abs(rate - 16 / 36)
     # No probe with a request in flight: no rate, and no probe after the first.
-    assert bench_serve.find_rate(lambda r: None, 0.3, 3) == (None, [(0.3, None)])
+    assert bench_serve.find_rate(lambda r: {}, 0.3, 3) == (None, [(0.3, None)], None)
+
+
+def test_find_rate_stays_below_a_capacity_a_probe_ran_past():
+    """A probe that completed far fewer requests a second than arrived ran
+    past the capacity: the rate found is at most CAPACITY_SHARE of it, not
+    where a finite overloaded run's in-flight line crosses the target."""
+    rate, probes, capacity = bench_serve.find_rate(_overloaded_run, 0.4, 2)
+    assert probes[1][0] > 1.0, "Little's law from the first probe overshoots"
+    assert capacity == pytest.approx(0.535)
+    assert rate == pytest.approx(bench_serve.CAPACITY_SHARE * 0.535)
+    # A third probe goes no higher than the cap either.
+    _, probes3, _ = bench_serve.find_rate(_overloaded_run, 0.4, 3)
+    assert probes3[2][0] == pytest.approx(bench_serve.CAPACITY_SHARE * 0.535)
 
 
 FIND_ARGS = ["--target", "T", "--modes", "plain", "spec_extend", "--draft", "D",
@@ -665,7 +693,7 @@ def test_find_rate_probes_on_the_first_server_only(tiny_target, long_prompts,
 
     def run_cell(args, client, base, mode, cell, logs):
         ran.append((mode, cell.load, cell.request_rate, len(cell.datasets)))
-        return [{"in_flight": _queue(cell.request_rate), "acceptance_length": None}
+        return [{**_queue_run(cell.request_rate), "acceptance_length": None}
                 for _ in cell.datasets]
 
     monkeypatch.setattr(bench_serve, "serve", lambda *a, **k: _Server())
@@ -679,7 +707,7 @@ def test_find_rate_probes_on_the_first_server_only(tiny_target, long_prompts,
         bench_serve.run_mode(args, None, mode, warmups, cells, result,
                              tmp_path / "results.json")
     assert [s.get("error") for s in result["servers"]] == [None, None]
-    high, _ = bench_serve.find_rate(_queue, 0.3, 2)
+    high, _, _ = bench_serve.find_rate(_queue_run, 0.3, 2)
     high = float(f"{high:.3g}")
     low = float(f"{high / 2:.3g}")
     assert ran == [("plain", "probe", 0.3, 1), ("plain", "probe", ran[1][2], 1),
@@ -712,6 +740,9 @@ def test_rate_table_says_how_its_rates_were_found(tmp_path):
     assert ("Rates found (`--find-rate`) on the plain server: probes at 0.3 req/s "
             "(4.0 in flight), 1.2 req/s (none in flight); high 2 req/s, low half of it."
             ) in bench_serve.table(result)
+    result["probes"]["capacity"] = 2.2
+    assert ("A probe ran past the server's capacity, 2.2 completed req/s: high is "
+            "at most 90% of it.") in bench_serve.table(result)
 
 
 def test_a_probe_that_fails_stops_the_table(tiny_target, long_prompts, tmp_path,
