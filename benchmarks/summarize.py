@@ -36,7 +36,9 @@ context, request rate): ``"request_rate"`` (requests/s, Poisson arrivals),
 ms, e.g. ``{"ttft": 20000, "tpot": 50}``, or None), and per run: ``tok_s``
 (output tok/s: every output token over the run's time), ``ttft_p50_ms``,
 ``tpot_p50_ms``, ``goodput`` (completed requests per second that met the
-SLOs; None without SLOs) and ``in_flight`` (mean requests in flight).
+SLOs; None without SLOs) and ``in_flight`` (mean requests in flight). Their
+headline tables give TPOT and TTFT p50 per (workload, context, load) and rate,
+a column per mode; lower is better there, ratios included.
 
 ``--write`` replaces what lies between ``<!-- summary:start -->`` and
 ``<!-- summary:end -->`` in each file with the headline tables, one per bench
@@ -397,6 +399,14 @@ def render(rows: list[dict], link_base: Path | None = None) -> str:
          "(tokens after each request's first, over that time)", "tok_s"),
         ("serve", "serve", "concurrency", ["workload", "context"], "output tok/s",
          "output_tok_s"),
+        # Issue #45: at a request rate the latencies are what operators size
+        # by (lower is better, so are the ratios).
+        ("serve_rate", "serve at a request rate", "request_rate",
+         ["workload", "context", "load"], "TPOT p50 ms (lower is better; "
+         "Poisson arrivals at the rate, req/s)", "tpot_p50_ms"),
+        ("serve_rate", "serve at a request rate", "request_rate",
+         ["workload", "context", "load"], "TTFT p50 ms (lower is better)",
+         "ttft_p50_ms"),
     ):
         mine = [r for r in speed if r["bench"] == bench and r.get(metric)
                 # End to end holds a prefill only where the prompts were fresh.

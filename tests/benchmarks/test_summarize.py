@@ -372,7 +372,8 @@ def test_the_speed_config_alone_is_no_variant():
 def test_serving_rows_at_a_request_rate(results):
     """bench_serve's rows at a request rate: serve_rate rows with each run's
     output tok/s, TTFT and TPOT p50, goodput and requests in flight; the
-    file's burst rows as ever; no headline table takes them."""
+    file's burst rows as ever; headline tables of TPOT and TTFT p50 per
+    load and rate, the ratio within the file."""
     runs = [{"output_throughput": tok_s, "median_ttft_ms": ttft, "median_tpot_ms": tpot,
              "request_goodput": goodput, "in_flight": flight, "gpu_busy": busy}
             for tok_s, ttft, tpot, goodput, flight, busy in (
@@ -386,7 +387,16 @@ def test_serving_rows_at_a_request_rate(results):
     file = results / "serve" / "20261210T0000Z" / "results.json"
     file.parent.mkdir()
     file.write_text(json.dumps(_serve([rate])))
-    assert summarize.render(summarize.summarize(results)) == before
+    text = summarize.render(summarize.summarize(results))
+    assert text.startswith(before.rstrip("\n")), "the rate tables come last"
+    plain = {**rate, "mode": "plain", "draft": None, "runs": [
+        {**runs[0], "median_tpot_ms": 80.0, "median_ttft_ms": 1000.0}]}
+    file.write_text(json.dumps(_serve([rate, plain])))
+    text = summarize.render(summarize.summarize(results))
+    tpot, ttft = text.split("**serve at a request rate**: TPOT")[1].split(
+        "**serve at a request rate**: TTFT")
+    assert "| long | 16K | high | d | 0.5 | 80 (1 run) · 90% | 41 (40–42) · 90% | – | 0.51 |" in tpot
+    assert "| long | 16K | high | d | 0.5 | 1000 (1 run) · 90% | 850 (800–900) · 90% | – | 0.85 |" in ttft
     file.write_text(json.dumps(_serve([rate, _serve_row("plain", [10.0, 12.0])])))
     rows = [r for r in summarize.summarize(results) if "20261210" in r["file"]]
     assert [r["bench"] for r in rows] == ["serve_rate", "serve"]
