@@ -483,6 +483,46 @@ PY
     cp "$OUT/serve12_$tag"/{results.json,summary.md} "$OUT"/ 2>/dev/null
     cp "$OUT/serve12_$tag"/serve_*.png "$OUT"/ 2>/dev/null
     tar -C "$OUT" -czf "$OUT/serve12_$tag.tgz" "serve12_$tag" && rm -rf "$OUT/serve12_$tag" ;;
+  rate45)
+    # Issue #45's rate table on a 4-GPU host: a detached serve12 a GPU, the
+    # modes of each one after another on it, the four GPUs side by side:
+    #   GPU 0: plain, spec_extend at RATE_HIGH (load high)
+    #   GPU 1: plain, spec_extend with RATE45_CONFIG (default: the pooled
+    #          draft pass, draft_prompt_pool 128; RATE45_TAG names it) at RATE_HIGH
+    #   GPU 2: plain, spec_extend at half of RATE_HIGH (load low)
+    #   GPU 3: draft_model, self_draft at RATE_HIGH
+    # RATE_HIGH (0.48 req/s): 90% of the 0.535 req/s plain completed at
+    # 32K/512 on an H200 past its capacity (serve/20261128T1920Z_..._rate1.14:
+    # the probe at 1.63 req/s); --find-rate now caps at the same. Each call
+    # waits RATE45_WAIT_S (540) in all; call again within 30 s until the four
+    # have ended (about 17 minutes: a server start of 1.5-2 min, runs of ~90 s
+    # at 0.48 and ~150 s at 0.24). The last call brings back a log and an
+    # archive a GPU (8 files: gpu.txt stays home).
+    high=${RATE_HIGH:-0.48}; low=$(python3 -c "print(f'{$high / 2:.3g}')")
+    config=${RATE45_CONFIG:-'{"top_k": 32, "recent_tokens": 256, "draft_prompt_pool": 128}'}
+    jobs=("0|plain spec_extend|$high|high||" "1|plain spec_extend|$high|high|$config|${RATE45_TAG:-pool128}"
+          "2|plain spec_extend|$low|low||" "3|draft_model self_draft|$high|high||")
+    end=$((SECONDS + ${RATE45_WAIT_S:-540})); rc=0
+    # Twice through: first each job starts (or is looked at), then each waits
+    # out what is left of the call.
+    for job in "${jobs[@]}" - "${jobs[@]}"; do
+      [ "$job" = - ] && { started=1; continue; }
+      IFS='|' read -r gpu modes rate load cfg tag <<< "$job"
+      wait_s=1; [ "${started:-0}" = 1 ] && wait_s=$((end - SECONDS))
+      [ "$wait_s" -lt 1 ] && wait_s=1
+      # The first job stops an earlier call's leftovers; the others run beside it.
+      CUDA_VISIBLE_DEVICES=$gpu SIDE_BY_SIDE=$([ "$gpu" = 0 ] && echo 0 || echo 1) \
+        SERVE_MODE=$modes SERVE_RATES=$rate SERVE_LOAD=$load SERVE_SPEC_EXTEND=$cfg \
+        SERVE_TAG=$tag SERVE_INPUT_LEN=${SERVE_INPUT_LEN:-32768} \
+        SERVE_OUTPUT_LEN=${SERVE_OUTPUT_LEN:-512} SERVE_DETACH=1 \
+        SERVE_TIMEOUT=${SERVE_TIMEOUT:-1500} SERVE_WAIT_S=$wait_s \
+        bash "$0" serve12 > "/tmp/rate45_gpu$gpu.out" 2>&1 || rc=$?
+      [ "${started:-0}" = 1 ] && grep -E "^\| (plain|spec_extend|draft_model|self_draft) \| [0-9.]+ \||still running|rc=" \
+        "/tmp/rate45_gpu$gpu.out" | cut -c1-300
+    done
+    # Each finished job's archive holds its results.json, summary.md and plot.
+    rm -f "$OUT"/results.json "$OUT"/summary.md "$OUT"/serve_*.png "$OUT/gpu.txt"
+    exit $rc ;;
   soak21)
     # Issue #21's soak (benchmarks/serve/soak.py; docs/testing.md, "Soak"): vllm serve
     # --spec-extend, 8B/1B shapes, dummy weights, K=4, real rejection sampling
@@ -666,5 +706,5 @@ PY
       --out "$OUT/copy_tasks_summary.json" > "$OUT/copy46_summary.log" 2>&1 || rc=$?
     tail -40 "$OUT/copy46_summary.log"
     echo "copy46 rc=$rc"; exit $rc ;;
-  *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|tp-tests|serve12|soak21|gguf|pair|eval|analyses|needle|grid23|copy46|options|pool45|fp8draft|viewattn|prefillfloor" >&2; exit 2 ;;
+  *) echo "usage: host_run.sh kernels|gpu-tests|graph-tests|decode26|self-draft|capture|decode15|eagle3|tp-lossless|tp-speed|tp-tests|serve12|rate45|soak21|gguf|pair|eval|analyses|needle|grid23|copy46|options|pool45|fp8draft|viewattn|prefillfloor" >&2; exit 2 ;;
 esac
