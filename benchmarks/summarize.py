@@ -57,6 +57,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from benchmarks.harness.measure import QUEUE_GROWTH
 from benchmarks.harness.meta import config_switches, device, tuning_switches
 from benchmarks.harness.modes import LABELS as MODE_ORDER
 from benchmarks.harness.modes import PLUGIN_MODES
@@ -167,9 +168,21 @@ def rate_row(result: dict, r: dict, ok: list[dict], file: str) -> dict:
             "tpot_p50_ms": [run["median_tpot_ms"] for run in ok],
             "goodput": [run.get("request_goodput") for run in ok],
             "in_flight": [run.get("in_flight") for run in ok],
+            "ttft_growth": [run.get("ttft_growth") for run in ok],
+            "queue": _queue(ok),
             "gpu_busy": _busy(ok), "file": file,
             "synthetic_acceptance": _synthetic(meta["config"]),
             "date_utc": meta["date_utc"]}
+
+
+def _queue(runs: list[dict]) -> str | None:
+    """"grew" where the runs' median ``ttft_growth`` passes
+    ``measure.QUEUE_GROWTH`` (past the server's capacity: an overload, whatever
+    its load label), "steady" below it, None where no run has the figure."""
+    growth = [g for g in (run.get("ttft_growth") for run in runs) if g is not None]
+    if not growth:
+        return None
+    return "grew" if statistics.median(growth) > QUEUE_GROWTH else "steady"
 
 
 def serve_rows(result: dict, file: str) -> list[dict]:
@@ -268,9 +281,11 @@ def _cell(row: dict | None, link_base: Path | None, metric: str) -> str:
     if row is None:
         return "–"
     values = row[metric]
-    text = f"{statistics.median(values):.0f}"
-    text += (f" ({min(values):.0f}–{max(values):.0f})" if len(values) > 1
-             else " (1 run)")
+    # Milliseconds under 100 (a TPOT) keep a decimal; tok/s and longer times none.
+    digits = 1 if metric.endswith("_ms") and statistics.median(values) < 100 else 0
+    text = f"{statistics.median(values):.{digits}f}"
+    text += (f" ({min(values):.{digits}f}–{max(values):.{digits}f})"
+             if len(values) > 1 else " (1 run)")
     busy = _median_busy(row)
     if busy is not None:
         text += f" · {100 * busy:.0f}%"
@@ -325,7 +340,7 @@ def _table(rows: list[dict], key_cols: list[str], x: str, link_base: Path | None
             (r for f in files for r in plain if r["file"] == f),
             latest.get((*keys, None, xv, "plain")))
         base = next((cells[m] for m in vllm_spec if cells.get(m)), None)
-        line = [*map(_fmt, keys), draft or "– (target)", str(xv),
+        line = [*map(_fmt, keys), draft or "– (target)", _fmt(xv),
                 *(_cell(cells.get(m), link_base, metric) for m in modes),
                 _ratio(cells.get("spec_extend"), base, metric),
                 _ratio(cells.get("spec_extend"), cells.get("plain"), metric)]
@@ -336,8 +351,12 @@ def _table(rows: list[dict], key_cols: list[str], x: str, link_base: Path | None
 
 
 def _fmt(value) -> str:
+    if value is None:
+        return "–"
     if isinstance(value, int) and value >= 1024 and value % 1024 == 0:
         return f"{value // 1024}K"
+    if isinstance(value, float):
+        return f"{value:g}"
     return str(value)
 
 
@@ -402,10 +421,12 @@ def render(rows: list[dict], link_base: Path | None = None) -> str:
         # Issue #45: at a request rate the latencies are what operators size
         # by (lower is better, so are the ratios).
         ("serve_rate", "serve at a request rate", "request_rate",
-         ["workload", "context", "load"], "TPOT p50 ms (lower is better; "
-         "Poisson arrivals at the rate, req/s)", "tpot_p50_ms"),
+         ["workload", "context", "load", "queue"], "TPOT p50 ms (lower is "
+         "better; Poisson arrivals at the rate, req/s; queue: whether the "
+         "runs' later requests waited over twice as long for their first "
+         "token as the earlier ones, past the server's capacity)", "tpot_p50_ms"),
         ("serve_rate", "serve at a request rate", "request_rate",
-         ["workload", "context", "load"], "TTFT p50 ms (lower is better)",
+         ["workload", "context", "load", "queue"], "TTFT p50 ms (lower is better)",
          "ttft_p50_ms"),
     ):
         mine = [r for r in speed if r["bench"] == bench and r.get(metric)

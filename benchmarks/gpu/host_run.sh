@@ -12,8 +12,10 @@ set -uo pipefail
 export PYTHONPATH=$PWD:/root/vsite PYTHONUNBUFFERED=1 SPECEXTEND_DATA_DIR=$PWD/.gpu/data
 OUT=${OUT:-/tmp/out}
 M=.gpu/models
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
-  --target /root/vsite .gpu/wheel/*.whl 2>&1 | grep -v WARNING
+# HOST_RUN_INSTALLED=1: a phase run by another (rate45) skips the reinstall,
+# which could race a server starting beside it.
+[ "${HOST_RUN_INSTALLED:-0}" = 1 ] || python3 -m pip install -q --no-index --no-deps \
+  --no-compile --upgrade --target /root/vsite .gpu/wheel/*.whl 2>&1 | grep -v WARNING
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
 source benchmarks/gpu/detached.sh
 
@@ -502,6 +504,12 @@ PY
     config=${RATE45_CONFIG:-'{"top_k": 32, "recent_tokens": 256, "draft_prompt_pool": 128}'}
     jobs=("0|plain spec_extend|$high|high||" "1|plain spec_extend|$high|high|$config|${RATE45_TAG:-pool128}"
           "2|plain spec_extend|$low|low||" "3|draft_model self_draft|$high|high||")
+    # An earlier call's leftovers are stopped once, before the first job
+    # starts; every job then runs beside the others (SIDE_BY_SIDE=1).
+    if [ ! -f "$DETACHED_ROOT/rate45.started" ]; then
+      stop_leftovers || exit 3
+      mkdir -p "$DETACHED_ROOT" && touch "$DETACHED_ROOT/rate45.started"
+    fi
     end=$((SECONDS + ${RATE45_WAIT_S:-540})); rc=0
     # Twice through: first each job starts (or is looked at), then each waits
     # out what is left of the call.
@@ -510,15 +518,14 @@ PY
       IFS='|' read -r gpu modes rate load cfg tag <<< "$job"
       wait_s=1; [ "${started:-0}" = 1 ] && wait_s=$((end - SECONDS))
       [ "$wait_s" -lt 1 ] && wait_s=1
-      # The first job stops an earlier call's leftovers; the others run beside it.
-      CUDA_VISIBLE_DEVICES=$gpu SIDE_BY_SIDE=$([ "$gpu" = 0 ] && echo 0 || echo 1) \
+      CUDA_VISIBLE_DEVICES=$gpu SIDE_BY_SIDE=1 HOST_RUN_INSTALLED=1 \
         SERVE_MODE=$modes SERVE_RATES=$rate SERVE_LOAD=$load SERVE_SPEC_EXTEND=$cfg \
         SERVE_TAG=$tag SERVE_INPUT_LEN=${SERVE_INPUT_LEN:-32768} \
         SERVE_OUTPUT_LEN=${SERVE_OUTPUT_LEN:-512} SERVE_DETACH=1 \
         SERVE_TIMEOUT=${SERVE_TIMEOUT:-1500} SERVE_WAIT_S=$wait_s \
-        bash "$0" serve12 > "/tmp/rate45_gpu$gpu.out" 2>&1 || rc=$?
-      [ "${started:-0}" = 1 ] && grep -E "^\| (plain|spec_extend|draft_model|self_draft) \| [0-9.]+ \||still running|rc=" \
-        "/tmp/rate45_gpu$gpu.out" | cut -c1-300
+        bash "$0" serve12 > "${TMPDIR:-/tmp}/rate45_gpu$gpu.out" 2>&1 || rc=$?
+      [ "${started:-0}" = 1 ] && grep -E "^\| (plain|spec_extend|draft_model|self_draft) \| [0-9.]+ \||still running|rc=|detached run is going|[Ee]rror" \
+        "${TMPDIR:-/tmp}/rate45_gpu$gpu.out" | cut -c1-300
     done
     # Each finished job's archive holds its results.json, summary.md and plot.
     rm -f "$OUT"/results.json "$OUT"/summary.md "$OUT"/serve_*.png "$OUT/gpu.txt"

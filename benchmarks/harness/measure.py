@@ -78,6 +78,27 @@ def mean_in_flight(spans: Iterable[tuple[float, float]]) -> float | None:
     return sum(end - start for start, end in spans) / wall if wall > 0 else None
 
 
+# A run whose later requests waited this many times longer for their first
+# token than its earlier ones ran past the server's capacity: its queue grew
+# all run long. H200, 8B, 32K/512 (2026-11-28): 1.0-1.1 at 0.35 and 0.5
+# req/s, 2.9-4.8 at 1.14 and 1.63 (plain completes 0.53).
+QUEUE_GROWTH = 2.0
+
+
+def ttft_growth(starts: Sequence[float], ttfts: Sequence[float]) -> float | None:
+    """Median time to first token of the last third of a run's requests (by
+    start) over that of its first third; None under 3 requests. About 1 where
+    the server keeps up (a finite run's mean in flight does not tell: it
+    grows with the rate past the capacity too), above ``QUEUE_GROWTH`` where
+    the queue grew."""
+    ordered = [t for _, t in sorted(zip(starts, ttfts, strict=True))]
+    third = len(ordered) // 3
+    if not third:
+        return None
+    first = statistics.median(ordered[:third])
+    return statistics.median(ordered[-third:]) / first if first > 0 else None
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-th percentile (0-100), linear between ranks (numpy's default)."""
     values = sorted(values)

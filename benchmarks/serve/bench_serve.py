@@ -46,7 +46,8 @@ the rate at which ``--target-in-flight`` (16) requests would be in flight
 ``--probes`` probe runs (one run each, documents of their own), the first at
 RATE and each next one at ``next_rate`` of those before, at most
 ``CAPACITY_SHARE`` (90%) of the completed requests per second of a probe that
-ran past the server's capacity (``OVERLOADED``); the table then runs
+ran past the server's capacity (its later requests' first tokens came over
+``QUEUE_GROWTH`` times later than its earlier ones'); the table then runs
 every mode at the rate so found (``high``) and at half of it (``low``), high
 first (``--load`` picks one, or the order). The probes are kept under
 ``probes`` in the results, outside the table's rows.
@@ -118,10 +119,12 @@ from benchmarks import prompts
 from benchmarks.harness import modes
 from benchmarks.harness.gpu_busy import GpuBusy
 from benchmarks.harness.measure import (
+    QUEUE_GROWTH,
     burst_shape,
     decode_throughput,
     mean_in_flight,
     spread,
+    ttft_growth,
 )
 from benchmarks.harness.meta import (
     SPEED_SPEC_EXTEND,
@@ -274,7 +277,9 @@ def plan(args) -> tuple[dict[int, str], list[Cell]]:
             for run in range(args.runs)]
     if args.find_rate is not None:
         # The probes' own documents, one run each: no run reuses a probe's cache.
-        probe = Traffic(None, args.num_prompts[-1], args.find_rate, "probe")
+        # As many requests as the high load's runs (the rate it finds).
+        n = args.num_prompts[args.load.index("high") if "high" in args.load else 0]
+        probe = Traffic(None, n, args.find_rate, "probe")
         runs = [(args.workloads[0], probe, i) for i in range(args.probes)] + runs
     for input_len in args.input_lens:
         lens = [document_lens(args, w, input_len, t.num_prompts) for w, t, _ in runs]
@@ -293,8 +298,9 @@ def plan(args) -> tuple[dict[int, str], list[Cell]]:
             cell = here[workload, t.tag, t.load]
             rows, prime = run_prompts(workload, [next(texts) for _ in run_lens],
                                       t.num_prompts)
-            # A probe's rate is known only when it runs: its files name no rate.
-            name = "probe" if t.load == "probe" else t.tag
+            # --find-rate's rates are known only once the probes ran: its
+            # datasets are named by their load ("probe", "high", "low").
+            name = t.load if args.find_rate is not None else t.tag
             path = root / f"{workload}_{input_len}_{name}_run{run}.jsonl"
             cell.datasets.append(write_dataset(path, rows, cell.output_len))
             cell.primes.append(prime)
@@ -410,6 +416,15 @@ def in_flight(bench: dict) -> float | None:
                           if not error)
 
 
+def queue_growth(bench: dict) -> float | None:
+    """``measure.ttft_growth`` over the requests that did not fail, from
+    ``--save-detailed``'s per-request data: about 1 where the server kept
+    up, over ``QUEUE_GROWTH`` where its queue grew all run long."""
+    ok = [(start, ttft) for start, ttft, error in zip(
+        bench["start_times"], bench["ttfts"], bench["errors"], strict=True) if not error]
+    return ttft_growth([s for s, _ in ok], [t for _, t in ok])
+
+
 def next_rate(probes: list[tuple[float, float]], target: float = 16.0) -> float | None:
     """The request rate to run next for ``target`` requests in flight, from
     measured (request rate, mean in flight) probes of one server and workload.
@@ -439,14 +454,13 @@ def next_rate(probes: list[tuple[float, float]], target: float = 16.0) -> float 
     return line
 
 
-# A probe that completed fewer than OVERLOADED x its rate requests per second
-# ran past the server's capacity: its queue grew for the whole run, and a
-# finite run's mean in flight then grows with the rate without bound (H200,
-# 8B, 32K/512, 32 requests: 24 in flight at 1.63 req/s against a capacity of
-# 0.53; next_rate then proposed 1.14, twice the capacity, 2026-11-28).
-OVERLOADED = 0.8
-# The highest rate found: this share of the capacity such a probe measured
-# (its completed requests per second).
+# The highest rate found: this share of the capacity that a probe past it
+# measured (its completed requests per second). Past the capacity a probe's
+# queue grows all run long (``measure.ttft_growth`` over QUEUE_GROWTH), and a
+# finite run's mean in flight still grows with the rate (H200, 8B, 32K/512,
+# 32 requests: 24 in flight at 1.63 req/s, which completed 0.535; the line
+# through it proposed 1.14, twice the capacity, 2026-11-28). Its completed
+# requests per second are the capacity then (the 1.14 runs: 0.531-0.534).
 CAPACITY_SHARE = 0.9
 
 
@@ -454,10 +468,11 @@ def find_rate(probe, first: float, probes: int, target: float = 16.0,
               ) -> tuple[float | None, list[tuple[float, float | None]], float | None]:
     """The request rate for ``target`` requests in flight, from ``probes``
     probe runs: ``probe(rate)`` runs one and returns its run (``in_flight``,
-    None where it had none, e.g. every request failed; ``request_throughput``,
-    completed requests per second); the first at ``first``, each next one at
-    ``next_rate`` of those before, capped at ``CAPACITY_SHARE`` of the
-    capacity an overloaded probe measured (``OVERLOADED``). Returns that rate
+    None where it had none, e.g. every request failed; ``ttft_growth``;
+    ``request_throughput``, completed requests per second); the first at
+    ``first``, each next one at ``next_rate`` of those before, capped at
+    ``CAPACITY_SHARE`` of the capacity a probe whose queue grew measured
+    (``measure.QUEUE_GROWTH``). Returns that rate
     over every probe (None without a usable one), the probes (rate, in
     flight) and the capacity (None where no probe was overloaded)."""
     done: list[tuple[float, float | None]] = []
@@ -466,8 +481,8 @@ def find_rate(probe, first: float, probes: int, target: float = 16.0,
     for _ in range(probes):
         run = probe(rate)
         done.append((rate, run.get("in_flight")))
-        throughput = run.get("request_throughput")
-        if throughput and throughput < OVERLOADED * rate:
+        throughput, growth = run.get("request_throughput"), run.get("ttft_growth")
+        if throughput and growth and growth > QUEUE_GROWTH:
             capacity = max(capacity or 0.0, throughput)
         rate = next_rate([(r, n) for r, n in done if n], target)
         if rate is None:
@@ -516,6 +531,7 @@ def run_figures(bench: dict, delta: dict, busy: GpuBusy) -> dict:
         **{k: v for k, v in bench.items() if not isinstance(v, (list, dict))},
         **decode_phase(bench, busy),
         "in_flight": in_flight(bench),
+        "ttft_growth": queue_growth(bench),
         "errors": [e for e in bench.get("errors", []) if e][:5],
         "acceptance_rate": rate,
         "acceptance_length": length,
@@ -593,7 +609,7 @@ def probe_rates(args, client: BenchClient, base: str, mode: str, cell: Cell,
     raised leaves it None, and no mode runs the table)."""
     runs = probes["runs"]
 
-    def probe(rate: float) -> float | None:
+    def probe(rate: float) -> dict:
         i = len(runs)
         one = dataclasses.replace(cell, datasets=[cell.datasets[i]],
                                   primes=[cell.primes[i]], request_rate=rate)
@@ -601,6 +617,7 @@ def probe_rates(args, client: BenchClient, base: str, mode: str, cell: Cell,
         runs.append({"request_rate": rate, **run})
         print(json.dumps({"probe": i, "request_rate": rate,  # noqa: T201
                           "in_flight": run.get("in_flight"),
+                          "ttft_growth": run.get("ttft_growth"),
                           "request_throughput": run.get("request_throughput")}),
               flush=True)
         return run

@@ -502,6 +502,25 @@ def test_in_flight_counts_the_requests_that_completed():
     assert bench_serve.in_flight({**bench, "errors": ["x", "y", "z"]}) is None
 
 
+def test_ttft_growth_tells_a_growing_queue():
+    """The last third's median first-token time over the first third's: the
+    H200 32K runs of 2026-11-28 gave 1.0-1.1 where plain kept up and 2.9-4.8
+    past its capacity; a failed request does not count."""
+    from benchmarks.harness.measure import QUEUE_GROWTH, ttft_growth
+    steady = {"start_times": [0.0, 2.0, 4.0, 6.0, 8.0, 10.0], "ttfts": [1.4] * 6,
+              "errors": [""] * 6}
+    assert bench_serve.queue_growth(steady) == pytest.approx(1.0)
+    growing = {**steady, "ttfts": [1.0, 2.0, 5.0, 8.0, 12.0, 16.0]}
+    assert bench_serve.queue_growth(growing) == pytest.approx(14.0 / 1.5)
+    assert bench_serve.queue_growth(growing) > QUEUE_GROWTH
+    # Out of order and a failure: sorted by start, the failed one left out.
+    shuffled = {"start_times": [10.0, 0.0, 8.0, 2.0, 6.0, 4.0, 12.0],
+                "ttfts": [16.0, 1.0, 12.0, 2.0, 8.0, 5.0, 0.0],
+                "errors": ["", "", "", "", "", "", "timeout"]}
+    assert bench_serve.queue_growth(shuffled) == pytest.approx(14.0 / 1.5)
+    assert ttft_growth([0.0, 1.0], [1.0, 9.0]) is None, "under 3 requests"
+
+
 def test_a_saved_rate_result_gives_the_runs_figures():
     run = bench_serve.run_figures(saved_rate_result(), {}, GpuBusy())
     assert (run["request_rate"], run["max_concurrency"]) == (2.0, None)
@@ -622,17 +641,23 @@ def _queue(rate: float) -> float:
 
 
 def _queue_run(rate: float) -> dict:
-    """A probe run on ``_queue``'s server, which keeps up below 1 request/s
-    (a finite run completes a little under its rate: the last ones drain)."""
-    return {"in_flight": _queue(rate), "request_throughput": 0.93 * rate}
+    """A probe run on ``_queue``'s server, which keeps up below 1 request/s:
+    a finite run completes well under its rate (the last requests drain; at
+    16 in flight of 32 about two thirds of it), yet its queue does not grow."""
+    n = _queue(rate)
+    return {"in_flight": n, "request_throughput": rate * 32 / (32 + n),
+            "ttft_growth": 1.1}
 
 
 def _overloaded_run(rate: float) -> dict:
     """A probe run on a server whose capacity is 0.535 requests/s (the H200
-    8B at 32K/512 of 2026-11-28): past it the queue grows all run long, and a
+    8B at 32K/512 of 2026-11-28): past it the queue grows all run long (the
+    last third's first tokens 3-5 times later than the first third's), and a
     32-request run's mean in flight still grows with the rate."""
-    return {"in_flight": 9.8 * rate if rate < 0.5 else 14.8 * rate,
-            "request_throughput": min(0.93 * rate, 0.535)}
+    over = rate > 0.535
+    return {"in_flight": 14.8 * rate if over else 9.8 * rate,
+            "request_throughput": 0.535 if over else 0.93 * rate,
+            "ttft_growth": 3.6 if over else 1.1}
 
 
 def test_find_rate_closes_in_on_the_target():
@@ -641,6 +666,9 @@ def test_find_rate_closes_in_on_the_target():
     rate, probes, capacity = bench_serve.find_rate(_queue_run, 0.3, 2)
     assert [r for r, _ in probes] == [0.3, pytest.approx(0.3 * 16 / _queue(0.3))]
     assert rate == pytest.approx(16 / 36, rel=0.08)
+    # The second probe completed under 80% of its rate (the drain), yet its
+    # queue did not grow: no capacity is taken from it.
+    assert _queue_run(probes[1][0])["request_throughput"] < 0.8 * probes[1][0]
     assert capacity is None, "no probe ran past the server's capacity"
     rate3, _, _ = bench_serve.find_rate(_queue_run, 0.3, 3)
     assert abs(rate3 - 16 / 36) < abs(rate - 16 / 36)

@@ -395,8 +395,18 @@ def test_serving_rows_at_a_request_rate(results):
     text = summarize.render(summarize.summarize(results))
     tpot, ttft = text.split("**serve at a request rate**: TPOT")[1].split(
         "**serve at a request rate**: TTFT")
-    assert "| long | 16K | high | d | 0.5 | 80 (1 run) · 90% | 41 (40–42) · 90% | – | 0.51 |" in tpot
-    assert "| long | 16K | high | d | 0.5 | 1000 (1 run) · 90% | 850 (800–900) · 90% | – | 0.85 |" in ttft
+    assert ("| long | 16K | high | – | d | 0.5 | 80.0 (1 run) · 90% | "
+            "41.0 (40.0–42.0) · 90% | – | 0.51 |") in tpot
+    assert ("| long | 16K | high | – | d | 0.5 | 1000 (1 run) · 90% | "
+            "850 (800–900) · 90% | – | 0.85 |") in ttft
+    # Runs whose later requests waited far longer for their first token ran
+    # past the server's capacity: their line says the queue grew.
+    grew = [{**r, "ttft_growth": 3.0} for r in rate["runs"]]
+    plain["runs"] = [{**plain["runs"][0], "ttft_growth": 2.9}]
+    file.write_text(json.dumps(_serve([{**rate, "runs": grew}, plain])))
+    rows = summarize.summarize(results)
+    assert {r["queue"] for r in rows if "20261210" in r["file"]} == {"grew"}
+    assert "| long | 16K | high | grew | d | 0.5 | 80.0 (1 run)" in summarize.render(rows)
     file.write_text(json.dumps(_serve([rate, _serve_row("plain", [10.0, 12.0])])))
     rows = [r for r in summarize.summarize(results) if "20261210" in r["file"]]
     assert [r["bench"] for r in rows] == ["serve_rate", "serve"]
@@ -406,7 +416,7 @@ def test_serving_rows_at_a_request_rate(results):
         "load": "high", "goodput_slo": {"ttft": 20000.0, "tpot": 50.0},
         "tok_s": [100.0, 110.0], "ttft_p50_ms": [900.0, 800.0],
         "tpot_p50_ms": [40.0, 42.0], "goodput": [0.5, 0.4], "in_flight": [15.0, 17.0],
-        "gpu_busy": [0.9, None], "file": "serve/20261210T0000Z/results.json",
+        "ttft_growth": [None, None], "queue": None, "gpu_busy": [0.9, None], "file": "serve/20261210T0000Z/results.json",
         "synthetic_acceptance": 3.0, "date_utc": "d"}
     assert rows[1]["concurrency"] == 4 and rows[1]["tok_s"] == [10.0, 12.0]
 

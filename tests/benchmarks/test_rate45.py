@@ -1,0 +1,91 @@
+"""benchmarks/gpu/host_run.sh's rate45: issue #45's rate table on a 4-GPU
+host, a detached serve12 a GPU, run here with stand-ins for vLLM's bench and
+nvidia-smi: the four jobs run at once, each on its GPU with its modes, rate,
+load and config; a later call collects them in at most 8 files; an unknown
+detached run beside them stops the phase before any job starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tarfile
+import textwrap
+
+from benchmarks.harness.meta import REPO_ROOT
+
+# Stands in for `python3 -m benchmarks.serve.bench_serve ...` (waits until all
+# four have started, so jobs run one after another would time out) and for
+# `pip install`; anything else goes to the real python.
+FAKE_PYTHON = textwrap.dedent(f"""\
+    #!/bin/bash
+    case "$1 $2" in
+      "-m pip") exit 0 ;;
+      "-m benchmarks.serve.bench_serve")
+        argv="$*"
+        while [ $# -gt 0 ]; do case $1 in --out-dir) out=$2; shift ;; esac; shift; done
+        mkdir -p "$out"; echo "$CUDA_VISIBLE_DEVICES|$argv" > "$out/args.txt"
+        touch "$MARKS/$CUDA_VISIBLE_DEVICES"
+        for _ in $(seq 100); do [ "$(ls "$MARKS" | wc -l)" -ge 4 ] && break; sleep 0.1; done
+        [ "$(ls "$MARKS" | wc -l)" -ge 4 ] || {{ echo "ran alone" >&2; exit 9; }}
+        echo '{{}}' > "$out/results.json"
+        echo "| plain | 0.48 | high | 3/3 |" > "$out/summary.md"
+        touch "$out/serve_rate_long_32768.png"; exit 0 ;;
+    esac
+    exec {sys.executable} "$@"
+    """)
+FAKE_NVIDIA_SMI = "#!/bin/bash\ncase \"$*\" in *compute-apps*) exit 0 ;; esac\necho GPU\n"
+
+
+def call(tmp_path, wait_s: int) -> subprocess.CompletedProcess:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in (("python3", FAKE_PYTHON), ("nvidia-smi", FAKE_NVIDIA_SMI)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    out = tmp_path / "out"
+    if out.exists():  # each device call starts with an empty $OUT
+        subprocess.run(["rm", "-rf", str(out)], check=True)
+    out.mkdir()
+    (tmp_path / "marks").mkdir(exist_ok=True)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(out), "TMPDIR": str(tmp_path),
+           "MARKS": str(tmp_path / "marks"), "DETACHED_ROOT": str(tmp_path / "det"),
+           "RATE45_WAIT_S": str(wait_s)}
+    return subprocess.run(["bash", "benchmarks/gpu/host_run.sh", "rate45"], cwd=REPO_ROOT,
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_four_jobs_at_once_then_collected_in_eight_files(tmp_path):
+    first = call(tmp_path, 1)
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = call(tmp_path, 60)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert second.stdout.count(" rc=0") == 4, second.stdout
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    tags = ["draft_model-self_draft-long-32768-o512-r0.48-high",
+            "plain-spec_extend-long-32768-o512-r0.24-low",
+            "plain-spec_extend-long-32768-o512-r0.48-high",
+            "plain-spec_extend-long-32768-o512-r0.48-high-pool128"]
+    assert files == sorted(f"serve12_{t}.{ext}" for t in tags for ext in ("log", "tgz"))
+    jobs = {}
+    for tag in tags:
+        with tarfile.open(tmp_path / "out" / f"serve12_{tag}.tgz") as tar:
+            text = tar.extractfile(f"serve12_{tag}/args.txt").read().decode()
+        gpu, argv = text.strip().split("|", 1)
+        jobs[gpu] = (tag, argv)
+    assert jobs["0"][0].endswith("r0.48-high")
+    assert jobs["2"][0].endswith("r0.24-low") and "--load low" in jobs["2"][1]
+    assert jobs["3"][0].startswith("draft_model-self_draft")
+    assert '"draft_prompt_pool": 128' in jobs["1"][1]
+    assert all("draft_prompt_pool" not in jobs[g][1] for g in "023")
+    assert all("--long-output-len 512" in a and "--input-lens 32768" in a
+               for _, a in jobs.values())
+
+
+def test_an_unknown_detached_run_stops_the_phase(tmp_path):
+    other = tmp_path / "det" / "soak21_x"
+    other.mkdir(parents=True)
+    (other / "started").touch()
+    done = call(tmp_path, 1)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "a detached run is going (soak21_x)" in done.stderr
+    assert sorted(p.name for p in (tmp_path / "det").iterdir()) == ["soak21_x"]
