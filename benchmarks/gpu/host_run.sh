@@ -490,7 +490,8 @@ PY
     # modes of each one after another on it, the four GPUs side by side:
     #   GPU 0: plain, spec_extend at RATE_HIGH (load high)
     #   GPU 1: plain, spec_extend with RATE45_CONFIG (default: the pooled
-    #          draft pass, draft_prompt_pool 128; RATE45_TAG names it) at RATE_HIGH
+    #          draft pass, draft_prompt_pool 128; RATE45_TAG names it) and
+    #          RATE45_DRAFT (llama32_1b; e.g. llama32_1b_fp8) at RATE_HIGH
     #   GPU 2: plain, spec_extend at half of RATE_HIGH (load low)
     #   GPU 3: draft_model, self_draft at RATE_HIGH
     # RATE_HIGH (0.48 req/s): 90% of the 0.535 req/s plain completed at
@@ -502,8 +503,10 @@ PY
     # archive a GPU (8 files: gpu.txt stays home).
     high=${RATE_HIGH:-0.48}; low=$(python3 -c "print(f'{$high / 2:.3g}')")
     config=${RATE45_CONFIG:-'{"top_k": 32, "recent_tokens": 256, "draft_prompt_pool": 128}'}
-    jobs=("0|plain spec_extend|$high|high||" "1|plain spec_extend|$high|high|$config|${RATE45_TAG:-pool128}"
-          "2|plain spec_extend|$low|low||" "3|draft_model self_draft|$high|high||")
+    b1=llama32_1b
+    jobs=("0|plain spec_extend|$high|high|||$b1"
+          "1|plain spec_extend|$high|high|$config|${RATE45_TAG:-pool128}|${RATE45_DRAFT:-$b1}"
+          "2|plain spec_extend|$low|low|||$b1" "3|draft_model self_draft|$high|high|||$b1")
     # An earlier call's leftovers are stopped once, before the first job
     # starts; every job then runs beside the others (SIDE_BY_SIDE=1).
     if [ ! -f "$DETACHED_ROOT/rate45.started" ]; then
@@ -515,12 +518,12 @@ PY
     # out what is left of the call.
     for job in "${jobs[@]}" - "${jobs[@]}"; do
       [ "$job" = - ] && { started=1; continue; }
-      IFS='|' read -r gpu modes rate load cfg tag <<< "$job"
+      IFS='|' read -r gpu modes rate load cfg tag draft <<< "$job"
       wait_s=1; [ "${started:-0}" = 1 ] && wait_s=$((end - SECONDS))
       [ "$wait_s" -lt 1 ] && wait_s=1
       CUDA_VISIBLE_DEVICES=$gpu SIDE_BY_SIDE=1 HOST_RUN_INSTALLED=1 \
         SERVE_MODE=$modes SERVE_RATES=$rate SERVE_LOAD=$load SERVE_SPEC_EXTEND=$cfg \
-        SERVE_TAG=$tag SERVE_INPUT_LEN=${SERVE_INPUT_LEN:-32768} \
+        SERVE_TAG=$tag SERVE_DRAFT=$draft SERVE_INPUT_LEN=${SERVE_INPUT_LEN:-32768} \
         SERVE_OUTPUT_LEN=${SERVE_OUTPUT_LEN:-512} SERVE_DETACH=1 \
         SERVE_TIMEOUT=${SERVE_TIMEOUT:-1500} SERVE_WAIT_S=$wait_s \
         bash "$0" serve12 > "${TMPDIR:-/tmp}/rate45_gpu$gpu.out" 2>&1 || rc=$?

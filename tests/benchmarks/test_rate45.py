@@ -78,7 +78,7 @@ def test_four_jobs_at_once_then_collected_in_eight_files(tmp_path):
     assert '"draft_prompt_pool": 128' in jobs["1"][1]
     assert all("draft_prompt_pool" not in jobs[g][1] for g in "023")
     assert all("--long-output-len 512" in a and "--input-lens 32768" in a
-               for _, a in jobs.values())
+               and "--draft .gpu/models/llama32_1b " in a for _, a in jobs.values())
 
 
 def test_an_unknown_detached_run_stops_the_phase(tmp_path):
