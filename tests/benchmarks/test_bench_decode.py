@@ -79,7 +79,11 @@ def test_engines_say_what_they_changed(decode_run):
     engines = {e["mode"]: e for e in result["engines"]}
     assert list(engines) == MODES
     for mode in MODES:
-        assert "error" not in engines[mode], (engines[mode], proc.stderr[-3000:])
+        # A string, not a tuple: pytest prints a message whole, but cuts a
+        # long repr (an engine that failed to start on CI, 2026-11-28, left
+        # only its last line; its root cause is in the engine core's log).
+        assert "error" not in engines[mode], (
+            f"{mode}: {engines[mode]['error']}\n--- stderr ---\n{proc.stderr[-6000:]}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     # self_draft: the plugin's config and K, no draft model.
     self_draft = engines["self_draft"]["engine_args"]
