@@ -80,8 +80,8 @@ def mean_in_flight(spans: Iterable[tuple[float, float]]) -> float | None:
 
 # A run whose later requests waited this many times longer for their first
 # token than its earlier ones ran past the server's capacity: its queue grew
-# all run long. H200, 8B, 32K/512 (2026-11-28): 1.0-1.1 at 0.35 and 0.5
-# req/s, 2.9-4.8 at 1.14 and 1.63 (plain completes 0.53).
+# all run long. H200, 8B, 32K/512 (2026-11-28): 0.9-1.1 at 0.35 and 0.5
+# req/s, 2.7-4.8 at 1.14 and 1.63 (plain completes 0.53).
 QUEUE_GROWTH = 2.0
 
 

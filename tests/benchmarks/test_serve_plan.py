@@ -504,8 +504,8 @@ def test_in_flight_counts_the_requests_that_completed():
 
 def test_ttft_growth_tells_a_growing_queue():
     """The last third's median first-token time over the first third's: the
-    H200 32K runs of 2026-11-28 gave 1.0-1.1 where plain kept up and 2.9-4.8
-    past its capacity; a failed request does not count."""
+    H200 32K runs of 2026-11-28 gave 0.9-1.1 where the server kept up and
+    2.7-4.8 past its capacity; a failed request does not count."""
     from benchmarks.harness.measure import QUEUE_GROWTH, ttft_growth
     steady = {"start_times": [0.0, 2.0, 4.0, 6.0, 8.0, 10.0], "ttfts": [1.4] * 6,
               "errors": [""] * 6}
