@@ -423,8 +423,9 @@ def render(rows: list[dict], link_base: Path | None = None) -> str:
         ("serve_rate", "serve at a request rate", "request_rate",
          ["workload", "context", "load", "queue"], "TPOT p50 ms (lower is "
          "better; Poisson arrivals at the rate, req/s; queue: whether the "
-         "runs' later requests waited over twice as long for their first "
-         "token as the earlier ones, past the server's capacity)", "tpot_p50_ms"),
+         f"runs' later requests waited over {QUEUE_GROWTH:g} times as long for "
+         "their first token as the earlier ones, past the server's capacity)",
+         "tpot_p50_ms"),
         ("serve_rate", "serve at a request rate", "request_rate",
          ["workload", "context", "load", "queue"], "TTFT p50 ms (lower is better)",
          "ttft_p50_ms"),
