@@ -407,6 +407,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "default: vLLM's choice (V2 for dense models)")
     p.add_argument("--draft-timing", action="store_true",
                    help="time propose() in the workers (insecure serialization)")
+    p.add_argument("--start-retries", type=int, default=0, metavar="N",
+                   help="start an engine again, up to N times, when it fails to "
+                        "start (a transient failure of a loaded host); each "
+                        "failed start stays in the file's engines with its error")
     p.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("engine settings (default: vLLM's)")
     g.add_argument("--dtype")
@@ -440,6 +444,11 @@ def engines(args) -> list[tuple[str, int]]:
     return out
 
 
+def failed_starts(out: Path) -> int:
+    """Engines in ``out`` that failed to start (``run_engine`` records each)."""
+    return sum("error" in e for e in json.loads(out.read_text())["engines"])
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.only is not None:
@@ -456,7 +465,18 @@ def main(argv=None) -> int:
         cmd = [sys.executable, "-m", "benchmarks.decode.bench_decode",
                *(argv if argv is not None else sys.argv[1:]),
                "--only", f"{mode}:{index}"]
-        if subprocess.run(cmd).returncode != 0:
+        for attempt in range(args.start_retries + 1):
+            starts_failed = failed_starts(args.out)
+            if subprocess.run(cmd).returncode == 0:
+                break
+            if failed_starts(args.out) == starts_failed:
+                failed.append(f"{mode}:{index}")  # failed after its start
+                break
+            if attempt < args.start_retries:
+                print(f"{mode}:{index} failed to start; starting it again "
+                      f"({attempt + 1} of {args.start_retries})",
+                      file=sys.stderr, flush=True)  # noqa: T201
+        else:
             failed.append(f"{mode}:{index}")
     from benchmarks.decode.summarize_decode import table
 

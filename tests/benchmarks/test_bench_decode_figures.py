@@ -5,6 +5,8 @@ the warm-up's, and time to first token, decode and end-to-end tok/s from
 
 from __future__ import annotations
 
+import json
+import subprocess
 from types import SimpleNamespace
 
 import pytest
@@ -86,3 +88,39 @@ def test_run_figures_need_vllms_metrics():
     bare = output(1.0, 0.0, 0.0, 4)
     with pytest.raises(RuntimeError, match="disable_log_stats"):
         bench_decode.run_figures([bare], e2e_s=1.0)
+
+
+def test_an_engine_that_fails_to_start_starts_again(tmp_path, monkeypatch, capsys):
+    """``--start-retries``: a start that failed (recorded with its error) runs
+    again; a failure after the start does not, and counts as failed."""
+    out = tmp_path / "decode.json"
+    calls, run = [], subprocess.run
+
+    def child(cmd, **kwargs):  # the ``--only`` process: what it adds to the file
+        if "--only" not in cmd:
+            return run(cmd, **kwargs)  # the metadata's (git)
+        only = cmd[cmd.index("--only") + 1]
+        calls.append(only)
+        result = json.loads(out.read_text())
+        mode = only.split(":")[0]
+        if mode == "plain" and calls.count(only) == 1:
+            result["engines"].append({"mode": mode, "error": "RuntimeError: start"})
+            code = 1
+        else:
+            result["engines"].append({"mode": mode})
+            code = 1 if mode == "spec_extend" else 0  # fails while it runs
+        out.write_text(json.dumps(result))
+        return subprocess.CompletedProcess(cmd, code)
+
+    monkeypatch.setattr(bench_decode.subprocess, "run", child)
+    argv = ["--target-config", "t", "--draft-config", "d", "--modes", "plain",
+            "draft_model", "spec_extend", "--out", str(out), "--start-retries", "2"]
+    assert bench_decode.main(argv) == 1
+    assert calls == ["plain:-1", "plain:-1", "draft_model:0", "spec_extend:0"]
+    assert "engines that failed: spec_extend:0" in capsys.readouterr().err
+    assert [bool(e.get("error")) for e in json.loads(out.read_text())["engines"]] == [
+        True, False, False, False]
+    # Without retries the failed start is final.
+    calls.clear()
+    assert bench_decode.main([*argv[:-2], "--modes", "plain"]) == 1
+    assert calls == ["plain:-1"]
