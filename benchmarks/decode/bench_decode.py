@@ -428,6 +428,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--only", help=argparse.SUPPRESS)  # MODE:DRAFT_INDEX, internal
     args = p.parse_args(argv)
+    if args.start_retries < 0:
+        p.error("--start-retries takes 0 or more")
     if set(args.modes) & {"draft_model", "spec_extend"} and not args.draft_config:
         p.error("--draft-config is needed by the draft_model and spec_extend modes")
     return args
@@ -442,6 +444,10 @@ def engines(args) -> list[tuple[str, int]]:
         else:
             out.append((mode, -1))
     return out
+
+
+START_FAILED = "bench_decode: an engine failed to start"
+"""Printed after each failed start, before a retry's log."""
 
 
 def failed_starts(out: Path) -> int:
@@ -465,17 +471,18 @@ def main(argv=None) -> int:
         cmd = [sys.executable, "-m", "benchmarks.decode.bench_decode",
                *(argv if argv is not None else sys.argv[1:]),
                "--only", f"{mode}:{index}"]
-        for attempt in range(args.start_retries + 1):
+        for attempt in range(1, args.start_retries + 2):
             starts_failed = failed_starts(args.out)
             if subprocess.run(cmd).returncode == 0:
                 break
             if failed_starts(args.out) == starts_failed:
-                failed.append(f"{mode}:{index}")  # failed after its start
+                # Failed after its start (or died before it recorded one).
+                failed.append(f"{mode}:{index}")
                 break
-            if attempt < args.start_retries:
-                print(f"{mode}:{index} failed to start; starting it again "
-                      f"({attempt + 1} of {args.start_retries})",
-                      file=sys.stderr, flush=True)  # noqa: T201
+            # On both streams: vLLM logs to stdout, Python's faults to stderr.
+            for stream in (sys.stdout, sys.stderr):
+                print(f"{START_FAILED} ({mode}:{index}, attempt {attempt} of "
+                      f"{args.start_retries + 1})", file=stream, flush=True)  # noqa: T201
         else:
             failed.append(f"{mode}:{index}")
     from benchmarks.decode.summarize_decode import table

@@ -15,6 +15,8 @@ from pathlib import Path
 import background
 import pytest
 
+from benchmarks.decode import bench_decode
+
 pytestmark = pytest.mark.engine
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -81,14 +83,16 @@ def decode_run(request):
 
 
 def failed_starts(proc, result: dict) -> None:
-    """A start that failed and was retried: shown in the run's warnings, with
-    the log before the retry (a silent death prints its stack there:
-    PYTHONFAULTHANDLER)."""
-    logs = proc.stderr.split("failed to start; starting it again")
-    for engine, log in zip((e for e in result["engines"] if "error" in e), logs,
-                           strict=False):
-        warnings.warn(f"{engine['mode']} failed to start once: {engine['error']}\n"
-                      f"{log[-3000:]}", stacklevel=2)
+    """Each start that failed (and was retried): a warning of the run, with
+    the logs before it, vLLM's (stdout) and Python's (stderr; a silent death
+    prints its stack there: PYTHONFAULTHANDLER)."""
+    errors = [e for e in result["engines"] if "error" in e]
+    outs, errs = (s.split(bench_decode.START_FAILED) for s in (proc.stdout, proc.stderr))
+    assert len(outs) == len(errs) == len(errors) + 1  # one mark a failed start
+    for engine, out, err in zip(errors, outs, errs, strict=False):
+        warnings.warn(f"{engine['mode']} failed to start: {engine['error']}\n"
+                      f"--- stdout ---\n{out[-2000:]}\n--- stderr ---\n{err[-2000:]}",
+                      stacklevel=2)
 
 
 def test_engines_say_what_they_changed(decode_run):
@@ -184,6 +188,7 @@ def test_eagle3_head_shorter_than_the_context(request):
     proc, out = background.result(request, "eagle3")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(out.read_text())
+    failed_starts(proc, result)
     alone, extend = (r["runs"][0] for r in result["results"])
 
     assert [r["mode"] for r in result["results"]] == ["eagle3", "spec_extend"]

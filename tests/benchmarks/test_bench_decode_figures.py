@@ -92,9 +92,11 @@ def test_run_figures_need_vllms_metrics():
 
 def test_an_engine_that_fails_to_start_starts_again(tmp_path, monkeypatch, capsys):
     """``--start-retries``: a start that failed (recorded with its error) runs
-    again; a failure after the start does not, and counts as failed."""
+    again, marked in both logs; a failure after the start does not, and counts
+    as failed; so does a start that fails every time."""
     out = tmp_path / "decode.json"
     calls, run = [], subprocess.run
+    never_starts = set()
 
     def child(cmd, **kwargs):  # the ``--only`` process: what it adds to the file
         if "--only" not in cmd:
@@ -103,7 +105,7 @@ def test_an_engine_that_fails_to_start_starts_again(tmp_path, monkeypatch, capsy
         calls.append(only)
         result = json.loads(out.read_text())
         mode = only.split(":")[0]
-        if mode == "plain" and calls.count(only) == 1:
+        if mode in never_starts or (mode == "plain" and calls.count(only) == 1):
             result["engines"].append({"mode": mode, "error": "RuntimeError: start"})
             code = 1
         else:
@@ -117,10 +119,22 @@ def test_an_engine_that_fails_to_start_starts_again(tmp_path, monkeypatch, capsy
             "draft_model", "spec_extend", "--out", str(out), "--start-retries", "2"]
     assert bench_decode.main(argv) == 1
     assert calls == ["plain:-1", "plain:-1", "draft_model:0", "spec_extend:0"]
-    assert "engines that failed: spec_extend:0" in capsys.readouterr().err
+    logs = capsys.readouterr()
+    assert "engines that failed: spec_extend:0" in logs.err
+    mark = f"{bench_decode.START_FAILED} (plain:-1, attempt 1 of 3)"
+    assert logs.out.count(bench_decode.START_FAILED) == 1 and mark in logs.out
+    assert logs.err.count(bench_decode.START_FAILED) == 1 and mark in logs.err
     assert [bool(e.get("error")) for e in json.loads(out.read_text())["engines"]] == [
         True, False, False, False]
-    # Without retries the failed start is final.
+    # A start that fails every time: three starts, then failed.
     calls.clear()
-    assert bench_decode.main([*argv[:-2], "--modes", "plain"]) == 1
-    assert calls == ["plain:-1"]
+    never_starts.add("draft_model")
+    assert bench_decode.main([*argv, "--modes", "draft_model"]) == 1
+    assert calls == ["draft_model:0"] * 3
+    assert "engines that failed: draft_model:0" in capsys.readouterr().err
+    # Without retries a failed start is final.
+    calls.clear()
+    assert bench_decode.main([*argv[:-2], "--modes", "draft_model"]) == 1
+    assert calls == ["draft_model:0"]
+    with pytest.raises(SystemExit):
+        bench_decode.parse_args([*argv[:-2], "--start-retries", "-1"])
