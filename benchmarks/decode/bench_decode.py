@@ -305,7 +305,8 @@ def run_engine(args, mode: str, index: int, out: Path) -> int:
         llm = LLM(**kwargs)
     except Exception as e:
         # Recorded; the parent goes on with the next engine.
-        append(out, "engines", {**engine, "error": f"{type(e).__name__}: {e}"})
+        append(out, "engines", {**engine, "error": f"{type(e).__name__}: {e}",
+                                "ended_children": ended_children()})
         raise
     # Asked only where the plugin was requested: elsewhere the RPC fails in the
     # engine, which logs it as an error with a traceback.
@@ -362,6 +363,25 @@ def run_engine(args, mode: str, index: int, out: Path) -> int:
     llm.llm_engine.engine_core.shutdown()
     shutil.rmtree(root, ignore_errors=True)
     return 0
+
+
+def ended_children(wait_s: float = 5.0) -> list[str]:
+    """How this process's multiprocessing children ended (an engine core that
+    died during start-up: vLLM reports ``Failed core proc(s): {}`` when it
+    looks before the exit status is in): name, pid, and the signal that
+    ended one or its exit code. ``multiprocessing.process._children`` holds
+    every child not yet cleaned up, the ended ones too."""
+    import multiprocessing.process
+    import signal
+
+    ended = []
+    for child in list(getattr(multiprocessing.process, "_children", ())):
+        child.join(wait_s)
+        code = child.exitcode
+        how = ("running" if code is None else f"killed by {signal.Signals(-code).name}"
+               if code < 0 else f"exit code {code}")
+        ended.append(f"{child.name} (pid {child.pid}): {how}")
+    return ended
 
 
 def append(out: Path, key: str, item: dict) -> None:

@@ -90,8 +90,11 @@ def failed_starts(proc, result: dict) -> None:
     outs, errs = (s.split(bench_decode.START_FAILED) for s in (proc.stdout, proc.stderr))
     assert len(outs) == len(errs) == len(errors) + 1  # one mark a failed start
     for engine, out, err in zip(errors, outs, errs, strict=False):
+        fault = err.find("Fatal Python error")  # the bench's traceback comes last
         warnings.warn(f"{engine['mode']} failed to start: {engine['error']}\n"
-                      f"--- stdout ---\n{out[-2000:]}\n--- stderr ---\n{err[-2000:]}",
+                      f"its processes: {engine.get('ended_children')}\n"
+                      f"--- stdout ---\n{out[-2000:]}\n--- stderr ---\n"
+                      f"{err[fault:fault + 3000] if fault >= 0 else ''}{err[-2000:]}",
                       stacklevel=2)
 
 

@@ -6,6 +6,7 @@ the warm-up's, and time to first token, decode and end-to-end tok/s from
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from types import SimpleNamespace
 
@@ -138,3 +139,23 @@ def test_an_engine_that_fails_to_start_starts_again(tmp_path, monkeypatch, capsy
     assert calls == ["draft_model:0"]
     with pytest.raises(SystemExit):
         bench_decode.parse_args([*argv[:-2], "--start-retries", "-1"])
+
+
+def _sleep():
+    import time
+
+    time.sleep(60)
+
+
+def test_ended_children_name_the_signal():
+    """What a failed start records of the processes it spawned: an engine
+    core killed during start-up shows the signal."""
+    import multiprocessing
+    import signal
+
+    child = multiprocessing.get_context("spawn").Process(target=_sleep,
+                                                         name="EngineCore")
+    child.start()
+    os.kill(child.pid, signal.SIGTERM)
+    ended = bench_decode.ended_children()
+    assert f"EngineCore (pid {child.pid}): killed by SIGTERM" in ended
