@@ -30,7 +30,7 @@ CPU = ["--load-format", "auto", "--dtype", "float32", "--acceptance-length", "0"
        "--enforce-eager", "--kv-cache-memory-bytes", "1000000000", "--block-size", "32",
        # An engine core died during start-up, silently, in 2 of ~10 suite
        # runs (2026-11-28), never alone: once more; each failed start is
-       # recorded and shown (``failed_starts``).
+       # recorded and shown (``warn_failed_starts``).
        "--start-retries", "1"]
 
 
@@ -82,7 +82,7 @@ def decode_run(request):
     return proc, json.loads(out.read_text())
 
 
-def failed_starts(proc, result: dict) -> None:
+def warn_failed_starts(proc, result: dict) -> None:
     """Each start that failed (and was retried): a warning of the run, with
     the logs before it, vLLM's (stdout) and Python's (stderr; a silent death
     prints its stack there: PYTHONFAULTHANDLER)."""
@@ -100,7 +100,7 @@ def failed_starts(proc, result: dict) -> None:
 
 def test_engines_say_what_they_changed(decode_run):
     proc, result = decode_run
-    failed_starts(proc, result)
+    warn_failed_starts(proc, result)
     # The last start of each mode counts; at most one retry a mode.
     engines = {e["mode"]: e for e in result["engines"]}
     assert len(result["engines"]) <= 2 * len(MODES)
@@ -191,7 +191,7 @@ def test_eagle3_head_shorter_than_the_context(request):
     proc, out = background.result(request, "eagle3")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(out.read_text())
-    failed_starts(proc, result)
+    warn_failed_starts(proc, result)
     alone, extend = (r["runs"][0] for r in result["results"])
 
     assert [r["mode"] for r in result["results"]] == ["eagle3", "spec_extend"]
