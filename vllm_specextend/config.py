@@ -103,7 +103,7 @@ class SpecExtendConfig:
     ``cmr`` or ``streaming`` policy; a step whose K vLLM set to 0 drafts
     nothing and writes its chunk's draft KV in full."""
 
-    draft_prompt_pool: int | None = None
+    draft_prompt_pool: int | str | None = "auto"
     """The draft computes its KV of a long prompt only where its views will
     read it: the sinks, the ``draft_prompt_pool`` chunks the target's scoring
     attention ranks top at the prompt's end, and the recent window, in one
@@ -114,10 +114,16 @@ class SpecExtendConfig:
     token's time at batch 1 and +19% for the last first token of eight
     (issue #45); a pool of 128 chunks is ~4.4K tokens. Lossless either way
     (the target verifies every draft); the draft's acceptance may change
-    (its pooled KV saw only the pool). None: the draft's full pass over every
-    prompt, as vLLM's. A draft model at its own positions under ``cmr``
-    (not with compacted positions, ``draft_prefill_window`` or ``self_draft``);
-    at least ``top_k``. Prompts shorter than ``pool_min_prompt`` pass in full."""
+    (its pooled KV saw only the pool: 1.001 of the full pass's accepted
+    tokens, 0.991-1.012, over 40 real-weight prompts at the share 128 chunks
+    hold of 32K; docs/evaluation.md). ``"auto"`` (the default):
+    ``AUTO_POOL_PER_TOP_K`` × ``top_k`` chunks (128 at the default top_k)
+    where this engine can pool, else the full pass, logged at start with the
+    reason (``resolve_prompt_pool``). None: the draft's full pass over every
+    prompt, as vLLM's. A number needs a draft model at its own positions
+    under ``cmr`` (not with compacted positions, ``draft_prefill_window`` or
+    ``self_draft``), at least ``top_k``. Prompts shorter than
+    ``pool_min_prompt`` pass in full."""
 
     draft_placement: str = "auto"
     """Where a draft model runs under tensor parallelism (``replicated.py``).
@@ -205,6 +211,9 @@ class SpecExtendConfig:
         hold, with a chunk to spare on each side; None: never."""
         if self.draft_prompt_pool is None:
             return None
+        if self.draft_prompt_pool == "auto":
+            raise ValueError("draft_prompt_pool \"auto\" is resolved per engine "
+                             "first (config.resolve_prompt_pool)")
         pooled = (self.sink_tokens + (self.draft_prompt_pool + 2) * self.chunk_size
                   + self.recent_tokens)
         return max(self.min_context, pooled)
@@ -349,11 +358,15 @@ _OPTIONAL_COUNTS = (
 def _raise_if_bad_optional_counts(cfg: SpecExtendConfig) -> None:
     for name, meaning, unset in _OPTIONAL_COUNTS:
         value = getattr(cfg, name)
+        auto = name == "draft_prompt_pool"  # the one with an "auto"
+        if auto and value == "auto":
+            continue
         if value is not None and (isinstance(value, bool)
                                   or not isinstance(value, int) or value < 1):
+            also = ', "auto"' if auto else ""
             raise SpecExtendConfigError(
                 f"spec_extend.{name}={value!r} must be a positive integer "
-                f"({meaning}) or null for {unset}."
+                f"({meaning}){also} or null for {unset}."
             )
 
 
@@ -503,9 +516,10 @@ def pooled_pass_tokens(cfg: SpecExtendConfig, num_spec_tokens: int) -> int:
 
 def raise_if_prompt_pool_unsupported(cfg: SpecExtendConfig,
                                      facts: EngineFacts) -> None:
-    """At engine config, and when a benchmark reconfigures a live engine."""
+    """At engine config, and when a benchmark reconfigures a live engine
+    (``"auto"`` never fails: ``resolve_prompt_pool`` turns it off instead)."""
     pool = cfg.draft_prompt_pool
-    if pool is None:
+    if pool is None or pool == "auto":
         return
     if cfg.policy != "cmr":
         raise SpecExtendConfigError(
@@ -549,6 +563,37 @@ def raise_if_prompt_pool_unsupported(cfg: SpecExtendConfig,
             f"than max_num_batched_tokens={budget}. Lower draft_prompt_pool, or "
             "raise --max-num-batched-tokens."
         )
+
+
+AUTO_POOL_PER_TOP_K = 4
+"""``draft_prompt_pool: "auto"`` pools this many times ``top_k`` chunks: at
+3-4 times the view's chunks the pooled pass cost no accepted tokens 40
+real-weight prompts could tell; pools under 1.5 times the view cost 3-6% in
+6-prompt hints (docs/evaluation.md, "A pooled prompt pass")."""
+
+
+def resolve_prompt_pool(cfg: SpecExtendConfig,
+                        facts: EngineFacts) -> tuple[SpecExtendConfig, str | None]:
+    """``cfg`` with ``draft_prompt_pool: "auto"`` resolved for this engine:
+    ``AUTO_POOL_PER_TOP_K * top_k`` chunks where the engine can pool, else
+    None (the draft's full pass), and a line that says which and why for the
+    start-up log; a config that names its pool (or null) comes back as it is,
+    with None. Every process of an engine resolves it alike (same facts)."""
+    if cfg.draft_prompt_pool != "auto":
+        return cfg, None
+    pooled = dataclasses.replace(cfg, draft_prompt_pool=AUTO_POOL_PER_TOP_K * cfg.top_k)
+    try:
+        raise_if_prompt_pool_unsupported(pooled, facts)
+    except SpecExtendConfigError as e:
+        return (dataclasses.replace(cfg, draft_prompt_pool=None),
+                f"the draft's full pass over every prompt ({e})")
+    if facts.max_model_len is not None and facts.max_model_len < pooled.pool_min_prompt:
+        return (dataclasses.replace(cfg, draft_prompt_pool=None),
+                f"the draft's full pass over every prompt (max_model_len="
+                f"{facts.max_model_len} is below the {pooled.pool_min_prompt} "
+                "tokens from which a prompt is pooled)")
+    return pooled, (f"{pooled.draft_prompt_pool} chunks for prompts from "
+                    f"{pooled.pool_min_prompt} tokens")
 
 
 def _raise_if_unpadded_drafter_batch(facts: EngineFacts) -> None:

@@ -55,6 +55,9 @@ def on_engine_config(vllm_config) -> None:
     compat.logger.info(
         "SpecExtend %s with worker %s", settings.config.policy, worker_cls
     )
+    if settings.prompt_pool_note is not None:
+        compat.logger.info("SpecExtend draft_prompt_pool auto: %s",
+                           settings.prompt_pool_note)
 
 
 def _hash_draft_placement(vllm_config, settings) -> None:

@@ -19,6 +19,7 @@ from vllm_specextend.config import (
     SpecExtendConfigError,
     raise_if_prefill_window_unsupported,
     raise_if_prompt_pool_unsupported,
+    resolve_prompt_pool,
     score_layer_index,
 )
 from vllm_specextend.draft_vocab import vocab_rows
@@ -34,6 +35,8 @@ class Reconfigurable:
     ``_min_context``."""
 
     def _use_config(self, cfg: SpecExtendConfig) -> None:
+        if cfg.draft_prompt_pool == "auto":  # a benchmark's config; the engine's comes resolved
+            cfg, _ = resolve_prompt_pool(cfg, self.settings.facts)
         # First, so that a draft_vocab the drafter cannot take changes nothing.
         self._vocab_rows = vocab_rows(self, cfg)
         self.cfg = cfg

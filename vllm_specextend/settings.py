@@ -22,6 +22,7 @@ from vllm_specextend.config import (
     SpecExtendConfig,
     compaction_on,
     replicated_draft,
+    resolve_prompt_pool,
     validate_engine,
 )
 
@@ -47,13 +48,18 @@ class Settings:
     """Every TP rank holds the whole draft (``draft_placement``, resolved)."""
     engine_index: int = 0
     """This engine's ``engine`` label on /metrics (its data-parallel rank)."""
+    prompt_pool_note: str | None = None
+    """What ``draft_prompt_pool: "auto"`` became here and why (None where the
+    config named it), for the start-up log."""
 
     @classmethod
     def resolve(
         cls, config: SpecExtendConfig, facts: EngineFacts, engine_index: int = 0
     ) -> Settings:
-        """Validate ``config`` against ``facts`` and draw the decisions."""
+        """Validate ``config`` against ``facts`` and draw the decisions;
+        ``config`` holds what ``"auto"`` keys resolved to."""
         validate_engine(config, facts)
+        config, pool_note = resolve_prompt_pool(config, facts)
         compact = compaction_on(config, facts)
         draft_len = facts.draft_max_model_len if compact else None
         return cls(
@@ -66,6 +72,7 @@ class Settings:
             ),
             replicated_draft=replicated_draft(config, facts),
             engine_index=engine_index,
+            prompt_pool_note=pool_note,
         )
 
     @classmethod

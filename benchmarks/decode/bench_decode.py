@@ -366,16 +366,23 @@ def run_engine(args, mode: str, index: int, out: Path) -> int:
 
 
 def ended_children(wait_s: float = 5.0) -> list[str]:
-    """How this process's multiprocessing children ended (an engine core that
-    died during start-up: vLLM reports ``Failed core proc(s): {}`` when it
-    looks before the exit status is in): name, pid, and the signal that
-    ended one or its exit code. ``multiprocessing.process._children`` holds
-    every child not yet cleaned up, the ended ones too."""
+    """How the processes this one started ended (an engine core that died
+    during start-up: vLLM reports ``Failed core proc(s): {}`` when it looks
+    before the exit status is in): name, pid, and the signal that ended one
+    or its exit code. vLLM's shutdown joins its processes before the error
+    reaches here, which drops them from ``multiprocessing``'s own list; the
+    error's traceback still holds vLLM's process manager, so they are found
+    among the live objects."""
+    import gc
     import multiprocessing.process
     import signal
 
     ended = []
-    for child in list(getattr(multiprocessing.process, "_children", ())):
+    for child in gc.get_objects():
+        if (not isinstance(child, multiprocessing.process.BaseProcess)
+                or child._popen is None  # never started (or this process)
+                or child._parent_pid != os.getpid()):
+            continue
         child.join(wait_s)
         code = child.exitcode
         how = ("running" if code is None else f"killed by {signal.Signals(-code).name}"

@@ -489,9 +489,10 @@ PY
     # Issue #45's rate table on a 4-GPU host: a detached serve12 a GPU, the
     # modes of each one after another on it, the four GPUs side by side:
     #   GPU 0: plain, spec_extend at RATE_HIGH (load high)
-    #   GPU 1: plain, spec_extend with RATE45_CONFIG (default: the pooled
-    #          draft pass, draft_prompt_pool 128; RATE45_TAG names it) and
-    #          RATE45_DRAFT (llama32_1b; e.g. llama32_1b_fp8) at RATE_HIGH
+    #   GPU 1: plain, spec_extend with RATE45_CONFIG (default: the draft's
+    #          full pass over each prompt, draft_prompt_pool null, what the
+    #          default's pool saves; RATE45_TAG names it) and RATE45_DRAFT
+    #          (llama32_1b; e.g. llama32_1b_fp8) at RATE_HIGH
     #   GPU 2: plain, spec_extend at half of RATE_HIGH (load low)
     #   GPU 3: draft_model, self_draft at RATE_HIGH
     # RATE_HIGH (0.48 req/s): 90% of the 0.535 req/s plain completed at
@@ -502,10 +503,10 @@ PY
     # at 0.48 and ~150 s at 0.24). The last call brings back a log and an
     # archive a GPU (8 files: gpu.txt stays home).
     high=${RATE_HIGH:-0.48}; low=$(python3 -c "print(f'{$high / 2:.3g}')")
-    config=${RATE45_CONFIG:-'{"top_k": 32, "recent_tokens": 256, "draft_prompt_pool": 128}'}
+    config=${RATE45_CONFIG:-'{"top_k": 32, "recent_tokens": 256, "draft_prompt_pool": null}'}
     b1=llama32_1b
     jobs=("0|plain spec_extend|$high|high|||$b1"
-          "1|plain spec_extend|$high|high|$config|${RATE45_TAG:-pool128}|${RATE45_DRAFT:-$b1}"
+          "1|plain spec_extend|$high|high|$config|${RATE45_TAG:-fullpass}|${RATE45_DRAFT:-$b1}"
           "2|plain spec_extend|$low|low|||$b1" "3|draft_model self_draft|$high|high|||$b1")
     # An earlier call's leftovers are stopped once, before the first job
     # starts; every job then runs beside the others (SIDE_BY_SIDE=1).
@@ -630,13 +631,14 @@ PY
     rc=$?; echo "options rc=$rc"; exit $rc ;;
   pool45)
     # What draft_prompt_pool costs in accepted tokens with real weights (issue
-    # #45): as `options`, CMR at a 512-token working set with no key, and with
-    # pools of 32 and 48 chunks (12% and 19% of an 8K prompt, as 128 chunks
-    # are of 32K; a pooled pass must fit the 2,048-token chunks). The GGUF
-    # travels first (`gguf`).
+    # #45): as `options`, CMR at a 512-token working set with the draft's
+    # full pass (null: the default "auto" may pool), and with pools of 32 and
+    # 48 chunks (12% and 19% of an 8K prompt, as 128 chunks are of 32K; a
+    # pooled pass must fit the 2,048-token chunks). The GGUF travels first
+    # (`gguf`).
     smollm2_target pool45 || exit 1
     configs_side_by_side pool45 "none cmr" \
-      'none|/root/pair/target|{}' \
+      'none|/root/pair/target|{"draft_prompt_pool": null}' \
       'pool-32|/root/pair/target|{"draft_prompt_pool": 32}' \
       'pool-48|/root/pair/target|{"draft_prompt_pool": 48}'
     rc=$?; echo "pool45 rc=$rc"; exit $rc ;;

@@ -97,10 +97,18 @@ def test_cells_have_runs_and_every_request_completes(run):
         assert len(r["runs"]) == RUNS
         for key, _ in bench_serve.FIGURES:
             stats = r[key]
-            # Which figure a run lacked (CI run 38, 2026-11-29: one had n 1).
-            assert stats["n"] == RUNS, (key, r["mode"], r["workload"],
-                                        [run.get(key) for run in r["runs"]])
-            assert stats["min"] <= stats["median"] <= stats["max"]
+            # A run whose every output came whole in its first streamed chunk
+            # (the API server lagging on two cores merges chunks; 8-token
+            # answers, up to 5 tokens a step) has no decode window, so no
+            # decode tok/s (CI run 38 and a local run, 2026-11-29); any other
+            # figure a run lacks is a bug.
+            lacking = [run for run in r["runs"] if run.get(key) is None]
+            assert all(key == "decode_tok_s" and run["decode_s"] == 0
+                       for run in lacking), (key, r["mode"], r["workload"],
+                                             [run.get(key) for run in r["runs"]])
+            assert stats["n"] == RUNS - len(lacking)
+            if stats["n"]:
+                assert stats["min"] <= stats["median"] <= stats["max"]
         for x in r["runs"]:
             assert (x["completed"], x["failed"], x["errors"]) == (NUM_PROMPTS, 0, [])
             assert x["total_output_tokens"] == NUM_PROMPTS * r["output_len"]

@@ -122,8 +122,12 @@ def test_coverage_and_intervals(tiny_target, tiny_draft, long_prompts, tmp_path)
     query), except on a prompt's first decode step, which drafts through the
     selection made from the prompt's last token; a streaming window misses
     part of the attention of a context longer than it (softmax mass is never
-    zero). Batch size 1: one interval per run over its prompts."""
-    cmr_every_step = '{"top_k": 4, "recent_tokens": 64, "retrieve_every": 1}'
+    zero). Batch size 1: one interval per run over its prompts. The draft's
+    full pass over each prompt: a pooled one (the default's, where the
+    engine can pool) keeps selections to its pool, which a chunk outside it
+    would count as a miss."""
+    cmr_every_step = ('{"top_k": 4, "recent_tokens": 64, "retrieve_every": 1, '
+                      '"draft_prompt_pool": null}')
     result = harness(
         tmp_path, tiny_target, tiny_draft, "--datasets", "govreport",
         "--lengths", "1024", "--num-prompts", "3", "--batch-size", "1",

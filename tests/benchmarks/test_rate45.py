@@ -64,7 +64,7 @@ def test_four_jobs_at_once_then_collected_in_eight_files(tmp_path):
     tags = ["draft_model-self_draft-long-32768-o512-r0.48-high",
             "plain-spec_extend-long-32768-o512-r0.24-low",
             "plain-spec_extend-long-32768-o512-r0.48-high",
-            "plain-spec_extend-long-32768-o512-r0.48-high-pool128"]
+            "plain-spec_extend-long-32768-o512-r0.48-high-fullpass"]
     assert files == sorted(f"serve12_{t}.{ext}" for t in tags for ext in ("log", "tgz"))
     jobs = {}
     for tag in tags:
@@ -75,7 +75,7 @@ def test_four_jobs_at_once_then_collected_in_eight_files(tmp_path):
     assert jobs["0"][0].endswith("r0.48-high")
     assert jobs["2"][0].endswith("r0.24-low") and "--load low" in jobs["2"][1]
     assert jobs["3"][0].startswith("draft_model-self_draft")
-    assert '"draft_prompt_pool": 128' in jobs["1"][1]
+    assert '"draft_prompt_pool": null' in jobs["1"][1]  # the default pools
     assert all("draft_prompt_pool" not in jobs[g][1] for g in "023")
     assert all("--long-output-len 512" in a and "--input-lens 32768" in a
                and "--draft .gpu/models/llama32_1b " in a for _, a in jobs.values())

@@ -40,24 +40,33 @@ def _run(target, prompts, draft_graph, method, draft, **spec_extend):
     return run
 
 
-@pytest.mark.parametrize("method, draft", [("draft_model", "tiny_target"),
-                                           ("eagle3", "tiny_eagle3")])
+@pytest.mark.parametrize("method, draft, pool", [
+    ("draft_model", "tiny_target", None),
+    ("draft_model", "tiny_target", "auto"),  # the default: 16 chunks at top_k 4
+    ("eagle3", "tiny_eagle3", "auto"),  # "auto" steps aside for a head: full pass
+])
 def test_static_routine_drafts_as_eager(request, tiny_target, prompts, plain_outputs,
-                                        method, draft):
+                                        method, draft, pool):
     draft = request.getfixturevalue(draft)
-    eager = _run(tiny_target, prompts, "off", method, draft)
-    static = _run(tiny_target, prompts, "static", method, draft)
+    eager = _run(tiny_target, prompts, "off", method, draft, draft_prompt_pool=pool)
+    static = _run(tiny_target, prompts, "static", method, draft, draft_prompt_pool=pool)
     counts = static["stats"]
 
     assert static["captured"], "static mode set up the routine on CPU"
     assert counts["graph_steps"] > 0, "decode steps ran the routine"
-    assert counts["graph_fallbacks"] > 0, "prefill steps drafted eagerly"
+    if counts["pooled_prompt_passes"]:
+        # Each long prompt's pass (one chunk here) replaced by its pooled pass.
+        assert method == "draft_model" and pool == "auto"
+    else:
+        assert counts["graph_fallbacks"] > 0, "prefill steps drafted eagerly"
     assert counts["view_rows"] > 0, "rows drafted through a view in the routine"
     assert not eager["captured"] and eager["stats"]["graph_steps"] == 0
     assert static["proposals"] == eager["proposals"], "the same drafts, step by step"
     assert static["outputs"] == eager["outputs"] == plain_outputs
     if method == "draft_model":
         assert static["accepted"] > 0
+    if pool == "auto" and method == "draft_model":
+        assert counts["pooled_prompt_passes"] == 2, "the 1,500- and 1,000-token prompts"
 
 
 @pytest.mark.parametrize("draft_graph", ["off", "static"])

@@ -60,6 +60,9 @@ def test_greedy_matches_plain(tiny_target, tiny_draft, prompts, plain_outputs,
     assert outputs == plain_outputs
     assert drafts > 0
     assert counts["retrievals"] > 0
+    # draft_prompt_pool "auto" (16 chunks at top_k 4): prompts from 672 tokens,
+    # here of 1,500, 1,000, 700 and 1,400 (the one that shares 1,200 with the first).
+    assert counts["pooled_prompt_passes"] == 4, "the default pools the long prompts"
     assert 0 < counts["view_rows"] < counts["decode_rows"], "CMR on some rows only"
     assert counts["draft_context_tokens"] < counts["full_context_tokens"]
     assert store_size == 0, "finished requests leave no selection state"

@@ -45,7 +45,7 @@ def _run(target, draft, prompts, pool=None):
     key = (target, draft, tuple(map(tuple, prompts)), pool)
     if key in _RUNS:
         return _RUNS[key]
-    spec_extend = CMR if pool is None else {**CMR, "draft_prompt_pool": pool}
+    spec_extend = {**CMR, "draft_prompt_pool": pool}  # None: the full pass
     llm = make_llm(target, draft, spec_extend, **CHUNKED)
     proposer = drafter(llm)
     seen = _record_kv_at_prompt_end(proposer, len(prompts[0]))

@@ -9,12 +9,15 @@ import pytest
 
 from vllm_specextend.config import (
     ADDITIONAL_CONFIG_KEY,
+    AUTO_POOL_PER_TOP_K,
     POLICIES,
     EngineFacts,
     SpecExtendConfig,
     SpecExtendConfigError,
+    resolve_prompt_pool,
     validate_engine,
 )
+from vllm_specextend.settings import Settings
 
 VALID_KEYS = sorted(f.name for f in dataclasses.fields(SpecExtendConfig))
 
@@ -445,10 +448,10 @@ def test_validate_engine_refuses_replicating_what_is_not_a_draft_model(
 # --- draft prompt pool --------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", [0, -1, True, "128", 128.0])
+@pytest.mark.parametrize("value", [0, -1, True, "128", 128.0, "Auto"])
 def test_draft_prompt_pool_must_be_a_positive_integer(value):
     with pytest.raises(SpecExtendConfigError,
-                       match=r"spec_extend\.draft_prompt_pool=.* positive integer"):
+                       match=r'spec_extend\.draft_prompt_pool=.* positive integer .*"auto"'):
         SpecExtendConfig.from_dict({"draft_prompt_pool": value})
 
 
@@ -474,7 +477,9 @@ def test_a_prompt_pool_applies_past_what_it_holds():
     # Sinks, the pool with a chunk to spare each side, the window.
     assert cfg.pool_min_prompt == 32 + 130 * 32 + 256
     assert SpecExtendConfig(draft_prompt_pool=32).pool_min_prompt == 2048  # min_context
-    assert SpecExtendConfig().pool_min_prompt is None
+    assert SpecExtendConfig(draft_prompt_pool=None).pool_min_prompt is None
+    with pytest.raises(ValueError, match="resolve_prompt_pool"):
+        SpecExtendConfig().pool_min_prompt  # "auto", unresolved: a bug, not "never"
 
 
 def test_a_prompt_pool_must_fit_one_draft_forward():
@@ -482,3 +487,55 @@ def test_a_prompt_pool_must_fit_one_draft_forward():
     validate_engine(cfg, good_facts(max_num_batched_tokens=4421, num_speculative_tokens=4))
     with pytest.raises(SpecExtendConfigError, match=r"4421 tokens .* max_num_batched_tokens=4096"):
         validate_engine(cfg, good_facts(max_num_batched_tokens=4096, num_speculative_tokens=4))
+
+
+# --- draft_prompt_pool "auto" (the default) ------------------------------------
+
+LONG = dict(max_model_len=65536, draft_max_model_len=65536, num_speculative_tokens=4,
+            max_num_batched_tokens=8192)
+"""An engine that can pool: a 64K draft model at the target's positions, vLLM
+serve's 8,192-token budget on an H100 or H200."""
+
+
+def test_auto_is_the_default_and_pools_four_times_top_k():
+    assert SpecExtendConfig().draft_prompt_pool == "auto"
+    assert SpecExtendConfig.from_dict({"draft_prompt_pool": "auto"}).draft_prompt_pool == "auto"
+    validate_engine(SpecExtendConfig(), good_facts(**LONG))  # auto never fails
+    for top_k, pool in ((32, 128), (16, 64)):
+        cfg, note = resolve_prompt_pool(SpecExtendConfig(top_k=top_k), good_facts(**LONG))
+        assert cfg.draft_prompt_pool == pool == AUTO_POOL_PER_TOP_K * top_k
+        assert note == f"{pool} chunks for prompts from {cfg.pool_min_prompt} tokens"
+        validate_engine(cfg, good_facts(**LONG))
+
+
+@pytest.mark.parametrize("value", [None, 32])
+def test_a_named_pool_is_left_as_it_is(value):
+    cfg = SpecExtendConfig(draft_prompt_pool=value)
+    assert resolve_prompt_pool(cfg, good_facts(**LONG)) == (cfg, None)
+
+
+@pytest.mark.parametrize("cfg, facts, why", [
+    ({}, {"method": "eagle3"}, "the eagle3 head writes no draft KV"),
+    ({"self_draft": True}, {"model": "t", "draft_model": "t"}, "self_draft writes no draft KV"),
+    ({}, {"draft_max_model_len": 2048}, "compacted"),
+    ({"policy": "streaming"}, {}, 'policy "streaming" never ranks'),
+    ({"draft_prefill_window": 2048}, {}, "set one of them"),
+    ({}, {"data_parallel_size": 2}, "data parallel ranks"),
+    ({"chunk_size": 16, "sink_tokens": 16}, {"num_speculative_tokens": 16}, "below chunk_size"),
+    # vllm serve's budget on GPUs under 70 GiB (or an A100): 2,048 tokens.
+    ({}, {"max_num_batched_tokens": 2048}, "max_num_batched_tokens=2048"),
+    ({}, {"max_model_len": 4096}, "max_model_len=4096 is below the 4448 tokens"),
+])
+def test_auto_steps_aside_where_the_engine_cannot_pool(cfg, facts, why):
+    """Where a named pool is refused, "auto" is the full pass, and says why."""
+    cfg, note = resolve_prompt_pool(SpecExtendConfig(**cfg), good_facts(**{**LONG, **facts}))
+    assert cfg.draft_prompt_pool is None
+    assert note.startswith("the draft's full pass over every prompt (") and why in note
+
+
+def test_settings_hold_the_resolved_pool():
+    settings = Settings.resolve(SpecExtendConfig(), good_facts(**LONG))
+    assert settings.config.draft_prompt_pool == 128
+    assert settings.prompt_pool_note.startswith("128 chunks")
+    named = Settings.resolve(SpecExtendConfig(draft_prompt_pool=None), good_facts(**LONG))
+    assert named.config.draft_prompt_pool is None and named.prompt_pool_note is None

@@ -22,7 +22,8 @@ from vllm_specextend.config import SpecExtendConfig
 
 BS, HKV, GROUP, D = 16, 2, 2, 32
 NUM_BLOCKS = 1200
-CFG = SpecExtendConfig(top_k=4, recent_tokens=64, min_context=256, retrieve_every=2)
+CFG = SpecExtendConfig(top_k=4, recent_tokens=64, min_context=256, retrieve_every=2,
+                       draft_prompt_pool=None)
 
 
 def _layer(device):

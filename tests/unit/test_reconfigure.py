@@ -12,7 +12,7 @@ import torch
 from vllm_specextend.config import SpecExtendConfig, SpecExtendConfigError
 
 
-def _proposer(compactor=None, method="draft_model"):
+def _proposer(compactor=None, method="draft_model", max_model_len=4096):
     from vllm_specextend.config import EngineFacts
     from vllm_specextend.deferral import PrefillDeferral
     from vllm_specextend.proposer import SpecExtendProposer
@@ -30,9 +30,11 @@ def _proposer(compactor=None, method="draft_model"):
     proposer.compactor = compactor
     proposer.deferral = PrefillDeferral()
     proposer.block_size = 32
+    proposer.max_model_len = max_model_len
     proposer.settings = types.SimpleNamespace(facts=EngineFacts(
         has_speculative_config=True, method=method, block_size=32,
-        tensor_parallel_size=1, pipeline_parallel_size=1))
+        tensor_parallel_size=1, pipeline_parallel_size=1, max_model_len=max_model_len,
+        num_speculative_tokens=3))
     proposer._min_context = 0
     proposer._num_score_layers = None
     proposer.retriever = Retriever(SpecExtendConfig(), None, proposer.staging,
@@ -52,6 +54,18 @@ def test_reconfigure_switches_policy_and_drops_selections():
     assert proposer.retriever.state is proposer.state
     assert len(proposer.state) == 0 and proposer.planner.step == 0
     assert proposer.state.selected_chunks.shape[1] == 64
+
+
+@pytest.mark.parametrize("max_model_len, pool", [(2048, None), (65536, 64)])
+def test_reconfigure_resolves_an_auto_pool_for_its_engine(max_model_len, pool):
+    """A benchmark's config (draft_prompt_pool "auto", the default) pools where
+    the engine can: here 4 x top_k chunks at 64K, not at 2K (no prompt that
+    long)."""
+    proposer = _proposer(max_model_len=max_model_len)
+    proposer.reconfigure(SpecExtendConfig(top_k=16))
+    assert proposer.cfg.draft_prompt_pool == pool
+    assert (proposer.pools is None) == (pool is None)
+    assert proposer.planner.pools is proposer.pools is proposer.retriever.pools
 
 
 def test_reconfigure_refuses_a_budget_beyond_the_scratch_runs():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import types
 
@@ -44,7 +45,8 @@ class _VllmConfig:
 
 
 def test_resolve_draws_the_decisions():
-    cfg = SpecExtendConfig(top_k=2, recent_tokens=64, retrieve_every=2)
+    cfg = SpecExtendConfig(top_k=2, recent_tokens=64, retrieve_every=2,
+                           draft_prompt_pool=None)
     full = Settings.resolve(cfg, _facts())
     assert not full.compaction_on and full.draft_len is None
     assert full.min_view_context == cfg.min_context
@@ -81,5 +83,8 @@ def test_from_vllm_resolves_once_per_config_object(monkeypatch):
 def test_from_vllm_without_spec_extend_uses_defaults():
     vllm_config = _VllmConfig()
     assert not enabled(vllm_config)
-    assert Settings.from_vllm(vllm_config).config == SpecExtendConfig()
+    resolved = Settings.from_vllm(vllm_config)
+    # The defaults, "auto" resolved: no 4K prompt is long enough to pool.
+    assert resolved.config == dataclasses.replace(SpecExtendConfig(), draft_prompt_pool=None)
+    assert "max_model_len=4096" in resolved.prompt_pool_note
     assert enabled(_VllmConfig({}))
