@@ -249,6 +249,8 @@ class EngineFacts:
     max_num_batched_tokens: int | None = None
     """The scheduler's token budget a step, the drafter's buffers' size."""
     data_parallel_size: int = 1
+    """Data parallel ranks that run every forward together (an MoE target's;
+    a dense target's ranks are independent engines: 1)."""
 
 
 def compaction_on(cfg: SpecExtendConfig, facts: EngineFacts) -> bool:
@@ -491,19 +493,23 @@ def _raise_if_not_a_draft_model_at_its_positions(key: str, cfg: SpecExtendConfig
                                                  facts: EngineFacts) -> None:
     """``key`` bounds a draft model's passes over a prompt, read at the
     prompt's own positions."""
+    refusal = _not_a_draft_model_at_its_positions(key, cfg, facts)
+    if refusal is not None:
+        raise SpecExtendConfigError(" ".join(refusal))
+
+
+def _not_a_draft_model_at_its_positions(key: str, cfg: SpecExtendConfig,
+                                        facts: EngineFacts) -> tuple[str, str] | None:
     if cfg.self_draft or facts.method != "draft_model":
         what = "self_draft" if cfg.self_draft else f"the {facts.method} head"
-        raise SpecExtendConfigError(
-            f"spec_extend.{key} bounds a draft model's passes over a prompt; "
-            f"{what} writes no draft KV of its own there. Leave {key} unset."
-        )
+        return (f"spec_extend.{key} bounds a draft model's passes over a prompt; "
+                f"{what} writes no draft KV of its own there.", f"Leave {key} unset.")
     if compaction_on(cfg, facts):
-        raise SpecExtendConfigError(
-            f"spec_extend.{key} reads the prompt at its own positions, but the "
-            "draft's working set is compacted (a draft with fewer positions than "
-            f"the target, or compact_positions: true). Leave {key} unset, or use "
-            "a draft with the target's positions."
-        )
+        return (f"spec_extend.{key} reads the prompt at its own positions, but the "
+                "draft's working set is compacted (a draft with fewer positions than "
+                "the target, or compact_positions: true).",
+                f"Leave {key} unset, or use a draft with the target's positions.")
+    return None
 
 
 def pooled_pass_tokens(cfg: SpecExtendConfig, num_spec_tokens: int) -> int:
@@ -518,51 +524,51 @@ def raise_if_prompt_pool_unsupported(cfg: SpecExtendConfig,
                                      facts: EngineFacts) -> None:
     """At engine config, and when a benchmark reconfigures a live engine
     (``"auto"`` never fails: ``resolve_prompt_pool`` turns it off instead)."""
-    pool = cfg.draft_prompt_pool
-    if pool is None or pool == "auto":
+    if cfg.draft_prompt_pool in (None, "auto"):
         return
+    refusal = prompt_pool_refusal(cfg, facts)
+    if refusal is not None:
+        raise SpecExtendConfigError(" ".join(refusal))
+
+
+def prompt_pool_refusal(cfg: SpecExtendConfig,
+                        facts: EngineFacts) -> tuple[str, str] | None:
+    """Why this engine cannot pool ``cfg.draft_prompt_pool`` chunks, and the
+    fix; None where it can."""
+    pool = cfg.draft_prompt_pool
     if cfg.policy != "cmr":
-        raise SpecExtendConfigError(
-            "spec_extend.draft_prompt_pool keeps the chunks the target's "
-            f'attention ranks top, which policy "{cfg.policy}" never ranks; '
-            'use policy "cmr", or leave draft_prompt_pool unset.'
-        )
+        return ("spec_extend.draft_prompt_pool keeps the chunks the target's "
+                f'attention ranks top, which policy "{cfg.policy}" never ranks;',
+                'use policy "cmr", or leave draft_prompt_pool unset.')
     if pool < cfg.top_k:
-        raise SpecExtendConfigError(
-            f"spec_extend.draft_prompt_pool={pool} is below top_k={cfg.top_k}: "
-            "every selection chooses its top_k chunks from the pool. Raise "
-            "draft_prompt_pool, or leave it unset."
-        )
+        return (f"spec_extend.draft_prompt_pool={pool} is below top_k={cfg.top_k}: "
+                "every selection chooses its top_k chunks from the pool.",
+                "Raise draft_prompt_pool, or leave it unset.")
     if cfg.draft_prefill_window is not None:
-        raise SpecExtendConfigError(
-            "spec_extend.draft_prompt_pool and draft_prefill_window both bound "
-            "the draft's pass over a prompt; set one of them."
-        )
-    _raise_if_not_a_draft_model_at_its_positions("draft_prompt_pool", cfg, facts)
+        return ("spec_extend.draft_prompt_pool and draft_prefill_window both bound "
+                "the draft's pass over a prompt;", "set one of them.")
+    refusal = _not_a_draft_model_at_its_positions("draft_prompt_pool", cfg, facts)
+    if refusal is not None:
+        return refusal
     if facts.data_parallel_size > 1:
-        raise SpecExtendConfigError(
-            "spec_extend.draft_prompt_pool drops and adds draft forwards on one "
-            "engine, but data parallel ranks run every draft forward together "
-            f"(data_parallel_size={facts.data_parallel_size}). Leave "
-            "draft_prompt_pool unset."
-        )
+        return ("spec_extend.draft_prompt_pool drops and adds draft forwards on one "
+                "engine, but data parallel ranks run every draft forward together "
+                f"(data_parallel_size={facts.data_parallel_size}).",
+                "Leave draft_prompt_pool unset.")
     if facts.num_speculative_tokens >= cfg.chunk_size:
-        raise SpecExtendConfigError(
-            f"spec_extend.draft_prompt_pool needs num_speculative_tokens "
-            f"({facts.num_speculative_tokens}) below chunk_size ({cfg.chunk_size}): "
-            "the window's start moves back by up to K tokens, and the pool must "
-            "still have its chunks before it. Raise chunk_size, or leave "
-            "draft_prompt_pool unset."
-        )
+        return ("spec_extend.draft_prompt_pool needs num_speculative_tokens "
+                f"({facts.num_speculative_tokens}) below chunk_size ({cfg.chunk_size}): "
+                "the window's start moves back by up to K tokens, and the pool must "
+                "still have its chunks before it.",
+                "Raise chunk_size, or leave draft_prompt_pool unset.")
     budget = facts.max_num_batched_tokens
     need = pooled_pass_tokens(cfg, facts.num_speculative_tokens)
     if budget is not None and need > budget:
-        raise SpecExtendConfigError(
-            f"spec_extend.draft_prompt_pool={pool} makes a pooled pass of up to "
-            f"{need} tokens (sinks, pool and window) in one draft forward, more "
-            f"than max_num_batched_tokens={budget}. Lower draft_prompt_pool, or "
-            "raise --max-num-batched-tokens."
-        )
+        return (f"spec_extend.draft_prompt_pool={pool} makes a pooled pass of up to "
+                f"{need} tokens (sinks, pool and window) in one draft forward, more "
+                f"than max_num_batched_tokens={budget}.",
+                "Lower draft_prompt_pool, or raise --max-num-batched-tokens.")
+    return None
 
 
 AUTO_POOL_PER_TOP_K = 4
@@ -578,15 +584,16 @@ def resolve_prompt_pool(cfg: SpecExtendConfig,
     ``AUTO_POOL_PER_TOP_K * top_k`` chunks where the engine can pool, else
     None (the draft's full pass), and a line that says which and why for the
     start-up log; a config that names its pool (or null) comes back as it is,
-    with None. Every process of an engine resolves it alike (same facts)."""
+    with None. Every process of an engine resolves it alike: the API server
+    and the engine cores see the same facts (``compat.engine_facts``)."""
     if cfg.draft_prompt_pool != "auto":
         return cfg, None
     pooled = dataclasses.replace(cfg, draft_prompt_pool=AUTO_POOL_PER_TOP_K * cfg.top_k)
-    try:
-        raise_if_prompt_pool_unsupported(pooled, facts)
-    except SpecExtendConfigError as e:
+    refusal = prompt_pool_refusal(pooled, facts)
+    if refusal is not None:
+        why = refusal[0].removeprefix("spec_extend.").rstrip(";.:")
         return (dataclasses.replace(cfg, draft_prompt_pool=None),
-                f"the draft's full pass over every prompt ({e})")
+                f"the draft's full pass over every prompt ({why})")
     if facts.max_model_len is not None and facts.max_model_len < pooled.pool_min_prompt:
         return (dataclasses.replace(cfg, draft_prompt_pool=None),
                 f"the draft's full pass over every prompt (max_model_len="

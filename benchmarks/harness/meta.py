@@ -95,7 +95,7 @@ SPEED_SPEC_EXTEND = {"top_k": 32, "recent_tokens": 256}
 the headline tables hold runs with it; other keys make a variant row."""
 
 
-AS_DEFAULT = {"draft_placement": ("auto", "sharded")}
+AS_DEFAULT = {"draft_placement": ("auto", "sharded"), "draft_prompt_pool": ("auto",)}
 """Values that name what the default resolves to: no variant."""
 
 

@@ -134,6 +134,10 @@ def test_engines_say_what_they_changed(decode_run):
         assert engine["kv_cache_tokens"] > 0 and engine["startup_s"] > 0
         # The plugin's worker answers only in its modes.
         assert engine["plugin_active"] == (mode in ("spec_extend", "self_draft"))
+    # What draft_prompt_pool "auto" became: 4 x top_k for the draft model, the
+    # full pass for self_draft (no draft KV of its own).
+    assert engines["spec_extend"]["draft_prompt_pool"] == 4 * SPEC_EXTEND["top_k"]
+    assert engines["self_draft"]["draft_prompt_pool"] is None
 
 
 def test_cells_have_runs_and_spreads(decode_run):

@@ -45,10 +45,12 @@ def plain_outputs(tiny_target, prompts):
     return plain_reference(tiny_target, prompts)
 
 
-@pytest.mark.parametrize("prefix_caching", [True, False])
+@pytest.mark.parametrize("prefix_caching, pool", [(True, "auto"), (False, "auto"),
+                                                  (True, None)])  # None: full pass
 def test_greedy_matches_plain(tiny_target, tiny_draft, prompts, plain_outputs,
-                              prefix_caching):
-    llm = make_llm(tiny_target, tiny_draft, CMR, enable_prefix_caching=prefix_caching)
+                              prefix_caching, pool):
+    llm = make_llm(tiny_target, tiny_draft, {**CMR, "draft_prompt_pool": pool},
+                   enable_prefix_caching=prefix_caching)
     outputs = generate(llm, prompts)
     counts = stats(drafter(llm))
     drafts = counter(llm, "vllm:spec_decode_num_drafts")
@@ -62,7 +64,7 @@ def test_greedy_matches_plain(tiny_target, tiny_draft, prompts, plain_outputs,
     assert counts["retrievals"] > 0
     # draft_prompt_pool "auto" (16 chunks at top_k 4): prompts from 672 tokens,
     # here of 1,500, 1,000, 700 and 1,400 (the one that shares 1,200 with the first).
-    assert counts["pooled_prompt_passes"] == 4, "the default pools the long prompts"
+    assert counts["pooled_prompt_passes"] == (4 if pool else 0)
     assert 0 < counts["view_rows"] < counts["decode_rows"], "CMR on some rows only"
     assert counts["draft_context_tokens"] < counts["full_context_tokens"]
     assert store_size == 0, "finished requests leave no selection state"

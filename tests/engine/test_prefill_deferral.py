@@ -31,6 +31,9 @@ MAX_TOKENS = 32
 # nothing; the fourth request waits for room and then shares 1,200 tokens
 # with the first, which is still prefilling.
 CHUNKED = dict(max_num_batched_tokens=384, long_prefill_token_threshold=128)
+FULL_PASS = {"draft_prompt_pool": None}
+"""Deferral moves the draft's passes over prompt chunks; a pooled prompt
+drops them (here "auto" would step aside anyway: 384 tokens a step)."""
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +58,7 @@ def _run(target, draft, prompts, defer, drop_kept=False, **overrides):
 
 
 def _engine_run(target, draft, prompts, defer, drop_kept=False, **overrides):
-    llm = make_llm(target, draft, {**CMR, "defer_prefill_draft": defer},
+    llm = make_llm(target, draft, {**CMR, "defer_prefill_draft": defer, **FULL_PASS},
                    **CHUNKED, **overrides)
     proposer = drafter(llm)
     recorder = DraftRecorder(llm)
@@ -95,7 +98,7 @@ def _abort_then_reuse(target, draft, prompt, defer):
     prompt again: it hits the aborted request's cached blocks."""
     from vllm import SamplingParams
 
-    llm = make_llm(target, draft, {**CMR, "defer_prefill_draft": defer},
+    llm = make_llm(target, draft, {**CMR, "defer_prefill_draft": defer, **FULL_PASS},
                    **CHUNKED, enable_prefix_caching=True)
     engine, proposer = llm.llm_engine, drafter(llm)
     engine.add_request("aborted", {"prompt_token_ids": prompt},

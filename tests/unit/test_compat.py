@@ -395,6 +395,18 @@ def test_engine_facts_keys_match_engine_facts_dataclass():
     assert none["has_speculative_config"] is False and none["method"] is None
 
 
+@pytest.mark.parametrize("moe, expected", [(False, 1), (True, 2)])
+def test_engine_facts_count_data_parallel_ranks_as_the_engines_do(moe, expected):
+    """vLLM 0.26's engine cores run a dense target's data parallel ranks as
+    independent engines (their data_parallel_size set to 1); an MoE target's
+    step together. The API server's facts must say the same, or it resolves
+    draft_prompt_pool "auto" otherwise than the engines."""
+    cfg = _fake_vllm_config({})
+    cfg.parallel_config.data_parallel_size = 2
+    cfg.model_config.is_moe = moe
+    assert compat.engine_facts(cfg)["data_parallel_size"] == expected
+
+
 # --- CPU key page order from the real CPU attention kernel ------------------------------
 
 

@@ -40,11 +40,21 @@ def engine_facts(vllm_config) -> dict[str, Any]:
             else spec.draft_model_config.model
         ),
         num_target_attention_layers=_num_attention_layers(vllm_config),
-        data_parallel_size=getattr(vllm_config.parallel_config, "data_parallel_size", 1),
+        data_parallel_size=_lockstep_data_parallel_size(vllm_config),
         max_num_batched_tokens=getattr(
             getattr(vllm_config, "scheduler_config", None), "max_num_batched_tokens", None
         ),
     )
+
+
+def _lockstep_data_parallel_size(vllm_config) -> int:
+    """Data parallel ranks that step together: an MoE target's. vLLM 0.26
+    runs a dense target's ranks as independent engines and sets each engine
+    core's data_parallel_size to 1 (``v1/engine/core.py``), so the API server
+    counts as they do and every process resolves the same settings."""
+    size = getattr(vllm_config.parallel_config, "data_parallel_size", 1) or 1
+    moe = getattr(getattr(vllm_config, "model_config", None), "is_moe", False)
+    return size if moe is True else 1
 
 
 def _num_attention_layers(vllm_config) -> int | None:

@@ -93,6 +93,8 @@ class SpecExtendWorkerMixin:
             "request_slots": drafter.state.num_slots_held,
             "stats": drafter.stats.snapshot(),
             "draft_placement": getattr(drafter, "draft_placement", "sharded"),
+            # What draft_prompt_pool "auto" became on this engine.
+            "draft_prompt_pool": drafter.cfg.draft_prompt_pool,
         }
 
     @override
