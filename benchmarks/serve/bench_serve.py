@@ -601,6 +601,16 @@ def async_scheduling(log: Path) -> bool | None:
     return found[-1] == "enabled" if found else None
 
 
+def resolved_prompt_pool(log: Path) -> int | None:
+    """What ``draft_prompt_pool`` became on the server's engine (its default
+    ``"auto"`` resolved), from the worker's "SpecExtend enabled" line: the
+    pool's chunks, or None (the draft's full pass, or a server without the
+    plugin)."""
+    found = re.findall(r"SpecExtend enabled: SpecExtendConfig\(.*?"
+                       r"draft_prompt_pool=(\d+|None)", log.read_text(errors="replace"))
+    return int(found[-1]) if found and found[-1] != "None" else None
+
+
 def probe_rates(args, client: BenchClient, base: str, mode: str, cell: Cell,
                 logs: Path, probes: dict) -> None:
     """``--find-rate``: the probe runs on this server (``find_rate``), one
@@ -651,7 +661,8 @@ def run_mode(args, client: BenchClient, mode: str, warmups: dict[int, str],
         with serve(serve_args(args, mode), log, args.startup_timeout) as server:
             record.update(command=shlex.join(server.command),
                           startup_s=server.startup_s,
-                          async_scheduling=async_scheduling(log))
+                          async_scheduling=async_scheduling(log),
+                          draft_prompt_pool=resolved_prompt_pool(log))
             for prompt in warmups.values():
                 # Compiles what runs on first use (the scoring kernel, ...).
                 complete(server.base, args.target, prompt, 16, args.run_timeout)

@@ -312,6 +312,21 @@ def test_async_scheduling_is_the_engine_cores_decision(tmp_path):
     assert bench_serve.async_scheduling(log) is None
 
 
+def test_the_servers_pool_is_read_from_its_workers_line(tmp_path):
+    """draft_prompt_pool "auto" as the engine resolved it: the worker logs the
+    config it runs (a server's log holds its workers' lines)."""
+    log = tmp_path / "serve.log"
+    line = ("(Worker pid=1) INFO [proposer.py:126] SpecExtend enabled: "
+            "SpecExtendConfig(policy='cmr', top_k=32, draft_prefill_window=None, "
+            "draft_prompt_pool={}, draft_placement='sharded')\n")
+    log.write_text(line.format(128))
+    assert bench_serve.resolved_prompt_pool(log) == 128
+    log.write_text(line.format("None"))
+    assert bench_serve.resolved_prompt_pool(log) is None
+    log.write_text("no plugin here\n")
+    assert bench_serve.resolved_prompt_pool(log) is None
+
+
 def _serve_file(root, name, cells, spec_extend=None):
     """A bench_serve result of (mode, concurrency, decode tok/s) cells."""
     from benchmarks.harness.measure import spread
@@ -729,6 +744,7 @@ def test_find_rate_probes_on_the_first_server_only(tiny_target, long_prompts,
     monkeypatch.setattr(bench_serve, "run_cell", run_cell)
     monkeypatch.setattr(bench_serve, "log_errors", lambda log: [])
     monkeypatch.setattr(bench_serve, "async_scheduling", lambda log: True)
+    monkeypatch.setattr(bench_serve, "resolved_prompt_pool", lambda log: None)
     (tmp_path / "logs").mkdir()
     result = {"meta": {"config": {}}, "servers": [], "results": []}
     for mode in args.modes:
@@ -793,6 +809,7 @@ def test_a_probe_that_fails_stops_the_table(tiny_target, long_prompts, tmp_path,
     monkeypatch.setattr(bench_serve, "run_cell", run_cell)
     monkeypatch.setattr(bench_serve, "log_errors", lambda log: [])
     monkeypatch.setattr(bench_serve, "async_scheduling", lambda log: True)
+    monkeypatch.setattr(bench_serve, "resolved_prompt_pool", lambda log: None)
     monkeypatch.setattr(bench_serve, "BenchClient", _NoClient)
     monkeypatch.setattr(bench_serve, "plan", lambda args: (warmups, cells))
     monkeypatch.setattr(bench_serve, "table", lambda result: "")
