@@ -35,7 +35,8 @@ class Reconfigurable:
     ``_min_context``."""
 
     def _use_config(self, cfg: SpecExtendConfig) -> None:
-        if cfg.draft_prompt_pool == "auto":  # a benchmark's config; the engine's comes resolved
+        if cfg.draft_prompt_pool == "auto":  # a benchmark's config (the
+            # engine's own comes resolved: Settings.resolve)
             cfg, _ = resolve_prompt_pool(cfg, self.settings.facts)
         # First, so that a draft_vocab the drafter cannot take changes nothing.
         self._vocab_rows = vocab_rows(self, cfg)
