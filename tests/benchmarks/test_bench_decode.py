@@ -27,11 +27,7 @@ SPEC_EXTEND = {"top_k": 4, "recent_tokens": 64, "min_context": 256}
 EAGLE_SPEC_EXTEND = {"top_k": 2, "recent_tokens": 64, "retrieve_every": 2,
                      "min_context": 256}
 CPU = ["--load-format", "auto", "--dtype", "float32", "--acceptance-length", "0",
-       "--enforce-eager", "--kv-cache-memory-bytes", "1000000000", "--block-size", "32",
-       # An engine core died during start-up, silently, in 2 of ~10 suite
-       # runs (2026-11-28), never alone: once more; each failed start is
-       # recorded and shown (``warn_failed_starts``).
-       "--start-retries", "1"]
+       "--enforce-eager", "--kv-cache-memory-bytes", "1000000000", "--block-size", "32"]
 
 
 def bench(out: Path, *args: str):

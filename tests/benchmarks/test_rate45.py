@@ -34,12 +34,19 @@ FAKE_PYTHON = textwrap.dedent(f"""\
     exec {sys.executable} "$@"
     """)
 FAKE_NVIDIA_SMI = "#!/bin/bash\ncase \"$*\" in *compute-apps*) exit 0 ;; esac\necho GPU\n"
+# Stand in for pkill and pgrep: the phase's stop_leftovers must never reach
+# this machine's processes. With the real pkill it SIGKILLed every process
+# titled VLLM::* here, the engines other tests were starting beside it (CI's
+# silent engine deaths of 2026-11-28/29: perf's signal_generate tracepoint
+# named pkill as the sender). They log their arguments and match nothing.
+FAKE_PKILL = '#!/bin/bash\necho "$(basename "$0") $*" >> "$MARKS/../pkill.log"\nexit 1\n'
 
 
 def call(tmp_path, wait_s: int) -> subprocess.CompletedProcess:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    for name, text in (("python3", FAKE_PYTHON), ("nvidia-smi", FAKE_NVIDIA_SMI)):
+    for name, text in (("python3", FAKE_PYTHON), ("nvidia-smi", FAKE_NVIDIA_SMI),
+                       ("pkill", FAKE_PKILL), ("pgrep", FAKE_PKILL)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     out = tmp_path / "out"
@@ -57,6 +64,8 @@ def call(tmp_path, wait_s: int) -> subprocess.CompletedProcess:
 def test_four_jobs_at_once_then_collected_in_eight_files(tmp_path):
     first = call(tmp_path, 1)
     assert first.returncode == 0, first.stdout + first.stderr
+    # The first call stopped the leftovers, through the stand-ins only.
+    assert "pkill -KILL -f" in (tmp_path / "pkill.log").read_text()
     second = call(tmp_path, 60)
     assert second.returncode == 0, second.stdout + second.stderr
     assert second.stdout.count(" rc=0") == 4, second.stdout
