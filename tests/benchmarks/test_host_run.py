@@ -318,3 +318,18 @@ def test_tp_fusion_turns_the_fusion_on_with_trtllm_only():
         "pass_config": {"fuse_allreduce_rms": False}}
     refused = run("mnnvl")
     assert refused.returncode == 2 and "multicast" in refused.stderr
+
+
+def test_a_test_that_runs_a_phase_stands_in_for_pkill():
+    """A phase's stop_leftovers runs ``pkill -KILL -f '…|^VLLM::'``: right on
+    a GPU host, but on the CI machine it kills every vLLM process, the
+    engines other tests are starting (2026-11-28/29, docs/testing.md). Each
+    test file that runs host_run.sh as a script with a phase must put a
+    ``pkill`` of its own first on the PATH."""
+    runs_a_phase = re.compile(r'"(?:benchmarks/gpu/)?host_run\.sh",\s*"\w')
+    for path in sorted((REPO_ROOT / "tests").rglob("test_*.py")):
+        text = path.read_text()
+        if runs_a_phase.search(text):
+            assert re.search(r'\("pkill",', text), (
+                f"{path.relative_to(REPO_ROOT)} runs a host_run.sh phase with "
+                "the real pkill on its PATH")
