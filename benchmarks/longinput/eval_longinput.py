@@ -438,6 +438,10 @@ class Session:
             "draft_step_ms": statistics.median(step_ms) if step_ms else None,
             "draft_steps": len(step_ms),
             "spec_extend_stats": delta["stats"],
+            # What draft_prompt_pool became on this engine ("auto" resolved;
+            # ``config`` keeps the run's own): None, the draft's full pass.
+            **({"draft_prompt_pool": access.config(self.drafter).draft_prompt_pool}
+               if engine.is_spec_extend(self.kind) else {}),
             # Per request: output tokens and target forwards after the first
             # token; tokens per forward is the accepted length of any drafter
             # (vLLM's counters skip the steps that drafted nothing).

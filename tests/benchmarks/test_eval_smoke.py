@@ -59,6 +59,7 @@ def test_all_tasks_end_to_end(tiny_target, tiny_draft, long_prompts, tmp_path):
             assert stats["draft_context_tokens"] < stats["full_context_tokens"]
         if mode == "streaming":
             assert stats["retrievals"] == 0 and stats["view_rows"] > 0
+            assert row["draft_prompt_pool"] is None, "auto: streaming never pools"
 
     # eval covers the cost runs (same dataset, lengths, modes): no extra rows.
     assert not [r for r in result["rows"] if r["task"] == "cost"]
@@ -113,6 +114,7 @@ def test_compacted_modes(tiny_target, tiny_draft, long_prompts, tmp_path):
         assert row["config"]["policy"] == mode.removesuffix("_compact")
         assert row["mismatches"] == 0, mode
         assert row["spec_extend_stats"]["compactions"] > 0, mode
+        assert row["draft_prompt_pool"] is None, "auto steps aside for compaction"
     assert rows["cmr_compact"]["spec_extend_stats"]["retrievals"] > 0
 
 
@@ -137,6 +139,7 @@ def test_coverage_and_intervals(tiny_target, tiny_draft, long_prompts, tmp_path)
     rows = {r["mode"]: r for r in result["rows"]}
     cmr, streaming = rows["cmr"]["coverage"], rows["streaming"]["coverage"]
     assert rows["cmr"]["spec_extend_stats"]["view_rows"] > 0
+    assert rows["cmr"]["draft_prompt_pool"] is None  # named null
     assert cmr["row_steps"] == rows["cmr"]["spec_extend_stats"]["decode_rows"]
     misses = round((1.0 - cmr["top_held"]) * cmr["row_steps"])
     assert misses <= 3, cmr  # at most one per prompt
