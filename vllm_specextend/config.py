@@ -590,15 +590,14 @@ def resolve_prompt_pool(cfg: SpecExtendConfig,
         return cfg, None
     pooled = dataclasses.replace(cfg, draft_prompt_pool=AUTO_POOL_PER_TOP_K * cfg.top_k)
     refusal = prompt_pool_refusal(pooled, facts)
-    if refusal is not None:
-        why = refusal[0].removeprefix("spec_extend.").rstrip(";.:")
+    why = None if refusal is None else refusal[0].removeprefix("spec_extend.").rstrip(";.:")
+    if why is None and facts.max_model_len is not None \
+            and facts.max_model_len < pooled.pool_min_prompt:
+        why = (f"max_model_len={facts.max_model_len} is below the "
+               f"{pooled.pool_min_prompt} tokens from which a prompt is pooled")
+    if why is not None:
         return (dataclasses.replace(cfg, draft_prompt_pool=None),
                 f"the draft's full pass over every prompt ({why})")
-    if facts.max_model_len is not None and facts.max_model_len < pooled.pool_min_prompt:
-        return (dataclasses.replace(cfg, draft_prompt_pool=None),
-                f"the draft's full pass over every prompt (max_model_len="
-                f"{facts.max_model_len} is below the {pooled.pool_min_prompt} "
-                "tokens from which a prompt is pooled)")
     return pooled, (f"{pooled.draft_prompt_pool} chunks for prompts from "
                     f"{pooled.pool_min_prompt} tokens")
 
