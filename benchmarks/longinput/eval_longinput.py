@@ -438,10 +438,7 @@ class Session:
             "draft_step_ms": statistics.median(step_ms) if step_ms else None,
             "draft_steps": len(step_ms),
             "spec_extend_stats": delta["stats"],
-            # What draft_prompt_pool became on this engine ("auto" resolved;
-            # ``config`` keeps the run's own): None, the draft's full pass.
-            **({"draft_prompt_pool": access.config(self.drafter).draft_prompt_pool}
-               if engine.is_spec_extend(self.kind) else {}),
+            **self.resolved_pool(),
             # Per request: output tokens and target forwards after the first
             # token; tokens per forward is the accepted length of any drafter
             # (vLLM's counters skip the steps that drafted nothing).
@@ -453,13 +450,22 @@ class Session:
             "output_hashes": [report.token_hash(o) for o in outputs],
         }, outputs
 
+    def resolved_pool(self) -> dict:
+        """What draft_prompt_pool became on this engine ("auto" resolved; a
+        row's ``config`` keeps the run's own): None, the draft's full pass.
+        Nothing for an engine without SpecExtend."""
+        if not engine.is_spec_extend(self.kind):
+            return {}
+        return {"draft_prompt_pool": access.config(self.drafter).draft_prompt_pool}
+
     def needle_row(self, run: Run, i: int) -> dict:
         before = self.snapshot()
         self.recorder.enabled = True
         batch = engine.generate(self.llm, [run.prompts[i]],
                                 self.params(run.max_new_tokens))
         self.recorder.enabled = False
-        counters = self.delta(before)["counters"]
+        delta = self.delta(before)
+        counters = delta["counters"]
         output = batch.outputs[0]
         steps = acceptance.replay(self.recorder.take(batch.request_ids[0]), output,
                                   room=self.args.max_model_len - len(run.prompts[i]))
@@ -475,6 +481,10 @@ class Session:
             **acceptance.summarize(counters),
             "replay_consistent": acceptance.replay_agrees(steps, len(output), counters),
             "spec_decode": counters,
+            # Whether the draft's pass over this prompt was pooled
+            # (pooled_prompt_passes) and what the engine's pool became.
+            "spec_extend_stats": delta["stats"],
+            **self.resolved_pool(),
             "replay": {"steps": len(steps),
                        "accepted": sum(s.accepted for s in steps)},
             "prompt_hashes": [report.token_hash(run.prompts[i])],

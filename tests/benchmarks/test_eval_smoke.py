@@ -67,6 +67,18 @@ def test_all_tasks_end_to_end(tiny_target, tiny_draft, long_prompts, tmp_path):
     assert sorted(r["mode"] for r in needle) == ["cmr", "draft_model", "streaming"]
     assert all(r["replay_consistent"] for r in needle)
     assert len({r["output_hashes"][0] for r in needle}) == 1  # lossless here too
+    # Each SpecExtend row says what the engine's pool became and whether this
+    # prompt's draft pass was pooled: cmr pools by default (16 chunks at
+    # top_k 4, prompts from 672 tokens), streaming never; vLLM's own
+    # draft_model has neither.
+    by_mode = {r["mode"]: r for r in needle}
+    assert "draft_prompt_pool" not in by_mode["draft_model"]
+    assert by_mode["draft_model"]["spec_extend_stats"] is None
+    assert by_mode["cmr"]["draft_prompt_pool"] == 16
+    assert by_mode["cmr"]["spec_extend_stats"]["pooled_prompt_passes"] == 1
+    assert by_mode["cmr"]["spec_extend_stats"]["retrievals"] > 0
+    assert by_mode["streaming"]["draft_prompt_pool"] is None
+    assert by_mode["streaming"]["spec_extend_stats"]["pooled_prompt_passes"] == 0
     assert result["meta"]["models"]["draft"]["num_hidden_layers"] == 1
     markdown = Path(tmp_path / "results.md").read_text()
     assert "## CMR cost" in markdown and "## Passkey retrieval" in markdown
