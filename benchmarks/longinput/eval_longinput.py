@@ -735,6 +735,27 @@ def paired_report(args) -> int:
     return 0
 
 
+def paired_needle(args) -> int:
+    """``needle.paired`` of two needle runs, as a table."""
+    rows = needle.paired(json.loads(Path(args.base).read_text())["rows"],
+                         json.loads(Path(args.other).read_text())["rows"])
+    lines = [f"Passkey cases of `{args.other}` against `{args.base}`: accepted "
+             "length, other over base (95% bootstrap interval drawing cases for "
+             "both), keys reproduced, greedy outputs equal.", "",
+             "| scoring layer | cases | n | ratio | 95% interval | other better "
+             "| keys reproduced, base → other | equal outputs |",
+             "|---|---|---|---|---|---|---|---|"]
+    for o in rows:
+        low, high = o.get("interval") or (float("nan"),) * 2
+        lines.append(f"| {'final' if o['score_layer'] in (None, -1) else o['score_layer']} "
+                     f"| {o['cases']} | {o['n']} | {o.get('ratio', float('nan')):.3f} "
+                     f"| {low:.3f}–{high:.3f} | {o.get('better')} "
+                     f"| {o['keys_base']} → {o['keys_other']} "
+                     f"| {o['equal_outputs']} of {o['n']} |")
+    print("\n".join(lines))
+    return 0
+
+
 def copy_summary(args) -> int:
     summary = copysummary.summary(
         {path: json.loads(Path(path).read_text()) for path in args.files})
@@ -851,6 +872,10 @@ def parse_args(argv=None):
     pr.add_argument("files", nargs="+")
     pr.add_argument("--baseline", default="self_streaming")
     pr.add_argument("--out", required=True)
+    pn = sub.add_parser("paired-needle", help="two needle runs of the same "
+                        "cases, case by case (a table on stdout)")
+    pn.add_argument("base")
+    pn.add_argument("other")
     cs = sub.add_parser("copy-summary", help="quote / edit: accepted length per "
                         "task, length and mode over the cases that count, and "
                         "paired ratios (JSON + .md)")
@@ -878,6 +903,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.command == "paired":
         return paired_report(args)
+    if args.command == "paired-needle":
+        return paired_needle(args)
     if args.command == "copy-summary":
         return copy_summary(args)
     return run(args) if args.command == "run" else merge_reports(args)

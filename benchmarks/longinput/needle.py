@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import random
 
+from benchmarks.longinput import acceptance
+
 INTRO = (
     "There is an important piece of information hidden inside a lot of "
     "irrelevant text. Find it and memorize it. I will quiz you about it.\n\n"
@@ -78,3 +80,52 @@ def score(status: list[str], span: range | None) -> dict:
         "matched": matched,
         "all_matched": matched == proposed if proposed else None,
     }
+
+
+def case_key(row: dict) -> tuple:
+    """A passkey case across runs: depth, key and the engine's scoring layer
+    (a haystack's key is drawn from its seed, so it names the haystack)."""
+    return row["depth"], row["key"], (row.get("config") or {}).get("score_layer")
+
+
+def paired(base: list[dict], other: list[dict]) -> list[dict]:
+    """Two runs of the same passkey cases (``eval_longinput run --tasks
+    needle``, e.g. one SpecExtend config against another), case by case, per
+    scoring layer: for every case both ran and for those the target
+    answered, the ratio of accepted lengths over the cases' vLLM counters
+    (``acceptance.paired_ratio``: a 95% bootstrap interval drawing cases for
+    both), the keys each reproduced and how many greedy outputs are equal.
+    A case screened out (``--needle-screen``) in one run must be in the
+    other: the same target answers alike."""
+    a = {case_key(r): r for r in base if r["task"] == "needle"}
+    b = {case_key(r): r for r in other if r["task"] == "needle"}
+    if set(a) != set(b):
+        raise ValueError(f"the runs hold other cases: {len(set(a) ^ set(b))} "
+                         "in one only; pair runs of the same --needle-* flags")
+    ran = [k for k in a if not a[k].get("screened")]
+    if any(bool(b[k].get("screened")) != (k not in ran) for k in a):
+        raise ValueError("a case screened out in one run only: were both "
+                         "runs' targets the same?")
+
+    def units(rows: dict, keys: list) -> list[dict]:
+        return [{c: rows[k]["spec_decode"][c] for c in acceptance.COUNTERS} for k in keys]
+
+    def keys_reproduced(rows: dict, keys: list) -> int:
+        return sum(bool(rows[k].get("all_matched")) for k in keys
+                   if rows[k]["target_correct"])
+
+    out = []
+    for layer in sorted({k[2] for k in ran}, key=lambda x: -1 if x is None else x):
+        mine = [k for k in ran if k[2] == layer]
+        for cases, keys in (("run", mine),
+                            ("answered", [k for k in mine if a[k]["target_correct"]])):
+            if not keys:
+                continue
+            out.append({"score_layer": layer, "cases": cases, "n": len(keys),
+                        "equal_outputs": sum(a[k]["output_hashes"] == b[k]["output_hashes"]
+                                             for k in keys),
+                        "keys_base": keys_reproduced(a, keys),
+                        "keys_other": keys_reproduced(b, keys),
+                        **(acceptance.paired_ratio(units(b, keys), units(a, keys)) or {})})
+    return out
+

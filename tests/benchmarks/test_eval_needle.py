@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from benchmarks.longinput import needle
@@ -99,3 +101,70 @@ def test_first_step_tokens_are_not_scored():
     }
     assert needle.score(status, range(0, 3))["all_matched"] is None
     assert needle.skip_first_step(["prefill"], []) == ["prefill"]
+
+
+def _case(depth, key, layer, *, accepted, drafts, correct=True, matched=True,
+          output="h", screened=False):
+    """A needle row as eval_longinput writes it (the fields pairing reads)."""
+    row = {"task": "needle", "depth": depth, "key": key,
+           "config": {"score_layer": layer}, "target_correct": correct,
+           "all_matched": matched if correct else None}
+    if screened:
+        return {**row, "screened": True, "target_correct": False, "all_matched": None}
+    return {**row, "output_hashes": [output],
+            "spec_decode": {"drafts": drafts, "draft_tokens": 4 * drafts,
+                            "accepted_tokens": accepted}}
+
+
+def test_paired_needle_runs_case_by_case():
+    """Two runs of the same cases: the ratio is of the runs' accepted lengths
+    over the cases both ran (a screened case counts in neither), per scoring
+    layer and again over the cases the target answered; keys and equal
+    outputs are counted per side."""
+    base = [_case(0.1, "11111", -1, accepted=20, drafts=10),
+            _case(0.3, "22222", -1, accepted=30, drafts=10, correct=False),
+            _case(0.5, "33333", -1, accepted=10, drafts=10),
+            _case(0.7, "44444", -1, accepted=0, drafts=0, screened=True)]
+    other = [_case(0.1, "11111", -1, accepted=10, drafts=10, matched=False),
+             _case(0.3, "22222", -1, accepted=30, drafts=10, correct=False),
+             _case(0.5, "33333", -1, accepted=10, drafts=10, output="x"),
+             _case(0.7, "44444", -1, accepted=0, drafts=0, screened=True)]
+
+    run, answered = needle.paired(base, list(reversed(other)))
+
+    assert (run["cases"], run["n"], answered["cases"], answered["n"]) == ("run", 3, "answered", 2)
+    # (1 + 50/30) / (1 + 60/30) over every case run; (1 + 20/20) / (1 + 30/20) answered.
+    assert run["ratio"] == pytest.approx((1 + 50 / 30) / 3.0)
+    assert answered["ratio"] == pytest.approx(2.0 / 2.5)
+    assert run["interval"][0] <= run["ratio"] <= run["interval"][1]
+    assert (answered["keys_base"], answered["keys_other"]) == (2, 1)
+    assert (run["equal_outputs"], answered["equal_outputs"]) == (2, 1)
+
+
+def test_paired_needle_refuses_other_cases():
+    one = [_case(0.1, "11111", -1, accepted=1, drafts=1),
+           _case(0.3, "22222", -1, accepted=1, drafts=1)]
+    with pytest.raises(ValueError, match="other cases"):
+        needle.paired(one, one[:1])
+    screened = [one[0], _case(0.3, "22222", -1, accepted=0, drafts=0, screened=True)]
+    with pytest.raises(ValueError, match="screened out in one run only"):
+        needle.paired(one, screened)
+
+
+def test_paired_needle_command_prints_the_table(tmp_path, capsys):
+    from benchmarks.longinput import eval_longinput
+
+    base = [_case(0.1, "11111", 21, accepted=20, drafts=10),
+            _case(0.5, "33333", 21, accepted=10, drafts=10)]
+    other = [_case(0.1, "11111", 21, accepted=10, drafts=10),
+             _case(0.5, "33333", 21, accepted=10, drafts=10)]
+    paths = []
+    for name, rows in (("base", base), ("other", other)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps({"meta": {}, "rows": rows}))
+
+    assert eval_longinput.main(["paired-needle", *map(str, paths)]) == 0
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 21 ")]
+    # 2 cases: (1 + 20/20) / (1 + 30/20) = 0.8; keys 2 → 2; outputs equal.
+    assert table == ["| 21 | run | 2 | 0.800 | 0.667–1.000 | 0 | 2 → 2 | 2 of 2 |",
+                     "| 21 | answered | 2 | 0.800 | 0.667–1.000 | 0 | 2 → 2 | 2 of 2 |"]
