@@ -13,9 +13,12 @@ export PYTHONPATH=$PWD:/root/vsite PYTHONUNBUFFERED=1 SPECEXTEND_DATA_DIR=$PWD/.
 OUT=${OUT:-/tmp/out}
 M=.gpu/models
 # HOST_RUN_INSTALLED=1: a phase run by another (rate45) skips the reinstall,
-# which could race a server starting beside it.
-[ "${HOST_RUN_INSTALLED:-0}" = 1 ] || python3 -m pip install -q --no-index --no-deps \
-  --no-compile --upgrade --target /root/vsite .gpu/wheel/*.whl 2>&1 | grep -v WARNING
+# which could race a server starting beside it; not where the plugin was never
+# installed (a fresh host: `vllm serve` then refuses --spec-extend; 2026-11-29).
+if [ "${HOST_RUN_INSTALLED:-0}" != 1 ] || ! ls -d /root/vsite/vllm_specextend-*.dist-info >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
+    --target /root/vsite .gpu/wheel/*.whl 2>&1 | grep -v WARNING
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
 source benchmarks/gpu/detached.sh
 

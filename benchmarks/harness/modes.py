@@ -36,6 +36,24 @@ class Speculation:
     spec_extend: dict = field(default_factory=dict)
 
 
+def plugin_gap(mode_names) -> str | None:
+    """Why the plugin's modes cannot run in this Python: the plugin's
+    ``vllm.general_plugins`` entry point is not installed, so ``vllm serve``
+    refuses ``--spec-extend`` (argparse exits 2; seen 2026-11-29 on a GPU host
+    whose wheel install was skipped, after the plain server had run) and
+    ``LLM`` ignores ``additional_config``. None when no such mode is asked for
+    or the entry point is there."""
+    if not any(m in PLUGIN_MODES for m in mode_names):
+        return None
+    from importlib.metadata import entry_points
+
+    if any(ep.name == "specextend" for ep in entry_points(group="vllm.general_plugins")):
+        return None
+    return ("the spec_extend and self_draft modes need the plugin installed where "
+            "vLLM runs (its vllm.general_plugins entry point is missing): "
+            "`pip install .` (on a GPU host: `host_run.sh` without HOST_RUN_INSTALLED=1)")
+
+
 def needs_draft(mode: str) -> bool:
     return mode in ("draft_model", "spec_extend")
 

@@ -104,9 +104,11 @@ def tail(path: Path, n: int = 40) -> str:
     except OSError as e:
         return f"(cannot read {path}: {e})\n"
     # The root cause is often far above the tail, in a worker's traceback.
+    # argparse's refusal ("main.py: error: unrecognized arguments: ...") too.
     causes = dict.fromkeys(
         m.group(0) for ln in lines
-        if " WARNING " not in ln and (m := re.search(r"\w+(Error|Exception): .*", ln)))
+        if " WARNING " not in ln
+        and (m := re.search(r"\w+(Error|Exception): .*|^\S+: error: .*", ln)))
     return "".join([*(f"{c}\n" for c in list(causes)[:5]), f"last lines of {path}:\n",
                     *lines[-n:]])
 

@@ -308,6 +308,16 @@ def plan(args) -> tuple[dict[int, str], list[Cell]]:
     return warmups, cells
 
 
+def error_cell(error: str) -> str:
+    """A server's error in one table cell: its first line and, where that
+    only introduces them ("vllm serve exited (2):"), the first cause below."""
+    lines = [ln.strip() for ln in error.splitlines() if ln.strip()]
+    head = lines[0] if lines else ""
+    if head.endswith(":") and len(lines) > 1 and not lines[1].startswith("last lines of"):
+        head += " " + lines[1]
+    return head.replace("|", "\\|")
+
+
 def goodput_slo(args) -> dict[str, float] | None:
     """``--goodput``'s SLOs: {"ttft": ms, "tpot": ms, ...}; None without."""
     if not args.goodput:
@@ -826,7 +836,7 @@ def table(result: dict) -> str:
             "|---|---|---|---|"]
     for s in result["servers"]:
         if "error" in s:
-            out.append(f"| {series(s)} | error: {s['error'].splitlines()[0]} | | |")
+            out.append(f"| {series(s)} | error: {error_cell(s['error'])} | | |")
             continue
         out.append(f"| {series(s)} | {s['startup_s']:.0f} | {s['async_scheduling']} "
                    f"| {stopped_cleanly(s)} |")
@@ -919,6 +929,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.draft is None and any(map(modes.needs_draft, args.modes)):
         p.error("--draft is needed by the draft_model and spec_extend modes")
     if gap := tokenizer_gap(args.target, args.tokenizer, args.serve_args):
+        p.error(gap)
+    if gap := modes.plugin_gap(args.modes):
         p.error(gap)
     return args
 

@@ -402,6 +402,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("need 0 < --min-input-len <= --max-input-len")
     if gap := tokenizer_gap(args.target, args.tokenizer, args.serve_args):
         p.error(gap)
+    if gap := modes.plugin_gap(["spec_extend"]):
+        p.error(gap)
     return args
 
 

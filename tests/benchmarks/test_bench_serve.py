@@ -163,3 +163,15 @@ def test_summary_and_plots(run):
         for workload in WORKLOADS:
             png = out / f"serve_{workload}_{INPUT_LEN}.png"
             assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_server_error_cell_names_its_cause():
+    exited = ("vllm serve exited (2):\nmain.py: error: unrecognized arguments: "
+              "--spec-extend {\"a\": 1}\nlast lines of /x/serve.log:\nusage: main.py\n")
+    assert bench_serve.error_cell(exited) == (
+        "vllm serve exited (2): main.py: error: unrecognized arguments: "
+        "--spec-extend {\"a\": 1}")
+    # No cause found: the first line alone, not the tail's heading.
+    assert bench_serve.error_cell("vllm serve exited (1):\nlast lines of /x:\nboom | x\n") \
+        == "vllm serve exited (1):"
+    assert bench_serve.error_cell("not healthy | in 300 s") == "not healthy \\| in 300 s"

@@ -114,6 +114,28 @@ def test_each_mode_adds_only_its_settings():
         modes.engine_settings("draft_model", modes.Speculation())
 
 
+def test_plugin_modes_are_refused_where_the_plugin_is_not_installed(monkeypatch):
+    import importlib.metadata
+
+    # This checkout's venv has the plugin installed (its entry point).
+    assert modes.plugin_gap(["plain", "spec_extend", "self_draft"]) is None
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [])
+    assert modes.plugin_gap(["plain", "draft_model"]) is None
+    for mode in modes.PLUGIN_MODES:
+        assert "entry point is missing" in modes.plugin_gap(["plain", mode])
+
+
+def test_a_server_failure_report_names_argparse_refusals(tmp_path):
+    from benchmarks.harness.server import tail
+
+    log = tmp_path / "serve.log"
+    log.write_text("usage: main.py [-h] [-v]\n"
+                   "main.py: error: unrecognized arguments: --spec-extend {}\n")
+    report = tail(log)
+    assert report.splitlines()[0] == "main.py: error: unrecognized arguments: --spec-extend {}"
+    assert report.splitlines()[1] == f"last lines of {log}:"
+
+
 def test_device_reads_every_metadata_block():
     assert device({"hardware": {"device": "H100"}, "config": {}}) == "H100"
     assert device({"gpu": "NVIDIA H200",
