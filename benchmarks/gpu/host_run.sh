@@ -511,6 +511,18 @@ PY
     jobs=("0|plain spec_extend|$high|high|||$b1"
           "1|plain spec_extend|$high|high|$config|${RATE45_TAG:-fullpass}|${RATE45_DRAFT:-$b1}"
           "2|plain spec_extend|$low|low|||$b1" "3|draft_model self_draft|$high|high|||$b1")
+    # RATE45_JOBS: other jobs, ';' between them, each GPU|MODES|RATE|LOAD|
+    # CONFIG|TAG|DRAFT (RATE: high or low for the rates above, or req/s; an
+    # empty DRAFT: the 1B), e.g. the cells a 2-GPU host has left:
+    #   RATE45_JOBS="0|draft_model self_draft|high|high;1|draft_model self_draft|low|low"
+    if [ -n "${RATE45_JOBS:-}" ]; then
+      IFS=';' read -r -a jobs <<< "$RATE45_JOBS"
+      for i in "${!jobs[@]}"; do
+        IFS='|' read -r gpu modes rate load cfg tag draft <<< "${jobs[$i]}"
+        case $rate in high) rate=$high ;; low) rate=$low ;; esac
+        jobs[$i]="$gpu|$modes|$rate|$load|$cfg|$tag|${draft:-$b1}"
+      done
+    fi
     # An earlier call's leftovers are stopped once, before the first job
     # starts; every job then runs beside the others (SIDE_BY_SIDE=1).
     if [ ! -f "$DETACHED_ROOT/rate45.started" ]; then

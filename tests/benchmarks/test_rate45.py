@@ -1,7 +1,7 @@
 """benchmarks/gpu/host_run.sh's rate45: issue #45's rate table on a 4-GPU
 host, a detached serve12 a GPU, run here with stand-ins for vLLM's bench and
-nvidia-smi: the four jobs run at once, each on its GPU with its modes, rate,
-load and config; a later call collects them in at most 8 files; an unknown
+nvidia-smi: the four jobs (or RATE45_JOBS's) run at once, each on its GPU
+with its modes, rate, load and config; a later call collects them in at most 8 files; an unknown
 detached run beside them stops the phase before any job starts."""
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ FAKE_PYTHON = textwrap.dedent(f"""\
         while [ $# -gt 0 ]; do case $1 in --out-dir) out=$2; shift ;; esac; shift; done
         mkdir -p "$out"; echo "$CUDA_VISIBLE_DEVICES|$argv" > "$out/args.txt"
         touch "$MARKS/$CUDA_VISIBLE_DEVICES"
-        for _ in $(seq 100); do [ "$(ls "$MARKS" | wc -l)" -ge 4 ] && break; sleep 0.1; done
-        [ "$(ls "$MARKS" | wc -l)" -ge 4 ] || {{ echo "ran alone" >&2; exit 9; }}
+        n=${{EXPECT_JOBS:-4}}
+        for _ in $(seq 100); do [ "$(ls "$MARKS" | wc -l)" -ge $n ] && break; sleep 0.1; done
+        [ "$(ls "$MARKS" | wc -l)" -ge $n ] || {{ echo "ran alone" >&2; exit 9; }}
         echo '{{}}' > "$out/results.json"
         echo "| plain | 0.48 | high | 3/3 |" > "$out/summary.md"
         touch "$out/serve_rate_long_32768.png"; exit 0 ;;
@@ -42,7 +43,7 @@ FAKE_NVIDIA_SMI = "#!/bin/bash\ncase \"$*\" in *compute-apps*) exit 0 ;; esac\ne
 FAKE_PKILL = '#!/bin/bash\necho "$(basename "$0") $*" >> "$MARKS/../pkill.log"\nexit 1\n'
 
 
-def call(tmp_path, wait_s: int) -> subprocess.CompletedProcess:
+def call(tmp_path, wait_s: int, **extra: str) -> subprocess.CompletedProcess:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for name, text in (("python3", FAKE_PYTHON), ("nvidia-smi", FAKE_NVIDIA_SMI),
@@ -56,7 +57,7 @@ def call(tmp_path, wait_s: int) -> subprocess.CompletedProcess:
     (tmp_path / "marks").mkdir(exist_ok=True)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(out), "TMPDIR": str(tmp_path),
            "MARKS": str(tmp_path / "marks"), "DETACHED_ROOT": str(tmp_path / "det"),
-           "RATE45_WAIT_S": str(wait_s)}
+           "RATE45_WAIT_S": str(wait_s), **extra}
     return subprocess.run(["bash", "benchmarks/gpu/host_run.sh", "rate45"], cwd=REPO_ROOT,
                           env=env, capture_output=True, text=True, timeout=120)
 
@@ -88,6 +89,23 @@ def test_four_jobs_at_once_then_collected_in_eight_files(tmp_path):
     assert all("draft_prompt_pool" not in jobs[g][1] for g in "023")
     assert all("--long-output-len 512" in a and "--input-lens 32768" in a
                and "--draft .gpu/models/llama32_1b " in a for _, a in jobs.values())
+
+
+def test_other_jobs_two_gpus(tmp_path):
+    jobs = "0|draft_model self_draft|high|high;1|draft_model|low|low||half|llama_68m"
+    for wait_s in (1, 60):
+        done = call(tmp_path, wait_s, RATE45_JOBS=jobs, EXPECT_JOBS="2")
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count(" rc=0") == 2, done.stdout
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    tags = ["draft_model-self_draft-long-32768-o512-r0.48-high",
+            "draft_model-llama_68m-long-32768-o512-r0.24-low-half"]
+    assert files == sorted(f"serve12_{t}.{ext}" for t in tags for ext in ("log", "tgz"))
+    with tarfile.open(tmp_path / "out" / f"serve12_{tags[1]}.tgz") as tar:
+        text = tar.extractfile(f"serve12_{tags[1]}/args.txt").read().decode()
+    gpu, argv = text.strip().split("|", 1)
+    assert gpu == "1" and "--modes draft_model" in argv and "--load low" in argv
+    assert "--draft .gpu/models/llama_68m " in argv
 
 
 def test_an_unknown_detached_run_stops_the_phase(tmp_path):
