@@ -47,11 +47,13 @@ def plugin_gap(mode_names) -> str | None:
         return None
     from importlib.metadata import entry_points
 
-    if any(ep.name == "specextend" for ep in entry_points(group="vllm.general_plugins")):
+    plugins = entry_points(group="vllm.general_plugins")
+    if any(ep.name == "specextend" for ep in plugins):
         return None
     return ("the spec_extend and self_draft modes need the plugin installed where "
             "vLLM runs (its vllm.general_plugins entry point is missing): "
-            "`pip install .` (on a GPU host: `host_run.sh` without HOST_RUN_INSTALLED=1)")
+            "`pip install .` (on a GPU host, `benchmarks/gpu/host_run.sh` "
+            "installs the wheel where it is missing)")
 
 
 def needs_draft(mode: str) -> bool:

@@ -313,8 +313,9 @@ def error_cell(error: str) -> str:
     only introduces them ("vllm serve exited (2):"), the first cause below."""
     lines = [ln.strip() for ln in error.splitlines() if ln.strip()]
     head = lines[0] if lines else ""
-    if head.endswith(":") and len(lines) > 1 and not lines[1].startswith("last lines of"):
-        head += " " + lines[1]
+    cause = lines[1] if len(lines) > 1 else "last lines of"
+    if head.endswith(":") and not cause.startswith("last lines of"):
+        head += " " + cause
     return head.replace("|", "\\|")
 
 

@@ -172,6 +172,6 @@ def test_a_server_error_cell_names_its_cause():
         "vllm serve exited (2): main.py: error: unrecognized arguments: "
         "--spec-extend {\"a\": 1}")
     # No cause found: the first line alone, not the tail's heading.
-    assert bench_serve.error_cell("vllm serve exited (1):\nlast lines of /x:\nboom | x\n") \
-        == "vllm serve exited (1):"
-    assert bench_serve.error_cell("not healthy | in 300 s") == "not healthy \\| in 300 s"
+    no_cause = "vllm serve exited (1):\nlast lines of /x:\nboom | x\n"
+    assert bench_serve.error_cell(no_cause) == "vllm serve exited (1):"
+    assert bench_serve.error_cell("not healthy | in 300 s") == r"not healthy \| in 300 s"

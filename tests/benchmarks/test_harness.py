@@ -132,7 +132,8 @@ def test_a_server_failure_report_names_argparse_refusals(tmp_path):
     log.write_text("usage: main.py [-h] [-v]\n"
                    "main.py: error: unrecognized arguments: --spec-extend {}\n")
     report = tail(log)
-    assert report.splitlines()[0] == "main.py: error: unrecognized arguments: --spec-extend {}"
+    refusal = "main.py: error: unrecognized arguments: --spec-extend {}"
+    assert report.splitlines()[0] == refusal
     assert report.splitlines()[1] == f"last lines of {log}:"
 
 

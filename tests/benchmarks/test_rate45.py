@@ -1,8 +1,9 @@
 """benchmarks/gpu/host_run.sh's rate45: issue #45's rate table on a 4-GPU
 host, a detached serve12 a GPU, run here with stand-ins for vLLM's bench and
 nvidia-smi: the four jobs (or RATE45_JOBS's) run at once, each on its GPU
-with its modes, rate, load and config; a later call collects them in at most 8 files; an unknown
-detached run beside them stops the phase before any job starts."""
+with its modes, rate, load and config; a later call collects them in at most
+8 files; an unknown detached run beside them stops the phase before any job
+starts."""
 
 from __future__ import annotations
 
