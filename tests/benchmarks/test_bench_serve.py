@@ -174,4 +174,5 @@ def test_a_server_error_cell_names_its_cause():
     # No cause found: the first line alone, not the tail's heading.
     no_cause = "vllm serve exited (1):\nlast lines of /x:\nboom | x\n"
     assert bench_serve.error_cell(no_cause) == "vllm serve exited (1):"
-    assert bench_serve.error_cell("not healthy | in 300 s") == r"not healthy \| in 300 s"
+    piped = bench_serve.error_cell("not healthy | in 300 s")
+    assert piped == r"not healthy \| in 300 s"
