@@ -476,7 +476,13 @@ PY
       --startup-timeout ${SERVE_STARTUP_TIMEOUT:-300} --run-timeout 240 --out-dir "$res"
       -- --load-format dummy --max-model-len $((len + 1024 + 256)) $(tp_flags "$tp" "$executor"))
     if [ "$detach" = 1 ]; then
-      detached "$dir" ${SERVE_WAIT_S:-540} "${cmd[@]}" || exit 0
+      # Still running: the runs finished so far come back too (vLLM's bench
+      # files), so a session whose device time ends mid-cell keeps them
+      # (2026-11-29: draft_model's third run was cut, the first two fetched
+      # by hand).
+      detached "$dir" ${SERVE_WAIT_S:-540} "${cmd[@]}" || {
+        [ -d "$res/bench" ] && tar -C "$res" -czf "$OUT/serve12_${tag}_partial.tgz" bench
+        exit 0; }
       cp "$dir/runner.log" "$OUT/serve12_$tag.log"; cp -r "$res" "$OUT/serve12_$tag"
     else
       "${cmd[@]}" > "$OUT/serve12_$tag.log" 2>&1

@@ -25,6 +25,10 @@ FAKE_PYTHON = textwrap.dedent(f"""\
         argv="$*"
         while [ $# -gt 0 ]; do case $1 in --out-dir) out=$2; shift ;; esac; shift; done
         mkdir -p "$out"; echo "$CUDA_VISIBLE_DEVICES|$argv" > "$out/args.txt"
+        if [ -n "${{HOLD:-}}" ]; then
+          mkdir -p "$out/bench"; echo '{{}}' > "$out/bench/run0.json"
+          while [ ! -f "$HOLD" ]; do sleep 0.1; done
+        fi
         touch "$MARKS/$CUDA_VISIBLE_DEVICES"
         n=${{EXPECT_JOBS:-4}}
         for _ in $(seq 100); do [ "$(ls "$MARKS" | wc -l)" -ge $n ] && break; sleep 0.1; done
@@ -107,6 +111,23 @@ def test_other_jobs_two_gpus(tmp_path):
     gpu, argv = text.strip().split("|", 1)
     assert gpu == "1" and "--modes draft_model" in argv and "--load low" in argv
     assert "--draft .gpu/models/llama_68m " in argv
+
+
+def test_a_cell_still_running_brings_back_its_finished_runs(tmp_path):
+    hold = tmp_path / "release"
+    extra = {"RATE45_JOBS": "0|draft_model|high|high", "EXPECT_JOBS": "1",
+             "HOLD": str(hold)}
+    running = call(tmp_path, 2, **extra)
+    assert running.returncode == 0, running.stdout + running.stderr
+    assert "still running" in running.stdout
+    tag = "draft_model-long-32768-o512-r0.48-high"
+    with tarfile.open(tmp_path / "out" / f"serve12_{tag}_partial.tgz") as tar:
+        assert tar.getnames() == ["bench", "bench/run0.json"]
+    hold.touch()
+    done = call(tmp_path, 60, **extra)
+    assert done.returncode == 0 and " rc=0" in done.stdout, done.stdout + done.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        f"serve12_{tag}.log", f"serve12_{tag}.tgz"]
 
 
 def test_an_unknown_detached_run_stops_the_phase(tmp_path):
