@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 
-from benchmarks.longinput import acceptance
+from benchmarks.longinput import acceptance, report
 
 INTRO = (
     "There is an important piece of information hidden inside a lot of "
@@ -84,8 +84,9 @@ def score(status: list[str], span: range | None) -> dict:
 
 def case_key(row: dict) -> tuple:
     """A passkey case across runs: depth, key and the engine's scoring layer
-    (a haystack's key is drawn from its seed, so it names the haystack)."""
-    return row["depth"], row["key"], (row.get("config") or {}).get("score_layer")
+    (a haystack's key is drawn from its seed, so it names the haystack; a
+    run without ``--score-layers`` ran the engine's default, -1)."""
+    return row["depth"], row["key"], report.engine_score_layer(row)
 
 
 def paired(base: list[dict], other: list[dict]) -> list[dict]:

@@ -141,6 +141,19 @@ def test_paired_needle_runs_case_by_case():
     assert (run["equal_outputs"], answered["equal_outputs"]) == (2, 1)
 
 
+def test_paired_needle_pairs_the_default_layer_with_its_name():
+    """A run without --score-layers (no score_layer in its rows' config) ran
+    the engine's default, the final layer: its cases are those of -1."""
+    cases = ((0.1, "1"), (0.5, "5"))
+    base = [_case(d, k, -1, accepted=20, drafts=10) for d, k in cases]
+    other = [_case(d, k, -1, accepted=10, drafts=10) for d, k in cases]
+    for row in other:
+        del row["config"]["score_layer"]
+    run, _ = needle.paired(base, other)
+    # (1 + 10/10) / (1 + 20/10) over both cases.
+    assert run["score_layer"] == -1 and run["ratio"] == pytest.approx(2.0 / 3.0)
+
+
 def test_paired_needle_refuses_other_cases():
     one = [_case(0.1, "11111", -1, accepted=1, drafts=1),
            _case(0.3, "22222", -1, accepted=1, drafts=1)]
