@@ -461,6 +461,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--start-retries takes 0 or more")
     if set(args.modes) & {"draft_model", "spec_extend"} and not args.draft_config:
         p.error("--draft-config is needed by the draft_model and spec_extend modes")
+    if gap := modes.plugin_gap(args.modes):
+        p.error(gap)
     return args
 
 

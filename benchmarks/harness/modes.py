@@ -41,8 +41,9 @@ def plugin_gap(mode_names) -> str | None:
     ``vllm.general_plugins`` entry point is not installed, so ``vllm serve``
     refuses ``--spec-extend`` (argparse exits 2; seen 2026-11-29 on a GPU host
     whose wheel install was skipped, after the plain server had run) and
-    ``LLM`` ignores ``additional_config``. None when no such mode is asked for
-    or the entry point is there."""
+    ``LLM`` ignores ``additional_config`` (bench_decode would time vLLM's own
+    speculation under the plugin's name). None when no such mode is asked
+    for or the entry point is there."""
     if not any(m in PLUGIN_MODES for m in mode_names):
         return None
     from importlib.metadata import entry_points

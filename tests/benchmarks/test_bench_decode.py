@@ -204,3 +204,17 @@ def test_eagle3_head_shorter_than_the_context(request):
     assert alone["draft_steps"] == 0 and alone["acceptance_length"] == 1.0
     assert extend["draft_steps"] > 0 and extend["spec_extend"]["view_rows"] > 0
     assert extend["spec_extend"]["compactions"] > 0
+
+
+def test_the_plugin_modes_are_refused_without_the_plugin(monkeypatch, tmp_path, capsys):
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [])
+    with pytest.raises(SystemExit):
+        bench_decode.parse_args(["--target", "T", "--modes", "plain", "self_draft",
+                                 "--out", str(tmp_path / "x.json")])
+    assert "entry point is missing" in capsys.readouterr().err
+    # vLLM's own modes need no plugin.
+    args = bench_decode.parse_args(["--target", "T", "--modes", "plain",
+                                    "--out", str(tmp_path / "x.json")])
+    assert args.modes == ["plain"]
