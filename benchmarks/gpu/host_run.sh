@@ -267,7 +267,11 @@ case "$1" in
     # PROFILE_MODE (spec_extend|draft_model|plain), PROFILE_CONTEXT,
     # PROFILE_ARGS (more flags: a 16K prompt's first token as `vllm serve`
     # chunks it, issue #22: PROFILE_CONTEXT=16384 PROFILE_ARGS="--prefill
-    # --max-num-batched-tokens 8192"; several modes: one call each).
+    # --max-num-batched-tokens 8192"; several modes: one call each). Issue
+    # #45's batch-8 first token (bench_decode's cell, the first requests
+    # decoding beside the later prompts): PROFILE_CONTEXT=32768
+    # PROFILE_ARGS="--prefill --batch 8 --prefill-tokens 64", plain and
+    # spec_extend (the summary's first_token_window, side by side).
     # Across GPUs (issue #44): PROFILE_TARGET=8b|70b with PROFILE_TP=2|4: vLLM's
     # worker profiler traces each rank (the summary's "ranks"), with tp-speed's
     # flags; the traces stay on the host but rank 0's, gzipped

@@ -24,7 +24,14 @@ on each GPU.
 ``--prefill`` profiles a request's prompt instead (issue #22's time to first
 token): a fresh prompt of ``--context`` tokens (another seed, so no prefix is
 cached) with one new token, every chunk of it; its summary has the request's
-wall time.
+wall time. With ``--batch`` B and ``--prefill-tokens`` N the B fresh prompts
+each get N new tokens, so requests that have their first token decode (and
+draft) beside the later prompts' chunks, as in ``bench_decode``'s batch-8
+cell (issue #45: its last first token +2.5–3.6% over plain's); N of 64 keeps
+every request decoding until the last prompt ends. The summary's
+``first_token_window`` is the work from the ``generate`` call's start to its
+last first token (``window_work``): GPU busy ms and kernel ms by category, and
+each runner scope's ms in it, so two modes' windows can be set side by side.
 
     python -m benchmarks.gpu.profile_step --mode spec_extend --context 65536 \\
         --target-config .gpu/models/llama31_8b --draft-config .gpu/models/llama32_1b
@@ -75,6 +82,10 @@ def main(argv=None) -> int:
     p.add_argument("--spec-extend", default=None)
     p.add_argument("--prefill", action="store_true",
                    help="profile a fresh prompt and its first token, not decoding")
+    p.add_argument("--prefill-tokens", type=int, default=1, metavar="N",
+                   help="with --prefill: new tokens a request (1: the prompt "
+                        "alone; 64 at batch 8: the first requests decode "
+                        "beside the later prompts)")
     p.add_argument("--out-dir", type=Path, required=True)
     # Other flags (--block-size, --dtype, ...) are bench_decode's engine settings.
     args, engine_flags = p.parse_known_args(argv)
@@ -124,8 +135,12 @@ def main(argv=None) -> int:
         if workers:
             llm.start_profile(profile_prefix=name)
         start = time.perf_counter()
-        run = bench_decode.generate(llm, prompts, 1 if args.prefill else args.tokens,
-                                    gpus)
+        # A host marker at the call's start: the first-token window's origin
+        # on the trace's clock (the kernels' clock too).
+        with torch.profiler.record_function(GENERATE_MARK):
+            run = bench_decode.generate(
+                llm, prompts, args.prefill_tokens if args.prefill else args.tokens,
+                gpus)
         wall = time.perf_counter() - start
         if workers:
             llm.stop_profile()  # each rank writes its trace
@@ -155,6 +170,9 @@ def main(argv=None) -> int:
     }
     if args.prefill:
         summary["ttft_s_median"] = run.get("ttft_s_median")
+        summary["ttft_s"] = run.get("ttft_s")
+        summary["first_token_window"] = first_token_window(trace_events,
+                                                           run["ttft_s"])
     else:
         summary["decode_tok_s"] = run["decode_tok_s"]
     summary["runner_scopes"] = runner_scopes(prof.key_averages())
@@ -170,6 +188,60 @@ def main(argv=None) -> int:
 
 KERNEL_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")
 """The trace's categories of work on the GPU (annotations are spans, not work)."""
+
+GENERATE_MARK = "profile_step: generate"
+"""The host annotation around the profiled ``generate`` call."""
+
+
+def first_token_window(trace_events: list[dict], ttft_s: float) -> dict | None:
+    """``window_work`` from the profiled ``generate`` call's start (its host
+    marker) to ``ttft_s`` later: the last first token, as the request's
+    metrics time it from its arrival (the call adds every request at once).
+    None where the trace has no marker."""
+    starts = [e["ts"] for e in trace_events if e.get("name") == GENERATE_MARK
+              and e.get("cat") not in ("gpu_user_annotation", *KERNEL_EVENTS)]
+    if not starts or ttft_s is None:
+        return None
+    begin = min(starts)
+    return window_work(trace_events, begin, begin + ttft_s * 1e6)
+
+
+def window_work(trace_events: list[dict], begin: float, end: float,
+                min_us: float = 10.0) -> dict:
+    """The GPU's work between ``begin`` and ``end`` (µs, the trace's clock),
+    each kernel, copy and scope span clipped to it: the window's ms, the ms
+    in which some kernel ran (streams overlapping counted once), kernel ms by
+    ``category`` (summed, so overlaps count twice there), and per vLLM runner
+    scope (spans of at least ``min_us``) the spans it overlaps, their clipped
+    ms and the busy ms inside them. Plain decoding on Model Runner V2 opens no
+    scopes: its window has the kernels only."""
+    def clip(b: float, e: float) -> tuple[float, float] | None:
+        b, e = max(b, begin), min(e, end)
+        return (b, e) if e > b else None
+
+    work = [(w, category(ev["name"])) for ev in trace_events
+            if ev.get("cat") in KERNEL_EVENTS
+            and (w := clip(ev["ts"], ev["ts"] + ev["dur"])) is not None]
+    by_cat: dict[str, float] = defaultdict(float)
+    for (b, e), cat in work:
+        by_cat[cat] += (e - b) / 1000.0
+    scopes = {}
+    for scope, found in scope_bounds(trace_events, min_us).items():
+        inside = [c for b, e in found if (c := clip(b, e)) is not None]
+        if not inside:
+            continue
+        busy = sum(covered_seconds((max(b, sb), min(e, se)) for (b, e), _ in work
+                                   if b < se and e > sb)
+                   for sb, se in inside)
+        scopes[scope] = {"spans": len(inside),
+                         "span_ms": sum(e - b for b, e in inside) / 1000.0,
+                         "busy_ms": busy / 1000.0}
+    return {
+        "ms": (end - begin) / 1000.0,
+        "busy_ms": covered_seconds(w for w, _ in work) / 1000.0,
+        "kernel_ms_by_category": dict(sorted(by_cat.items())),
+        "scopes": scopes,
+    }
 
 
 def kernel_ms_by_category(trace_events: list[dict]) -> dict[str, float]:

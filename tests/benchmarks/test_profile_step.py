@@ -7,7 +7,9 @@ import json
 from types import SimpleNamespace
 
 from benchmarks.gpu.profile_step import (
+    GENERATE_MARK,
     category,
+    first_token_window,
     keep_rank0_trace,
     kernel_ms_by_category,
     rank_summaries,
@@ -15,6 +17,7 @@ from benchmarks.gpu.profile_step import (
     runner_scopes,
     scope_kernels,
     scope_spans,
+    window_work,
 )
 
 
@@ -133,3 +136,30 @@ def test_rank_traces_read_the_fallback_names_of_a_dense_model(tmp_path):
     dest = tmp_path / "kept.json.gz"
     keep_rank0_trace(tmp_path, dest)
     assert json.loads(gzip.decompress(dest.read_bytes()))["traceEvents"] == TRACE
+
+
+def test_window_work_clips_kernels_and_scopes_to_the_window():
+    """From 9 to 25 ms: the first matmul ended before it, the last ones start
+    after it; the copy straddles the first 5 ms draft span's end, so the span
+    holds 1 of its 2 ms; the first draft span ends at the window's start and
+    the 1 µs one is too short to count."""
+    work = window_work(TRACE, 9000.0, 25000.0)
+    assert work == {
+        "ms": 16.0, "busy_ms": 9.0,
+        "kernel_ms_by_category": {"attention": 7.0, "copy": 2.0},
+        "scopes": {"draft": {"spans": 2, "span_ms": 10.0, "busy_ms": 8.0}},
+    }
+    # Kernels cut at the window's edges; overlapping streams counted once.
+    edge = window_work(TRACE, 41000.0, 43000.0)
+    assert edge["busy_ms"] == 2.0
+    assert edge["kernel_ms_by_category"] == {"matmul": 2.0, "triton": 1.0}
+    assert edge["scopes"]["forward"] == {"spans": 1, "span_ms": 2.0, "busy_ms": 2.0}
+
+
+def test_first_token_window_starts_at_the_generate_marker():
+    marker = _ev("user_annotation", GENERATE_MARK, 9000.0, 60000.0)
+    # torch's GPU-side annotation of the same name is not the host's start.
+    gpu_side = _ev("gpu_user_annotation", GENERATE_MARK, 0.0, 60000.0)
+    window = first_token_window([gpu_side, marker, *TRACE], 0.016)
+    assert window == window_work(TRACE, 9000.0, 25000.0)
+    assert first_token_window(TRACE, 0.016) is None
