@@ -89,6 +89,8 @@ def main(argv=None) -> int:
     p.add_argument("--out-dir", type=Path, required=True)
     # Other flags (--block-size, --dtype, ...) are bench_decode's engine settings.
     args, engine_flags = p.parse_known_args(argv)
+    if args.prefill_tokens != 1 and not args.prefill:
+        p.error("--prefill-tokens needs --prefill (decoding profiles take --tokens)")
     # vLLM's runner scopes (model forward, draft, sample, ...), read when the
     # runner first opens one: before the engine.
     os.environ["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"

@@ -6,12 +6,15 @@ import gzip
 import json
 from types import SimpleNamespace
 
+import pytest
+
 from benchmarks.gpu.profile_step import (
     GENERATE_MARK,
     category,
     first_token_window,
     keep_rank0_trace,
     kernel_ms_by_category,
+    main,
     rank_summaries,
     rank_traces,
     runner_scopes,
@@ -163,3 +166,11 @@ def test_first_token_window_starts_at_the_generate_marker():
     window = first_token_window([gpu_side, marker, *TRACE], 0.016)
     assert window == window_work(TRACE, 9000.0, 25000.0)
     assert first_token_window(TRACE, 0.016) is None
+
+
+def test_prefill_tokens_without_prefill_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--target-config", "t", "--prefill-tokens", "64",
+              "--out-dir", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert "--prefill-tokens needs --prefill" in capsys.readouterr().err
