@@ -41,7 +41,9 @@ milliseconds, per request; ``e2el`` too) makes each run count its goodput, the
 completed requests per second that met them all. A rate's rows carry
 ``request_rate``, ``load`` and ``goodput_slo``; its table gives, per series,
 the rate at which ``--target-in-flight`` (16) requests would be in flight
-(``next_rate``, Little's law from the table's rates), the rate to run next.
+(``next_rate``, Little's law from the table's rates), the rate to run next,
+capped as ``--find-rate`` caps its probes where a run of the series was
+overloaded, and marked where it reaches past twice every rate run.
 ``--find-rate RATE`` finds the rates itself: the first mode's server runs
 ``--probes`` probe runs (one run each, documents of their own), the first at
 RATE and each next one at ``next_rate`` of those before, at most
@@ -786,13 +788,32 @@ def rate_notes(rows: list[dict], target: float) -> list[str]:
              if slo else "Goodput: no SLOs given (--goodput)."]
     proposals = []
     for name in dict.fromkeys(series(r) for r in rows):
-        probes = [(r["request_rate"], r["in_flight"]["median"]) for r in rows
-                  if series(r) == name and r["in_flight"]["median"] is not None]
-        rate = next_rate(probes, target)
-        proposals.append(f"{name} {'–' if rate is None else f'{rate:.3g}'}")
+        mine = [r for r in rows if series(r) == name]
+        probes = [(r["request_rate"], r["in_flight"]["median"]) for r in mine
+                  if r["in_flight"]["median"] is not None]
+        proposals.append(f"{name} {_proposal(next_rate(probes, target), probes, mine)}")
     notes.append(f"For {target:g} requests in flight, run next at (req/s, "
                  f"`next_rate`): {', '.join(proposals)}.")
     return notes
+
+
+def _proposal(rate: float | None, probes: list[tuple[float, float]],
+              rows: list[dict]) -> str:
+    """A series' ``next_rate``, capped as ``find_rate`` caps it where one of
+    its runs was overloaded; else marked where it extrapolates past twice
+    every rate run (from a low load, Little's law proposed 2.4 req/s where
+    the server completes 0.53: 2026-11-29)."""
+    if rate is None:
+        return "–"
+    overloaded = [run["request_throughput"] for r in rows for run in r.get("runs", [])
+                  if (run.get("ttft_growth") or 0) > QUEUE_GROWTH
+                  and run.get("request_throughput")]
+    if overloaded and rate > CAPACITY_SHARE * max(overloaded):
+        return (f"{CAPACITY_SHARE * max(overloaded):.3g} ({CAPACITY_SHARE:.0%} of the "
+                f"{max(overloaded):.3g} req/s it completed with a growing queue)")
+    if rate > 2 * max(r for r, _ in probes):
+        return f"{rate:.3g} (past twice every rate run: its queue may grow first)"
+    return f"{rate:.3g}"
 
 
 def _in_flight(run: dict) -> str:

@@ -557,7 +557,7 @@ def test_a_saved_rate_result_gives_the_runs_figures():
 def rate_result(tmp_path) -> dict:
     """A result of plain at two rates and spec_extend at one, each cell three
     runs of the saved file with ``in_flight`` scaled to the rate (4 a request
-    per second), and a burst cell beside them."""
+    per second) and a steady queue, and a burst cell beside them."""
     args = bench_serve.parse_args([*RATE_ARGS, "--modes", "plain", "spec_extend",
                                    "--draft", "D", "--out-dir", str(tmp_path)])
     run = bench_serve.run_figures(saved_rate_result(), {}, GpuBusy())
@@ -572,8 +572,9 @@ def rate_result(tmp_path) -> dict:
                           ("spec_extend", bench_serve.traffics(args)[1])):
         cell = bench_serve.Cell("long", 256, None, 8, 16, [], [],
                                 request_rate=traffic.request_rate, load=traffic.load)
-        runs = [{**run, "in_flight": 4 * traffic.request_rate + i, "server_metrics": {}}
-                for i in (-1, 0, 1)]
+        # A steady queue: the saved run's three requests time no growth.
+        runs = [{**run, "in_flight": 4 * traffic.request_rate + i, "server_metrics": {},
+                 "ttft_growth": 1.0} for i in (-1, 0, 1)]
         result["results"].append(bench_serve.cell_row(args, mode, cell, runs))
     burst = bench_serve.Cell("long", 256, 4, 8, 16, [], [])
     result["results"].append(bench_serve.cell_row(
@@ -609,6 +610,25 @@ def test_rate_rows_and_their_table(tmp_path):
     # at 4/s; spec_extend, one rate: Little's law, 2 x 16 / 8.
     assert "run next at (req/s, `next_rate`): plain 4, spec_extend 4." in rates
     assert "| plain | 4 | 3/3 | 3 |" in burst and "| mode | concurrency |" in burst
+
+
+def test_rate_notes_cap_a_proposal_at_an_overload_and_mark_a_long_reach(tmp_path):
+    """The proposal under a table: capped at 90% of what an overloaded run
+    of its series completed, as ``find_rate`` caps its probes; marked where
+    Little's law reaches past twice every rate run (2026-11-29: 2.4 req/s
+    proposed from 1.6 in flight at 0.24, for a server that completes 0.53)."""
+    result = rate_result(tmp_path)
+    plain_high = result["results"][1]
+    plain_high["runs"] = [{**run, "ttft_growth": 3.0, "request_throughput": 1.0}
+                          for run in plain_high["runs"]]
+    rows = [r for r in result["results"] if bench_serve.rated(r)]
+    note = bench_serve.rate_notes(rows, 16)[1]
+    assert ("plain 0.9 (90% of the 1 req/s it completed with a growing queue), "
+            "spec_extend 4.") in note
+    low = [{"mode": "plain", "request_rate": 0.24, "in_flight": {"median": 1.6},
+            "runs": [{"ttft_growth": 1.03, "request_throughput": 0.23}]}]
+    assert bench_serve.rate_notes(low, 16)[1].endswith(
+        "plain 2.4 (past twice every rate run: its queue may grow first).")
 
 
 def test_next_rate():
