@@ -227,20 +227,19 @@ def window_work(trace_events: list[dict], begin: float, end: float,
     by_cat: dict[str, float] = defaultdict(float)
     for (b, e), cat in work:
         by_cat[cat] += (e - b) / 1000.0
+    intervals = [w for w, _ in work]
     scopes = {}
     for scope, found in scope_bounds(trace_events, min_us).items():
         inside = [c for b, e in found if (c := clip(b, e)) is not None]
         if not inside:
             continue
-        busy = sum(covered_seconds((max(b, sb), min(e, se)) for (b, e), _ in work
-                                   if b < se and e > sb)
-                   for sb, se in inside)
         scopes[scope] = {"spans": len(inside),
                          "span_ms": sum(e - b for b, e in inside) / 1000.0,
-                         "busy_ms": busy / 1000.0}
+                         "busy_ms": sum(busy_us(intervals, sb, se)
+                                        for sb, se in inside) / 1000.0}
     return {
         "ms": (end - begin) / 1000.0,
-        "busy_ms": covered_seconds(w for w, _ in work) / 1000.0,
+        "busy_ms": covered_seconds(intervals) / 1000.0,
         "kernel_ms_by_category": dict(sorted(by_cat.items())),
         "scopes": scopes,
     }
@@ -268,6 +267,13 @@ def scope_bounds(trace_events: list[dict], min_us: float) -> dict[str, list]:
     return spans
 
 
+def busy_us(work: list[tuple[float, float]], begin: float, end: float) -> float:
+    """µs between ``begin`` and ``end`` in which some of ``work`` ran: each
+    interval clipped to the span, overlaps (streams) counted once."""
+    return covered_seconds((max(b, begin), min(e, end)) for b, e in work
+                           if b < end and e > begin)
+
+
 def scope_spans(trace_events: list[dict], min_us: float = 10.0) -> dict[str, dict]:
     """Per vLLM runner scope, from a Chrome trace: its GPU spans' median and
     the median GPU busy ms inside them (time in which a kernel or copy ran,
@@ -280,10 +286,7 @@ def scope_spans(trace_events: list[dict], min_us: float = 10.0) -> dict[str, dic
             if e.get("cat") in KERNEL_EVENTS]
     out = {}
     for scope, found in spans.items():
-        # Each span's kernels and copies clipped to it, overlaps counted once.
-        busy = [covered_seconds((max(b, begin), min(e, end)) for b, e in work
-                                if b < end and e > begin) / 1000.0
-                for begin, end in found]
+        busy = [busy_us(work, begin, end) / 1000.0 for begin, end in found]
         out[scope] = {"calls": len(found),
                       "median_span_ms": statistics.median(e - b for b, e in found) / 1000.0,
                       "median_busy_ms": statistics.median(busy)}

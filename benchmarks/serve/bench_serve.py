@@ -477,6 +477,15 @@ def next_rate(probes: list[tuple[float, float]], target: float = 16.0) -> float 
 CAPACITY_SHARE = 0.9
 
 
+def overload_capacity(runs: list[dict]) -> float | None:
+    """The most completed requests per second among ``runs`` whose queue
+    grew all run long (``ttft_growth`` over ``QUEUE_GROWTH``): the server's
+    capacity; None where none was overloaded."""
+    return max((run["request_throughput"] for run in runs
+                if (run.get("ttft_growth") or 0) > QUEUE_GROWTH
+                and run.get("request_throughput")), default=None)
+
+
 def find_rate(probe, first: float, probes: int, target: float = 16.0,
               ) -> tuple[float | None, list[tuple[float, float | None]], float | None]:
     """The request rate for ``target`` requests in flight, from ``probes``
@@ -489,14 +498,14 @@ def find_rate(probe, first: float, probes: int, target: float = 16.0,
     over every probe (None without a usable one), the probes (rate, in
     flight) and the capacity (None where no probe was overloaded)."""
     done: list[tuple[float, float | None]] = []
+    runs: list[dict] = []
     capacity = None
     rate = first
     for _ in range(probes):
         run = probe(rate)
         done.append((rate, run.get("in_flight")))
-        throughput, growth = run.get("request_throughput"), run.get("ttft_growth")
-        if throughput and growth and growth > QUEUE_GROWTH:
-            capacity = max(capacity or 0.0, throughput)
+        runs.append(run)
+        capacity = overload_capacity(runs)
         rate = next_rate([(r, n) for r, n in done if n], target)
         if rate is None:
             break
@@ -805,12 +814,10 @@ def _proposal(rate: float | None, probes: list[tuple[float, float]],
     the server completes 0.53: 2026-11-29)."""
     if rate is None:
         return "–"
-    overloaded = [run["request_throughput"] for r in rows for run in r.get("runs", [])
-                  if (run.get("ttft_growth") or 0) > QUEUE_GROWTH
-                  and run.get("request_throughput")]
-    if overloaded and rate > CAPACITY_SHARE * max(overloaded):
-        return (f"{CAPACITY_SHARE * max(overloaded):.3g} ({CAPACITY_SHARE:.0%} of the "
-                f"{max(overloaded):.3g} req/s it completed with a growing queue)")
+    capacity = overload_capacity([run for r in rows for run in r.get("runs", [])])
+    if capacity is not None and rate > CAPACITY_SHARE * capacity:
+        return (f"{CAPACITY_SHARE * capacity:.3g} ({CAPACITY_SHARE:.0%} of the "
+                f"{capacity:.3g} req/s it completed with a growing queue)")
     if rate > 2 * max(r for r, _ in probes):
         return f"{rate:.3g} (past twice every rate run: its queue may grow first)"
     return f"{rate:.3g}"
