@@ -285,8 +285,9 @@ case "$1" in
       --target-config $pcfg --draft-config $M/${DECODE_DRAFT:-llama32_1b} \
       --out-dir "$OUT" $(tp_flags "$ptp") ${PROFILE_ARGS:-} > "$OUT/profile26.log" 2>&1
     echo "profile26 rc=$?"; tail -60 "$OUT/profile26.log" | cut -c1-170
-    # profile_step keeps rank 0's trace gzipped beside its summary.
-    rm -rf "$OUT"/traces_*
+    # profile_step keeps rank 0's trace gzipped beside its summary; one GPU's
+    # trace is gzipped here (it comes back if under the host's 16 MiB a file).
+    rm -rf "$OUT"/traces_*; gzip -f "$OUT"/trace_*.json 2>/dev/null
     rm -rf "$OUT/models" ;;
   self-draft)
     # Issue #11's speed table: the 8B shape drafting for itself (K=3 by default,

@@ -221,12 +221,12 @@ def window_work(trace_events: list[dict], begin: float, end: float,
         b, e = max(b, begin), min(e, end)
         return (b, e) if e > b else None
 
-    work = [(w, category(ev["name"])) for ev in trace_events
+    work = [(w, ev["name"]) for ev in trace_events
             if ev.get("cat") in KERNEL_EVENTS
             and (w := clip(ev["ts"], ev["ts"] + ev["dur"])) is not None]
     by_cat: dict[str, float] = defaultdict(float)
-    for (b, e), cat in work:
-        by_cat[cat] += (e - b) / 1000.0
+    for (b, e), name in work:
+        by_cat[category(name)] += (e - b) / 1000.0
     intervals = [w for w, _ in work]
     scopes = {}
     for scope, found in scope_bounds(trace_events, min_us).items():
@@ -242,7 +242,59 @@ def window_work(trace_events: list[dict], begin: float, end: float,
         "busy_ms": covered_seconds(intervals) / 1000.0,
         "kernel_ms_by_category": dict(sorted(by_cat.items())),
         "scopes": scopes,
+        "idle": idle_gaps(trace_events, work, begin, end),
     }
+
+
+HOST_EVENTS = ("user_annotation", "cpu_op")
+"""The trace's host-side spans: what the host ran while the GPU waited."""
+
+
+def idle_gaps(trace_events: list[dict], work: list, begin: float, end: float,
+              min_us: float = 20.0, top: int = 12) -> dict:
+    """Where the GPU waited inside a window: its gaps of at least ``min_us``
+    between the ``work`` [((begin, end), kernel name)] already clipped to it.
+    Their ms and count, their ms by the host span open at each gap's middle
+    (the innermost annotation, a vLLM runner scope or ``record_function``,
+    else ``(none)``: the engine's own Python, the scheduler among it), and the
+    ``top`` longest with their place (ms into the window), that span, the
+    innermost host op and the kernels either side. A busy share says how much
+    the GPU waited; this says at what."""
+    gaps, reach, last = [], begin, None
+    for (b, e), name in sorted(work, key=lambda w: w[0]):
+        if b - reach >= min_us:
+            gaps.append((reach, b, last, name))
+        if e > reach:
+            reach, last = e, name
+    if end - reach >= min_us:
+        gaps.append((reach, end, last, None))
+    host = {cat: sorted((ev["ts"], ev["ts"] + ev.get("dur", 0.0), ev["name"])
+                        for ev in trace_events if ev.get("cat") == cat
+                        and ev.get("name") != GENERATE_MARK)
+            for cat in HOST_EVENTS}
+    starts = {cat: [h[0] for h in rows] for cat, rows in host.items()}
+
+    def innermost(cat: str, at: float) -> str | None:
+        rows, i = host[cat], bisect.bisect_right(starts[cat], at)
+        for b, e, name in reversed(rows[max(0, i - 256):i]):
+            if e >= at:
+                return name
+        return None
+
+    by_host: dict[str, float] = defaultdict(float)
+    rows = []
+    for b, e, before, after in gaps:
+        mid = (b + e) / 2
+        span = innermost("user_annotation", mid) or "(none)"
+        by_host[span] += (e - b) / 1000.0
+        rows.append({"at_ms": round((b - begin) / 1000.0, 3),
+                     "ms": round((e - b) / 1000.0, 3), "host": span,
+                     "op": innermost("cpu_op", mid),
+                     "before": before and before[:80], "after": after and after[:80]})
+    rows.sort(key=lambda r: -r["ms"])
+    return {"ms": sum((e - b) for b, e, _, _ in gaps) / 1000.0, "gaps": len(gaps),
+            "by_host_ms": dict(sorted(by_host.items(), key=lambda kv: -kv[1])[:top]),
+            "top": rows[:top]}
 
 
 def kernel_ms_by_category(trace_events: list[dict]) -> dict[str, float]:

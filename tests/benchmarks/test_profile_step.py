@@ -12,6 +12,7 @@ from benchmarks.gpu.profile_step import (
     GENERATE_MARK,
     category,
     first_token_window,
+    idle_gaps,
     keep_rank0_trace,
     kernel_ms_by_category,
     main,
@@ -147,16 +148,46 @@ def test_window_work_clips_kernels_and_scopes_to_the_window():
     holds 1 of its 2 ms; the first draft span ends at the window's start and
     the 1 µs one is too short to count."""
     work = window_work(TRACE, 9000.0, 25000.0)
+    idle = work.pop("idle")
     assert work == {
         "ms": 16.0, "busy_ms": 9.0,
         "kernel_ms_by_category": {"attention": 7.0, "copy": 2.0},
         "scopes": {"draft": {"spans": 2, "span_ms": 10.0, "busy_ms": 8.0}},
     }
+    # 16 ms less 9 busy: 1 ms before the first kernel, 1 before the copy,
+    # 4.5 after it, 0.5 at the end; no host annotation is open in TRACE.
+    assert idle["ms"] == 7.0 and idle["gaps"] == 4
+    assert [g["ms"] for g in idle["top"]] == [4.5, 1.0, 1.0, 0.5]
+    assert idle["by_host_ms"] == {"(none)": 7.0}
+    assert idle["top"][0] == {"at_ms": 7.0, "ms": 4.5, "host": "(none)",
+                              "op": "aten::mm", "before": "Memcpy DtoD",
+                              "after": "flash_fwd_kernel"}
     # Kernels cut at the window's edges; overlapping streams counted once.
     edge = window_work(TRACE, 41000.0, 43000.0)
     assert edge["busy_ms"] == 2.0
     assert edge["kernel_ms_by_category"] == {"matmul": 2.0, "triton": 1.0}
     assert edge["scopes"]["forward"] == {"spans": 1, "span_ms": 2.0, "busy_ms": 2.0}
+
+
+def test_idle_gaps_name_the_host_span_the_gpu_waited_on():
+    """Gaps under ``min_us`` are work's seams, not waits; each wait is put on
+    the innermost host annotation open at its middle, the generate marker
+    (which spans every wait) never."""
+    work = [((0.0, 100.0), "a"), ((110.0, 200.0), "b"), ((1200.0, 1300.0), "c"),
+            ((1250.0, 1500.0), "d"), ((3500.0, 3600.0), "e")]
+    events = [
+        _ev("user_annotation", GENERATE_MARK, 0.0, 9000.0),
+        _ev("user_annotation", "gpu_model_runner: prepare inputs", 150.0, 1000.0),
+        _ev("user_annotation", "specextend: pool", 400.0, 300.0),
+        _ev("cpu_op", "aten::nonzero", 650.0, 100.0),
+    ]
+    idle = idle_gaps(events, work, 0.0, 4000.0)
+    # 200-1200 (middle 700: the pool's span), 1500-3500 (no span), 3600-4000.
+    assert idle["gaps"] == 3 and idle["ms"] == 3.4
+    assert idle["by_host_ms"] == {"(none)": 2.4, "specextend: pool": 1.0}
+    assert idle["top"][1] == {"at_ms": 0.2, "ms": 1.0, "host": "specextend: pool",
+                              "op": "aten::nonzero", "before": "b", "after": "c"}
+    assert idle["top"][2]["after"] is None  # the window's end
 
 
 def test_first_token_window_starts_at_the_generate_marker():
