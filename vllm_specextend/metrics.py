@@ -67,6 +67,8 @@ COUNTERS = {
                             "pool and the window only (draft_prompt_pool).",
     "pooled_passes_alone": "Pooled prompt passes run in a draft forward of their own "
                            "(the step's first forward could not hold them).",
+    "pooled_decode_steps": "Steps ending pooled prompts beside decode rows that ran "
+                           "those passes first, then drafted as a decode step.",
 }
 GAUGES = {
     "tracked_requests": "Requests holding SpecExtend selection state.",
@@ -101,6 +103,7 @@ class SpecExtendStats:
     dropped_prefill_passes: int = 0
     pooled_prompt_passes: int = 0
     pooled_passes_alone: int = 0
+    pooled_decode_steps: int = 0
     tracked_requests: int = 0
     request_slots: int = 0
     _pending: list = field(default_factory=list, repr=False)

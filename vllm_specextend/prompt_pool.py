@@ -17,6 +17,12 @@ tokens that writes the draft's KV everywhere its views will look. Every later
 selection chooses among the pool's chunks and those from the window's start
 on (``allowed``), whose KV the draft writes as it decodes.
 
+Where the step's other rows all decode (``tails``), each pooled pass runs
+first, alone, and the step then drafts as a decode step from every row's last
+K + 1 tokens: the captured routine replays it, where vLLM's eager path would
+run the K - 1 further forwards at the host's pace (~25 ms a step in the
+batch-8 first-token profile of 2026-11-29, the GPU idle for most of it).
+
 Lossless either way: the target verifies every draft. The pooled KV saw only
 the pool, so acceptance may change; the SmolLM2 grid measures it.
 
@@ -245,3 +251,41 @@ def substitute(pool: PoolRows, prompt_ids: list[torch.Tensor], token_ids, positi
                         for _, r, p in fixed]).long(),
     )
     return token_ids, positions, token_indices_to_sample, cad, first_pass
+
+
+def tails(token_ids, positions, token_indices_to_sample, cad, length: int):
+    """The step's draft inputs with every row's query cut to its last
+    ``length`` tokens (each row has at least that many): a step whose pooled
+    passes ran first (``pre_pass``) drafts as a decode step, rows of K + 1
+    tokens. The draft rewrites its KV of a pooled row's last ``length``
+    prompt tokens, as every decode step does for its rows' verified tokens.
+    Returns ``(token_ids, positions, token_indices_to_sample, cad)``."""
+    num_reqs = cad.num_reqs
+    old_lens = np.diff(cad.query_start_loc_cpu[: num_reqs + 1].numpy())  # [num_reqs]
+    device = token_ids.device
+    ends = cad.query_start_loc[1: num_reqs + 1].long()  # [num_reqs]
+    index = (ends[:, None] - length
+             + torch.arange(length, device=device)[None, :]).flatten()  # [num_reqs * length]
+    qsl_cpu = torch.arange(num_reqs + 1, dtype=torch.int32) * length
+    qsl = qsl_cpu.to(cad.query_start_loc.device, non_blocking=True)
+    if token_indices_to_sample is not None:
+        # Each row samples as far from its query's end as before.
+        back = cad.query_start_loc[1: num_reqs + 1] - token_indices_to_sample
+        token_indices_to_sample = (qsl[1:] - back).to(token_indices_to_sample.dtype)
+    computed = None
+    if cad._num_computed_tokens_cpu is not None:
+        computed = (cad._num_computed_tokens_cpu
+                    + torch.from_numpy(old_lens - length).to(torch.int32))
+    cad = cad.replace(
+        query_start_loc=qsl,
+        query_start_loc_cpu=qsl_cpu,
+        num_actual_tokens=num_reqs * length,
+        max_query_len=length,
+        slot_mapping=cad.slot_mapping[index],
+        positions=None,
+        logits_indices_padded=None,
+        num_logits_indices=None,
+        _num_computed_tokens_cpu=computed,
+        _num_computed_tokens_cache=None,
+    )
+    return token_ids[index], positions[index], token_indices_to_sample, cad

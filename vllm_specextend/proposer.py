@@ -50,7 +50,7 @@ from vllm_specextend.host_step import HostStep
 from vllm_specextend.kept_passes import KeptPasses
 from vllm_specextend.metrics import SpecExtendStats, StatsReporter
 from vllm_specextend.planner import BatchLens
-from vllm_specextend.prompt_pool import FirstPassPositions, fit, substitute
+from vllm_specextend.prompt_pool import FirstPassPositions, fit, substitute, tails
 from vllm_specextend.reconfigure import Reconfigurable
 from vllm_specextend.replicated import ReplicatedDraft
 from vllm_specextend.retriever import Retriever
@@ -202,6 +202,16 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
                     cut, view, num_speculative_tokens, target_token_ids,
                     target_positions, next_token_ids, token_indices_to_sample, cad,
                     num_rejected_tokens_gpu, step if pooled else None)
+            if pooled and self._drafts_as_decode(step, cad, num_speculative_tokens,
+                                                 mm_embed_inputs):
+                # Rows end a pooled prompt beside decode rows: the passes run
+                # first, then the step drafts as a decode step (replayable).
+                (target_token_ids, target_positions, token_indices_to_sample, cad,
+                 num_rejected_tokens_gpu) = self._pass_then_tails(
+                    step, num_speculative_tokens, target_token_ids, target_positions,
+                    token_indices_to_sample, cad, next_token_ids,
+                    num_rejected_tokens_gpu)
+                pooled = False
             if pooled:
                 # Rows end a pooled prompt: their first forward is its pass.
                 (target_token_ids, target_positions, token_indices_to_sample, cad,
@@ -256,6 +266,7 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
             view = self.view_builder.pooled_pass(step.params, every, step.slots_dev,
                                                  step.block_table)
             for i in alone.tolist():
+                self.stats.pooled_passes_alone += 1
                 self._pre_pass(view, pool, i, first, prompt_ids[i], token_ids,
                                positions, cad, next_token_ids)
         first_view = None
@@ -268,6 +279,41 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
             pool.shifted(first), prompt_ids, token_ids, positions,
             token_indices_to_sample, cad, self.block_size, self.extra_slots_per_request)
         return (*inputs, first_view)
+
+    def _drafts_as_decode(self, step, cad, num_speculative_tokens,
+                          mm_embed_inputs) -> bool:
+        """Whether a step that ends pooled prompts drafts as a decode step
+        (``prompt_pool.tails``): a draft model (no target hidden states), and
+        every other row decodes with K + 1 verified tokens."""
+        if (self.pass_hidden_states_to_model or mm_embed_inputs is not None
+                or num_speculative_tokens == 0 or not step.drafting.all()):
+            return False
+        query_lens = np.diff(cad.query_start_loc_cpu[: cad.num_reqs + 1].numpy())
+        pooled = np.zeros(cad.num_reqs, dtype=bool)
+        pooled[step.pool.rows] = True
+        k1 = num_speculative_tokens + 1
+        return bool((query_lens[~pooled] == k1).all()
+                    and (query_lens[pooled] >= k1).all())
+
+    def _pass_then_tails(self, step, num_speculative_tokens, token_ids, positions,
+                         token_indices_to_sample, cad, next_token_ids, num_rejected):
+        """Each pooled row's pass alone (``_pre_pass``), then the step's inputs
+        cut to every row's last K + 1 tokens and its rejected counts (a pooled
+        row rejects none; vLLM passes None where no row had drafts)."""
+        pool = step.pool
+        every = dataclasses.replace(pool, full=np.ones(pool.rows.size, dtype=bool))
+        view = self.view_builder.pooled_pass(step.params, every, step.slots_dev,
+                                             step.block_table)
+        for i, (row, seq) in enumerate(zip(pool.rows.tolist(), pool.seq.tolist(),
+                                           strict=True)):
+            self._pre_pass(view, pool, i, 0, self._prompt_ids(row, seq), token_ids,
+                           positions, cad, next_token_ids)
+        if num_rejected is None:
+            num_rejected = torch.zeros(cad.num_reqs, dtype=torch.int32,
+                                       device=token_ids.device)
+        self.stats.pooled_decode_steps += 1
+        return (*tails(token_ids, positions, token_indices_to_sample, cad,
+                       num_speculative_tokens + 1), num_rejected)
 
     def _pre_pass(self, view, pool, i, first, prompt_ids, token_ids, positions,
                   cad, next_token_ids) -> None:
@@ -287,7 +333,6 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
         token_ids, positions, _, one, self._first_pass = substitute(
             alone, [prompt_ids], token_ids[tokens], positions[tokens], None, one,
             self.block_size, self.extra_slots_per_request)
-        self.stats.pooled_passes_alone += 1
         saved = self._view
         self._view, self._first_view = None, view.rows(row + first, row + first + 1)
         try:

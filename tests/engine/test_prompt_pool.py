@@ -42,22 +42,26 @@ def prompts(long_prompts):
 _RUNS: dict[tuple, dict] = {}
 
 
-def _run(target, draft, prompts, pool=None):
+def _run(target, draft, prompts, pool=None, draft_graph=None):
     """One engine's run over ``prompts``, read from the first ask: greedy
     outputs, proposals and counters; the draft's first-layer KV of prompt 0
     right after the step that ends it (``_record_kv_at_prompt_end``); pooled,
     prompt 0 once more, from the prefix cache."""
-    key = (target, draft, tuple(map(tuple, prompts)), pool)
+    key = (target, draft, tuple(map(tuple, prompts)), pool, draft_graph)
     if key in _RUNS:
         return _RUNS[key]
     spec_extend = {**CMR, "draft_prompt_pool": pool}  # None: the full pass
+    if draft_graph is not None:
+        spec_extend["draft_graph"] = draft_graph
     llm = make_llm(target, draft, spec_extend, **CHUNKED)
     proposer = drafter(llm)
+    replays = _record_pooled_replays(proposer)
     seen = _record_kv_at_prompt_end(proposer, len(prompts[0]))
     recorder = DraftRecorder(llm)
     recorder.enabled = True
     run = dict(outputs=generate(llm, prompts, max_tokens=MAX_TOKENS), seen=seen)
-    run.update(proposals=list(recorder.proposals.values()), stats=stats(proposer))
+    run.update(proposals=list(recorder.proposals.values()), stats=stats(proposer),
+               replays=replays)
     if pool is not None:
         recorder.enabled = False
         run["again"] = generate(llm, prompts[:1], max_tokens=MAX_TOKENS)
@@ -68,6 +72,21 @@ def _run(target, draft, prompts, pool=None):
     shutdown(llm)
     _RUNS[key] = run
     return run
+
+
+def _record_pooled_replays(proposer) -> list[bool]:
+    """Fills the list it returns: for each step that ends a pooled prompt
+    and reaches the captured routine, whether the routine drafted it."""
+    replay, seen = proposer.capture.replay, []
+
+    def recording(step, *args, **kwargs):
+        drafts = replay(step, *args, **kwargs)
+        if step.pool is not None:
+            seen.append(drafts is not None)
+        return drafts
+
+    proposer.capture.replay = recording
+    return seen
 
 
 def _record_kv_at_prompt_end(proposer, prompt_len: int) -> dict:
@@ -112,6 +131,9 @@ def test_pooled_prompts_stay_lossless_and_change_the_drafts(plain_outputs, full,
     assert full["stats"]["dropped_prefill_passes"] == 0
     assert pooled["stats"]["pooled_prompt_passes"] == 3, "the three long prompts"
     assert pooled["stats"]["dropped_prefill_passes"] > 0
+    # The 1,500-token prompt ends beside decoding rows only: its pooled pass
+    # runs first, then the step drafts as a decode step.
+    assert pooled["stats"]["pooled_decode_steps"] >= 1
     assert pooled["outputs"] == full["outputs"] == plain_outputs
     assert pooled["proposals"] != full["proposals"]
 
@@ -149,6 +171,19 @@ def test_the_pooled_pass_writes_the_draft_kv_where_its_views_read(prompts, full,
             for chunk in range(len(prompts[0]) // 32)]
     assert all(same[chunk] for chunk in read), "where the views read"
     assert sum(not same[chunk] for chunk in range(len(same)) if chunk not in read) > 10
+
+
+def test_a_pooled_step_beside_decode_rows_replays_the_draft_routine(
+        tiny_target, tiny_draft, prompts, plain_outputs, pooled):
+    """``draft_graph: static`` runs the captured routine's code on CPU: the
+    step that ends the 1,500-token prompt (the others decode) replays it
+    after the pooled pass, and drafts what the eager path drafts."""
+    static = _run(tiny_target, tiny_draft, prompts, POOL, draft_graph="static")
+    assert static["stats"]["pooled_decode_steps"] >= 1
+    assert static["replays"] and all(static["replays"]), "every such step replayed"
+    assert not any(pooled["replays"]), "eager: no routine"
+    assert static["proposals"] == pooled["proposals"], "the same drafts, step by step"
+    assert static["outputs"] == plain_outputs
 
 
 def test_pooled_passes_too_many_for_one_forward_pass_alone(

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_specextend.prompt_pool import PoolRows, PromptPools, fit, substitute
+from vllm_specextend.prompt_pool import PoolRows, PromptPools, fit, substitute, tails
 from vllm_specextend.selection import select_chunks
 
 
@@ -101,6 +101,28 @@ def test_substitute_replaces_the_pooled_rows_query_only():
     assert first.index.tolist() == list(range(4, 4 + n + 1))
     assert first.positions.tolist() == pool.positions(0).tolist() + [200]
     assert set(first.rows.tolist()) == {1}
+
+
+def test_tails_cut_every_rows_query_to_its_last_tokens():
+    """A step whose pooled pass ran first drafts as a decode step: row 1 (its
+    prompt's last 128 tokens) keeps its last 3, the decode rows all of theirs;
+    tokens, positions and slots are the kept tokens' own."""
+    cad = _cad([3, 128, 3], [53, 200, 33])
+    cad.slot_mapping = torch.arange(134, dtype=torch.int64) + 7000
+    token_ids = torch.arange(1000, 1134)
+    positions = torch.cat([torch.arange(50, 53), torch.arange(72, 200),
+                           torch.arange(30, 33)])
+    sample = torch.tensor([1, 130, 133])  # row 0 samples one before its end
+    tokens, pos, sample, new = tails(token_ids, positions, sample, cad, 3)
+    keep = [0, 1, 2, 128, 129, 130, 131, 132, 133]
+    assert tokens.tolist() == [1000 + i for i in keep]
+    assert pos.tolist() == [50, 51, 52, 197, 198, 199, 30, 31, 32]
+    assert new.slot_mapping.tolist() == [7000 + i for i in keep]
+    assert new.query_start_loc_cpu.tolist() == new.query_start_loc.tolist() == [0, 3, 6, 9]
+    assert new.num_actual_tokens == 9 and new.max_query_len == 3
+    assert sample.tolist() == [1, 5, 8], "as far from each row's end as before"
+    assert torch.equal(new.seq_lens, cad.seq_lens), "contexts unchanged"
+    assert new._num_computed_tokens_cpu.tolist() == [50, 197, 30]
 
 
 def test_the_first_forwards_positions_and_slots_are_the_pooled_rows_own():
