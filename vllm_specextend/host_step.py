@@ -111,8 +111,8 @@ class HostStep:
     def _staging_need(self, num_reqs: int) -> int:
         # slots 1, retrieval 4, view 3, compaction 2 values per row, plus 4 per
         # copied block (at most sinks + top_k chunks per row).
-        # A pooled prompt's step (``prompt_pool.py``): 1 more per pooled row,
+        # A pooled prompt's step (``prompt_pool.py``): 2 more per pooled row,
         # 4 per row for each of its two pooled views at most.
         prefix = self.cfg.draft_budget_tokens // self.block_size
-        pool = 9 if self.pools is not None else 0
+        pool = 10 if self.pools is not None else 0
         return num_reqs * (10 + pool + (4 * prefix if self.compactor else 0))

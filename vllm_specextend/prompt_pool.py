@@ -38,6 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from vllm_specextend.staging import copy_to
+
 
 class PromptPools:
     """Per-slot pools: which chunks each request's draft KV holds.
@@ -63,7 +65,7 @@ class PromptPools:
         slots = np.asarray(slots)[self.pooled[slots]]
         if slots.size:
             self.pooled[slots] = False
-            index = torch.from_numpy(slots).to(self.allowed.device)
+            index = copy_to(torch.from_numpy(slots), self.allowed.device)
             self.allowed.index_fill_(0, index, True)
 
     def put(self, slots: np.ndarray, slots_dev: torch.Tensor, chunks: torch.Tensor,
@@ -210,11 +212,12 @@ def substitute(pool: PoolRows, prompt_ids: list[torch.Tensor], token_ids, positi
             pos.append(p.to(positions.dtype))
             # In the first forward: the row's tokens, then its next token.
             fixed.append((int(new_qsl[r]) + r * extra_slots, r, torch.cat(
-                [p, p.new_tensor([int(pool.seq[i])])])))
+                [p, torch.full((1,), int(pool.seq[i]), dtype=p.dtype,
+                               device=p.device)])))
     token_ids = torch.cat(tokens)  # [num_tokens]
     positions = torch.cat(pos)  # [num_tokens]
     qsl_cpu_new = torch.from_numpy(new_qsl.astype(np.int32))
-    qsl = qsl_cpu_new.to(cad.query_start_loc.device, non_blocking=True)
+    qsl = copy_to(qsl_cpu_new, cad.query_start_loc.device)
     if token_indices_to_sample is not None:
         # Each row samples as far from its query's end as before.
         back = cad.query_start_loc[1: num_reqs + 1] - token_indices_to_sample
@@ -222,7 +225,7 @@ def substitute(pool: PoolRows, prompt_ids: list[torch.Tensor], token_ids, positi
     num_tokens = int(new_qsl[-1])
     rows = torch.repeat_interleave(
         torch.arange(num_reqs, device=positions.device),
-        torch.from_numpy(new_lens).to(positions.device), output_size=num_tokens)
+        copy_to(torch.from_numpy(new_lens), positions.device), output_size=num_tokens)
     table = cad.block_table_tensor
     slot_mapping = (table[rows, positions // block_size].long() * block_size
                     + positions % block_size).to(cad.slot_mapping.dtype)
@@ -267,7 +270,7 @@ def tails(token_ids, positions, token_indices_to_sample, cad, length: int):
     index = (ends[:, None] - length
              + torch.arange(length, device=device)[None, :]).flatten()  # [num_reqs * length]
     qsl_cpu = torch.arange(num_reqs + 1, dtype=torch.int32) * length
-    qsl = qsl_cpu.to(cad.query_start_loc.device, non_blocking=True)
+    qsl = copy_to(qsl_cpu, cad.query_start_loc.device)
     if token_indices_to_sample is not None:
         # Each row samples as far from its query's end as before.
         back = cad.query_start_loc[1: num_reqs + 1] - token_indices_to_sample

@@ -111,7 +111,7 @@ class Retriever:
         pool = request.pool
         if pool is None or not pool.any():
             return
-        at = torch.from_numpy(np.flatnonzero(pool)).to(mass.device)
+        (at,) = self.staging.to_device(np.flatnonzero(pool))  # no sync: staging.py
         chunks = select_chunks(mass[at], lo_d[at], hi_d[at], self.pools.pool)
         if self.tp_size > 1:
             chunks = compat.tp_broadcast(chunks.contiguous())

@@ -86,3 +86,16 @@ class HostStaging:
             out.append(dev[offset : offset + size])
             offset += size
         return out
+
+
+def copy_to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device`` without blocking the host: a copy to a GPU
+    from pageable memory first waits for the stream's queued work (the
+    target's whole forward, half a second at 32K), and a host that waited has
+    lost its lead over the GPU, which then idles while the host prepares the
+    next kernels. So the copy goes through pinned memory (torch's caching
+    host allocator keeps it until the copy ran). For tensors whose size
+    varies by step; a step's small arrays go through ``HostStaging``."""
+    if torch.device(device).type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)

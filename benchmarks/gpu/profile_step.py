@@ -243,6 +243,9 @@ def window_work(trace_events: list[dict], begin: float, end: float,
         "kernel_ms_by_category": dict(sorted(by_cat.items())),
         "scopes": scopes,
         "idle": idle_gaps(trace_events, work, begin, end),
+        # A copy from pageable host memory waits for the stream: the host
+        # loses its lead over the GPU (staging.copy_to).
+        "pageable_copies": sum("Pageable" in name for _, name in work),
     }
 
 

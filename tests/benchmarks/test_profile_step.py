@@ -149,6 +149,7 @@ def test_window_work_clips_kernels_and_scopes_to_the_window():
     the 1 µs one is too short to count."""
     work = window_work(TRACE, 9000.0, 25000.0)
     idle = work.pop("idle")
+    assert work.pop("pageable_copies") == 0
     assert work == {
         "ms": 16.0, "busy_ms": 9.0,
         "kernel_ms_by_category": {"attention": 7.0, "copy": 2.0},
@@ -188,6 +189,13 @@ def test_idle_gaps_name_the_host_span_the_gpu_waited_on():
     assert idle["top"][1] == {"at_ms": 0.2, "ms": 1.0, "host": "specextend: pool",
                               "op": "aten::nonzero", "before": "b", "after": "c"}
     assert idle["top"][2]["after"] is None  # the window's end
+
+
+def test_window_work_counts_copies_from_pageable_memory():
+    copies = [_ev("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 10.0, 5.0),
+              _ev("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 20.0, 5.0),
+              _ev("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 90.0, 5.0)]
+    assert window_work(copies, 0.0, 50.0)["pageable_copies"] == 1
 
 
 def test_first_token_window_starts_at_the_generate_marker():
