@@ -100,10 +100,17 @@ class PoolRows:
             self.full = np.ones(self.rows.size, dtype=bool)
 
     def take(self, index) -> PoolRows:
-        """Rows ``index`` (a slice or indices into these rows) only."""
-        return PoolRows(self.rows[index], self.seq[index], self.window_start[index],
-                        self.chunks[index], self.sink_tokens, self.chunk_size,
-                        self.q_start[index], self.full[index])
+        """Rows ``index`` (a slice, a bool mask or indices into these rows)
+        only. The device's chunks are taken by an index copied from pinned
+        memory: indexing them with the host's mask or list would copy it from
+        pageable memory, a stream sync (``staging.copy_to``)."""
+        at = np.arange(self.rows.size)[index]  # [m]
+        chunks = self.chunks
+        if not np.array_equal(at, np.arange(self.rows.size)):
+            chunks = chunks.index_select(0, copy_to(torch.from_numpy(at), chunks.device))
+        return PoolRows(self.rows[at], self.seq[at], self.window_start[at], chunks,
+                        self.sink_tokens, self.chunk_size, self.q_start[at],
+                        self.full[at])
 
     def shifted(self, first: int) -> PoolRows:
         """The same rows counted from batch row ``first`` (a step cut in two,

@@ -40,6 +40,22 @@ def _pool(full=None):
                     sink_tokens=32, chunk_size=32, q_start=np.array([72]), full=full)
 
 
+def test_take_keeps_each_taken_rows_own_fields():
+    pool = PoolRows(rows=np.array([1, 4, 6]), seq=np.array([200, 300, 400]),
+                    window_start=np.array([160, 260, 360]),
+                    chunks=torch.tensor([[1, 3], [2, 5], [4, 7]], dtype=torch.int32),
+                    sink_tokens=32, chunk_size=32, q_start=np.array([72, 172, 272]))
+    for index, rows in (([2], [6]), (np.array([True, False, True]), [1, 6]),
+                        (slice(0, 3), [1, 4, 6])):
+        part = pool.take(index)
+        picked = [[1, 4, 6].index(r) for r in rows]
+        assert part.rows.tolist() == rows
+        assert part.seq.tolist() == [pool.seq[i] for i in picked]
+        assert part.chunks.tolist() == [pool.chunks[i].tolist() for i in picked]
+        assert part.q_start.tolist() == [pool.q_start[i] for i in picked]
+        assert part.full.tolist() == [True] * len(rows)
+
+
 def test_a_pooled_rows_query_is_its_sinks_pool_and_window():
     pool = _pool()
     assert pool.query_lens().tolist() == [32 + 64 + 40]
