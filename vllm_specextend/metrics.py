@@ -67,8 +67,9 @@ COUNTERS = {
                             "pool and the window only (draft_prompt_pool).",
     "pooled_passes_alone": "Pooled prompt passes run in a draft forward of their own "
                            "(the step's first forward could not hold them).",
-    "pooled_decode_steps": "Steps ending pooled prompts beside decode rows that ran "
-                           "those passes first, then drafted as a decode step.",
+    "pooled_decode_steps": "Steps ending pooled prompts, any other rows decoding, "
+                           "that ran those passes first, then drafted as a decode "
+                           "step.",
 }
 GAUGES = {
     "tracked_requests": "Requests holding SpecExtend selection state.",

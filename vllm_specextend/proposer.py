@@ -204,7 +204,7 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
                     num_rejected_tokens_gpu, step if pooled else None)
             if pooled and self._drafts_as_decode(step, cad, num_speculative_tokens,
                                                  mm_embed_inputs):
-                # Rows end a pooled prompt beside decode rows: the passes run
+                # Rows end a pooled prompt, any others decode: the passes run
                 # first, then the step drafts as a decode step (replayable).
                 (target_token_ids, target_positions, token_indices_to_sample, cad,
                  num_rejected_tokens_gpu) = self._pass_then_tails(
