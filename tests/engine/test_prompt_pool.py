@@ -186,6 +186,22 @@ def test_a_pooled_step_beside_decode_rows_replays_the_draft_routine(
     assert static["outputs"] == plain_outputs
 
 
+def test_a_prompt_alone_pools_then_drafts_as_a_decode_step(tiny_target, tiny_draft,
+                                                          prompts):
+    """Batch 1: the step that ends the 1,500-token prompt holds its row alone;
+    its pooled pass runs first, then the step drafts as a decode step, the
+    routine's code (static) as the eager path."""
+    one = [prompts[0]]
+    eager = _run(tiny_target, tiny_draft, one, POOL)
+    static = _run(tiny_target, tiny_draft, one, POOL, draft_graph="static")
+    assert eager["stats"]["pooled_decode_steps"] == 1
+    assert static["stats"]["pooled_decode_steps"] == 1
+    assert static["replays"] and all(static["replays"])  # again from the cache, too
+    assert static["proposals"] == eager["proposals"]
+    assert static["outputs"] == eager["outputs"] == plain_reference(tiny_target, one,
+                                                                    MAX_TOKENS)
+
+
 def test_pooled_passes_too_many_for_one_forward_pass_alone(
         tiny_target, tiny_draft, long_prompts):
     """Three prompts of one length, 128 tokens a step each: they end together,
