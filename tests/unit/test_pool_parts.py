@@ -134,7 +134,8 @@ def test_tails_cut_every_rows_query_to_its_last_tokens():
     assert tokens.tolist() == [1000 + i for i in keep]
     assert pos.tolist() == [50, 51, 52, 197, 198, 199, 30, 31, 32]
     assert new.slot_mapping.tolist() == [7000 + i for i in keep]
-    assert new.query_start_loc_cpu.tolist() == new.query_start_loc.tolist() == [0, 3, 6, 9]
+    assert new.query_start_loc_cpu.tolist() == [0, 3, 6, 9]
+    assert new.query_start_loc.tolist() == [0, 3, 6, 9]
     assert new.num_actual_tokens == 9 and new.max_query_len == 3
     assert sample.tolist() == [1, 5, 8], "as far from each row's end as before"
     assert torch.equal(new.seq_lens, cad.seq_lens), "contexts unchanged"
