@@ -214,10 +214,12 @@ case "$1" in
     timeout 120 python3 -m benchmarks.decode.bench_scoring --out "$OUT/scoring.json" \
       > "$OUT/scoring.log" 2>&1; tail -20 "$OUT/scoring.log" ;;
   gpu-tests)
-    # The plugin's GPU checks: the step without host syncs, self_draft lossless
-    # under CUDA graphs, the same chunks with graphs as eagerly, the kernels.
+    # The plugin's GPU checks: the step without host syncs (a pooled prompt's
+    # step too), self_draft lossless under CUDA graphs, the same chunks with
+    # graphs as eagerly, the kernels.
     timeout ${GPU_TESTS_TIMEOUT:-300} python3 -m pytest -v -p no:cacheprovider \
-      tests/unit/test_proposer_step.py tests/kernels/test_self_draft_gpu.py \
+      tests/unit/test_proposer_step.py tests/unit/test_pool_parts.py \
+      tests/kernels/test_self_draft_gpu.py \
       tests/kernels/test_capture_gpu.py tests/kernels/test_scoring_triton.py \
       > "$OUT/gpu_tests.txt" 2>&1
     echo "gpu-tests rc=$?"; grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/gpu_tests.txt" \

@@ -171,3 +171,39 @@ def test_fit_keeps_the_first_forward_within_the_drafters_buffer(capacity, full):
     # Full passes: 136 and 140 tokens; alone: 8 and 44; queries now 8 and 200:
     # with both full 278 tokens and 2 next tokens, with the first only 182.
     assert fit(pool, 208, np.array([8, 200]), 2, capacity).tolist() == full
+
+
+@pytest.mark.gpu
+def test_a_pooled_steps_inputs_are_built_without_a_sync():
+    """A sync in a pooled step waits for the target's whole forward, and the
+    GPU then idles while the host builds the step's draft (the batch-8 first
+    token's profile, 2026-11-29): ``take``, ``substitute`` and ``tails`` on
+    device tensors must not synchronize (a copy from pageable memory would)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev = torch.device("cuda")
+    cad = _cad([3, 128, 3], [53, 200, 33])
+    cad = cad.replace(query_start_loc=cad.query_start_loc.to(dev),
+                      seq_lens=cad.seq_lens.to(dev),
+                      block_table_tensor=cad.block_table_tensor.to(dev),
+                      slot_mapping=cad.slot_mapping.to(dev))
+    pool = _pool()
+    pool.chunks = pool.chunks.to(dev)
+    two = PoolRows(rows=np.array([0, 1]), seq=np.array([53, 200]),
+                   window_start=np.array([0, 160]), chunks=torch.zeros(
+                       2, 2, dtype=torch.int32, device=dev),
+                   sink_tokens=32, chunk_size=32, q_start=np.array([50, 72]))
+    token_ids = torch.arange(1000, 1134, device=dev)
+    positions = torch.cat([torch.arange(50, 53), torch.arange(72, 200),
+                           torch.arange(30, 33)]).to(dev)
+    prompt = torch.arange(5000, 5200, device=dev)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        two.take(np.array([False, True]))
+        two.take([1])
+        substitute(pool, [prompt], token_ids, positions, None, cad, block_size=16)
+        tails(token_ids, positions, None, cad, 3)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()

@@ -24,6 +24,10 @@ BS, HKV, GROUP, D = 16, 2, 2, 32
 NUM_BLOCKS = 1200
 CFG = SpecExtendConfig(top_k=4, recent_tokens=64, min_context=256, retrieve_every=2,
                        draft_prompt_pool=None)
+POOLED = SpecExtendConfig(top_k=4, recent_tokens=64, min_context=256, retrieve_every=2,
+                          draft_prompt_pool=8)
+"""The same with prompts of 416 tokens on pooled (``prompt_pool.py``): each
+request's first step ends its prompt, so the pools are chosen there too."""
 
 
 def _layer(device):
@@ -34,7 +38,7 @@ def _layer(device):
                                  head_size=D)
 
 
-def _proposer(device, layer, runner):
+def _proposer(device, layer, runner, cfg=CFG):
     from vllm_specextend.metrics import SpecExtendStats
     from vllm_specextend.proposer import SpecExtendProposer
     from vllm_specextend.retriever import Retriever
@@ -51,9 +55,10 @@ def _proposer(device, layer, runner):
     proposer.staging = HostStaging(device)
     proposer.compactor = None
     proposer.block_size = BS
-    proposer._min_context = CFG.min_context
-    proposer.retriever = Retriever(CFG, None, proposer.staging, device)
-    proposer._use_config(CFG)
+    proposer._min_context = cfg.min_context
+    proposer.max_model_len = 4096
+    proposer.retriever = Retriever(cfg, None, proposer.staging, device)
+    proposer._use_config(cfg)
     proposer.retriever.attach(layer, 256, layer.kv_cache.dtype, tp_size=1)
     if device.type == "cpu":  # the stand-in layer stores keys in plain order
         proposer.retriever._key_order = torch.arange(BS * D)
@@ -95,11 +100,11 @@ def _prepare_view(proposer, cad, token_indices, rejected):
     return proposer._gather_view(step, cad)
 
 
-def _run(device, steps=24):
+def _run(device, steps=24, cfg=CFG):
     rng = np.random.default_rng(0)
     runner = types.SimpleNamespace(input_batch=types.SimpleNamespace())
     layer = _layer(device)
-    proposer = _proposer(device, layer, runner)
+    proposer = _proposer(device, layer, runner, cfg)
     live = {f"r{i}": [int(n), int(n)] for i, n in enumerate([1800, 300, 900, 60])}
     tables = {r: rng.permutation(NUM_BLOCKS)[:160].tolist() for r in live}
     views = 0
@@ -130,15 +135,23 @@ def _run(device, steps=24):
     return proposer, views
 
 
+@pytest.mark.parametrize("cfg", [CFG, POOLED], ids=["full-pass", "pooled"])
 @pytest.mark.parametrize(
     "device",
     ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)],
 )
-def test_step_runs_and_retrieves(device):
+def test_step_runs_and_retrieves(device, cfg):
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    proposer, views = _run(torch.device(device))
+    proposer, views = _run(torch.device(device), cfg=cfg)
     stats = proposer.stats.snapshot()
+    # Pooled: the long prompts at the first step, and the one that arrives at
+    # step 11, under the sync check on a GPU (its pool chosen without a sync).
+    if cfg is POOLED:
+        assert stats["pooled_prompt_passes"] > 0
+        assert proposer.pools.pooled[proposer.state.slot_of("r4")]
+    else:
+        assert stats["pooled_prompt_passes"] == 0 and proposer.pools is None
     assert views > 0 and stats["retrievals"] > 0
     assert stats["view_rows"] > 0
     # Long requests hold selections, the 60-token one never does.
