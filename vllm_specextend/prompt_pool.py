@@ -107,7 +107,8 @@ class PoolRows:
         at = np.arange(self.rows.size)[index]  # [m]
         chunks = self.chunks
         if not np.array_equal(at, np.arange(self.rows.size)):
-            chunks = chunks.index_select(0, copy_to(torch.from_numpy(at), chunks.device))
+            index = copy_to(torch.from_numpy(at), chunks.device)  # [m]
+            chunks = chunks.index_select(0, index)
         return PoolRows(self.rows[at], self.seq[at], self.window_start[at], chunks,
                         self.sink_tokens, self.chunk_size, self.q_start[at],
                         self.full[at])
@@ -223,35 +224,15 @@ def substitute(pool: PoolRows, prompt_ids: list[torch.Tensor], token_ids, positi
                                device=p.device)])))
     token_ids = torch.cat(tokens)  # [num_tokens]
     positions = torch.cat(pos)  # [num_tokens]
-    qsl_cpu_new = torch.from_numpy(new_qsl.astype(np.int32))
-    qsl = copy_to(qsl_cpu_new, cad.query_start_loc.device)
-    if token_indices_to_sample is not None:
-        # Each row samples as far from its query's end as before.
-        back = cad.query_start_loc[1: num_reqs + 1] - token_indices_to_sample
-        token_indices_to_sample = (qsl[1:] - back).to(token_indices_to_sample.dtype)
-    num_tokens = int(new_qsl[-1])
     rows = torch.repeat_interleave(
         torch.arange(num_reqs, device=positions.device),
-        copy_to(torch.from_numpy(new_lens), positions.device), output_size=num_tokens)
+        copy_to(torch.from_numpy(new_lens), positions.device),
+        output_size=int(new_qsl[-1]))
     table = cad.block_table_tensor
     slot_mapping = (table[rows, positions // block_size].long() * block_size
                     + positions % block_size).to(cad.slot_mapping.dtype)
-    computed = None
-    if cad._num_computed_tokens_cpu is not None:
-        computed = (cad._num_computed_tokens_cpu
-                    - torch.from_numpy(new_lens - old_lens).to(torch.int32))
-    cad = cad.replace(
-        query_start_loc=qsl,
-        query_start_loc_cpu=qsl_cpu_new,
-        num_actual_tokens=num_tokens,
-        max_query_len=int(new_lens.max()),
-        slot_mapping=slot_mapping,
-        positions=None,
-        logits_indices_padded=None,
-        num_logits_indices=None,
-        _num_computed_tokens_cpu=computed,
-        _num_computed_tokens_cache=None,
-    )
+    token_indices_to_sample, cad = _requeried(cad, new_lens, slot_mapping,
+                                              token_indices_to_sample)
     device = positions.device
     first_pass = FirstPassPositions(
         index=torch.cat([start + torch.arange(p.numel(), device=device)
@@ -271,31 +252,43 @@ def tails(token_ids, positions, token_indices_to_sample, cad, length: int):
     prompt tokens, as every decode step does for its rows' verified tokens.
     Returns ``(token_ids, positions, token_indices_to_sample, cad)``."""
     num_reqs = cad.num_reqs
-    old_lens = np.diff(cad.query_start_loc_cpu[: num_reqs + 1].numpy())  # [num_reqs]
-    device = token_ids.device
     ends = cad.query_start_loc[1: num_reqs + 1].long()  # [num_reqs]
-    index = (ends[:, None] - length
-             + torch.arange(length, device=device)[None, :]).flatten()  # [num_reqs * length]
-    qsl_cpu = torch.arange(num_reqs + 1, dtype=torch.int32) * length
+    index = (ends[:, None] - length + torch.arange(
+        length, device=token_ids.device)[None, :]).flatten()  # [num_reqs * length]
+    token_indices_to_sample, new = _requeried(
+        cad, np.full(num_reqs, length, dtype=np.int64), cad.slot_mapping[index],
+        token_indices_to_sample)
+    return token_ids[index], positions[index], token_indices_to_sample, new
+
+
+def _requeried(cad, new_lens: np.ndarray, slot_mapping, token_indices_to_sample):
+    """``cad`` with each row's query now ``new_lens`` tokens ([num_reqs], on
+    the host) at ``slot_mapping``'s slots, its contexts unchanged, and
+    ``token_indices_to_sample`` moved so that each row samples as far from its
+    query's end as before: ``substitute``'s and ``tails``' metadata. Returns
+    ``(token_indices_to_sample, cad)``."""
+    num_reqs = cad.num_reqs
+    old_lens = np.diff(cad.query_start_loc_cpu[: num_reqs + 1].numpy())  # [num_reqs]
+    new_qsl = np.zeros(num_reqs + 1, dtype=np.int64)
+    np.cumsum(new_lens, out=new_qsl[1:])
+    qsl_cpu = torch.from_numpy(new_qsl.astype(np.int32))
     qsl = copy_to(qsl_cpu, cad.query_start_loc.device)
     if token_indices_to_sample is not None:
-        # Each row samples as far from its query's end as before.
         back = cad.query_start_loc[1: num_reqs + 1] - token_indices_to_sample
         token_indices_to_sample = (qsl[1:] - back).to(token_indices_to_sample.dtype)
     computed = None
     if cad._num_computed_tokens_cpu is not None:
         computed = (cad._num_computed_tokens_cpu
-                    + torch.from_numpy(old_lens - length).to(torch.int32))
-    cad = cad.replace(
+                    - torch.from_numpy(new_lens - old_lens).to(torch.int32))
+    return token_indices_to_sample, cad.replace(
         query_start_loc=qsl,
         query_start_loc_cpu=qsl_cpu,
-        num_actual_tokens=num_reqs * length,
-        max_query_len=length,
-        slot_mapping=cad.slot_mapping[index],
+        num_actual_tokens=int(new_qsl[-1]),
+        max_query_len=int(new_lens.max()),
+        slot_mapping=slot_mapping,
         positions=None,
         logits_indices_padded=None,
         num_logits_indices=None,
         _num_computed_tokens_cpu=computed,
         _num_computed_tokens_cache=None,
     )
-    return token_ids[index], positions[index], token_indices_to_sample, cad

@@ -257,18 +257,12 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
         query_lens = np.diff(cad.query_start_loc_cpu[: cad.num_reqs + 1].numpy())
         pool.full = fit(pool.shifted(first), cad.num_actual_tokens, query_lens,
                         cad.num_reqs, self.max_num_tokens)
-        prompt_ids = [self._prompt_ids(row, seq)
-                      for row, seq in zip(pool.rows.tolist(), pool.seq.tolist(),
-                                          strict=True)]
+        prompt_ids = self._pool_prompt_ids(pool)
         alone = np.flatnonzero(~pool.full)
         if alone.size:
-            every = dataclasses.replace(pool, full=np.ones(pool.rows.size, dtype=bool))
-            view = self.view_builder.pooled_pass(step.params, every, step.slots_dev,
-                                                 step.block_table)
-            for i in alone.tolist():
-                self.stats.pooled_passes_alone += 1
-                self._pre_pass(view, pool, i, first, prompt_ids[i], token_ids,
-                               positions, cad, next_token_ids)
+            self.stats.pooled_passes_alone += int(alone.size)
+            self._pre_passes(step, alone.tolist(), first, prompt_ids, token_ids,
+                             positions, cad, next_token_ids)
         first_view = None
         if pool.full.any():
             full = pool.take(pool.full)
@@ -300,20 +294,33 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
         """Each pooled row's pass alone (``_pre_pass``), then the step's inputs
         cut to every row's last K + 1 tokens and its rejected counts (a pooled
         row rejects none; vLLM passes None where no row had drafts)."""
-        pool = step.pool
-        every = dataclasses.replace(pool, full=np.ones(pool.rows.size, dtype=bool))
-        view = self.view_builder.pooled_pass(step.params, every, step.slots_dev,
-                                             step.block_table)
-        for i, (row, seq) in enumerate(zip(pool.rows.tolist(), pool.seq.tolist(),
-                                           strict=True)):
-            self._pre_pass(view, pool, i, 0, self._prompt_ids(row, seq), token_ids,
-                           positions, cad, next_token_ids)
+        self._pre_passes(step, range(step.pool.rows.size), 0,
+                         self._pool_prompt_ids(step.pool), token_ids, positions, cad,
+                         next_token_ids)
         if num_rejected is None:
             num_rejected = torch.zeros(cad.num_reqs, dtype=torch.int32,
                                        device=token_ids.device)
         self.stats.pooled_decode_steps += 1
         return (*tails(token_ids, positions, token_indices_to_sample, cad,
                        num_speculative_tokens + 1), num_rejected)
+
+    def _pool_prompt_ids(self, pool) -> list[torch.Tensor]:
+        """Each pooled row's prompt token ids up to its ``seq``, on the device."""
+        return [self._prompt_ids(row, seq)
+                for row, seq in zip(pool.rows.tolist(), pool.seq.tolist(), strict=True)]
+
+    def _pre_passes(self, step, which, first, prompt_ids, token_ids, positions, cad,
+                    next_token_ids) -> None:
+        """The passes of pooled rows ``which`` (indices into ``step.pool``),
+        each alone (``_pre_pass``), through one view in which every pooled
+        row reads its pool."""
+        pool = step.pool
+        every = dataclasses.replace(pool, full=np.ones(pool.rows.size, dtype=bool))
+        view = self.view_builder.pooled_pass(step.params, every, step.slots_dev,
+                                             step.block_table)
+        for i in which:
+            self._pre_pass(view, pool, i, first, prompt_ids[i], token_ids, positions,
+                           cad, next_token_ids)
 
     def _pre_pass(self, view, pool, i, first, prompt_ids, token_ids, positions,
                   cad, next_token_ids) -> None:
