@@ -215,8 +215,9 @@ def window_work(trace_events: list[dict], begin: float, end: float,
     in which some kernel ran (streams overlapping counted once), kernel ms by
     ``category`` (summed, so overlaps count twice there), and per vLLM runner
     scope (spans of at least ``min_us``) the spans it overlaps, their clipped
-    ms and the busy ms inside them. Plain decoding on Model Runner V2 opens no
-    scopes: its window has the kernels only."""
+    ms and the busy ms inside them; where the GPU waited (``idle_gaps``) and
+    how many copies came from pageable host memory. Plain decoding on Model
+    Runner V2 opens no scopes: its window has the kernels only."""
     def clip(b: float, e: float) -> tuple[float, float] | None:
         b, e = max(b, begin), min(e, end)
         return (b, e) if e > b else None
