@@ -10,6 +10,8 @@ set -uo pipefail
 # The repository's sources come first: the wheel supplies the plugin's entry
 # point, the checkout that travelled with this call supplies its code.
 export PYTHONPATH=$PWD:/root/vsite PYTHONUNBUFFERED=1 SPECEXTEND_DATA_DIR=$PWD/.gpu/data
+# The tree prepare.sh packed (benchmarks/harness/meta.py: git_commit).
+[ -f .gpu/wheel/COMMIT ] && export SPECEXTEND_COMMIT=$(cat .gpu/wheel/COMMIT)
 OUT=${OUT:-/tmp/out}
 M=.gpu/models
 # HOST_RUN_INSTALLED=1: a phase run by another (rate45) skips the reinstall,

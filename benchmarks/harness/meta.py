@@ -29,14 +29,20 @@ def package_version(name: str) -> str | None:
 
 
 def git_commit() -> str | None:
-    """HEAD of this checkout; ``$SPECEXTEND_COMMIT`` where it has no .git (a
-    copied tree on the GPU host)."""
+    """``$SPECEXTEND_COMMIT`` where set, else HEAD of this checkout.
+
+    On a GPU host ``host_run.sh`` sets it from ``.gpu/wheel/COMMIT``, the
+    tree ``prepare.sh`` packed (``-dirty`` when tracked files differed from
+    HEAD): the host's copy of ``.git`` reports the commit its session started
+    at, not the tree a call carried (seen 2026-11-28 and 29)."""
+    if commit := os.environ.get("SPECEXTEND_COMMIT"):
+        return commit
     with contextlib.suppress(OSError):
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT,
                                 capture_output=True, text=True).stdout.strip()
         if commit:
             return commit
-    return os.environ.get("SPECEXTEND_COMMIT")
+    return None
 
 
 def cpu_model() -> str | None:
