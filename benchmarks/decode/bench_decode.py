@@ -378,11 +378,17 @@ def ended_children(wait_s: float = 5.0) -> list[str]:
     import gc
     import multiprocessing.process
     import signal
+    import warnings
 
+    with warnings.catch_warnings():
+        # isinstance reads each object's __class__, on which some deprecated
+        # objects warn (torch.distributed.reduce_op).
+        warnings.simplefilter("ignore")
+        processes = [o for o in gc.get_objects()
+                     if isinstance(o, multiprocessing.process.BaseProcess)]
     ended = []
-    for child in gc.get_objects():
-        if (not isinstance(child, multiprocessing.process.BaseProcess)
-                or child._popen is None  # never started (or this process)
+    for child in processes:
+        if (child._popen is None  # never started (or this process)
                 or child._parent_pid != os.getpid()):
             continue
         child.join(wait_s)

@@ -89,7 +89,8 @@ def plot_eval(plt, rows: list[dict], out_dir: Path, speed: bool = True) -> list[
             ax.set_xticklabels([f"{n // 1024}K" if n >= 1024 else str(n) for n in lengths])
             ax.set(title=dataset, xlabel="input length (tokens)", ylabel=label)
             ax.grid(alpha=0.3)
-        axes[0].legend(fontsize="small")
+        if axes[0].get_legend_handles_labels()[0]:  # no lines: no legend
+            axes[0].legend(fontsize="small")
         written.append(save(fig, out_dir / f"{name}.png"))
     return written
 
