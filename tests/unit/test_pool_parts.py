@@ -129,7 +129,7 @@ def test_tails_cut_every_rows_query_to_its_last_tokens():
     positions = torch.cat([torch.arange(50, 53), torch.arange(72, 200),
                            torch.arange(30, 33)])
     sample = torch.tensor([1, 130, 133])  # row 0 samples one before its end
-    tokens, pos, sample, new = tails(token_ids, positions, sample, cad, 3)
+    tokens, pos, sample, new = tails(token_ids, positions, sample, cad, 3, 16)
     keep = [0, 1, 2, 128, 129, 130, 131, 132, 133]
     assert tokens.tolist() == [1000 + i for i in keep]
     assert pos.tolist() == [50, 51, 52, 197, 198, 199, 30, 31, 32]
@@ -139,6 +139,28 @@ def test_tails_cut_every_rows_query_to_its_last_tokens():
     assert new.num_actual_tokens == 9 and new.max_query_len == 3
     assert sample.tolist() == [1, 5, 8], "as far from each row's end as before"
     assert torch.equal(new.seq_lens, cad.seq_lens), "contexts unchanged"
+    assert new._num_computed_tokens_cpu.tolist() == [50, 197, 30]
+
+
+def test_a_short_last_chunk_takes_the_rest_from_its_prompt():
+    """Row 1 ends its 200-token prompt with a chunk of 2 tokens (198, 199):
+    its last 3 tokens are its prompt's, their positions and slots through
+    its block table; the decode rows keep theirs."""
+    cad = _cad([3, 2, 3], [53, 200, 33])
+    cad.slot_mapping = torch.arange(8, dtype=torch.int64) + 7000
+    token_ids = torch.arange(1000, 1008)
+    positions = torch.cat([torch.arange(50, 53), torch.arange(198, 200),
+                           torch.arange(30, 33)])
+    prompt = torch.arange(5000, 5200)
+    tokens, pos, sample, new = tails(token_ids, positions, torch.tensor([2, 4, 7]),
+                                     cad, 3, 16, [(1, prompt)])
+    assert tokens.tolist() == [1000, 1001, 1002, 5197, 5198, 5199, 1005, 1006, 1007]
+    assert pos.tolist() == [50, 51, 52, 197, 198, 199, 30, 31, 32]
+    p = torch.tensor([197, 198, 199])
+    assert new.slot_mapping[3:6].tolist() == ((100 + p // 16) * 16 + p % 16).tolist()
+    assert new.slot_mapping[[0, 1, 2, 6, 7, 8]].tolist() == [
+        7000, 7001, 7002, 7005, 7006, 7007]
+    assert sample.tolist() == [2, 5, 8]
     assert new._num_computed_tokens_cpu.tolist() == [50, 197, 30]
 
 
@@ -173,6 +195,13 @@ def test_fit_keeps_the_first_forward_within_the_drafters_buffer(capacity, full):
     assert fit(pool, 208, np.array([8, 200]), 2, capacity).tolist() == full
 
 
+def _on(cad, dev):
+    return cad.replace(query_start_loc=cad.query_start_loc.to(dev),
+                       seq_lens=cad.seq_lens.to(dev),
+                       block_table_tensor=cad.block_table_tensor.to(dev),
+                       slot_mapping=cad.slot_mapping.to(dev))
+
+
 @pytest.mark.gpu
 def test_a_pooled_steps_inputs_are_built_without_a_sync():
     """A sync in a pooled step waits for the target's whole forward, and the
@@ -182,11 +211,9 @@ def test_a_pooled_steps_inputs_are_built_without_a_sync():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     dev = torch.device("cuda")
-    cad = _cad([3, 128, 3], [53, 200, 33])
-    cad = cad.replace(query_start_loc=cad.query_start_loc.to(dev),
-                      seq_lens=cad.seq_lens.to(dev),
-                      block_table_tensor=cad.block_table_tensor.to(dev),
-                      slot_mapping=cad.slot_mapping.to(dev))
+    cad = _on(_cad([3, 128, 3], [53, 200, 33]), dev)
+    # Row 1 ends its prompt with 2 tokens: tails takes the rest from it.
+    short = _on(_cad([3, 2, 3], [53, 200, 33]), dev)
     pool = _pool()
     pool.chunks = pool.chunks.to(dev)
     two = PoolRows(rows=np.array([0, 1]), seq=np.array([53, 200]),
@@ -203,7 +230,8 @@ def test_a_pooled_steps_inputs_are_built_without_a_sync():
         two.take(np.array([False, True]))
         two.take([1])
         substitute(pool, [prompt], token_ids, positions, None, cad, block_size=16)
-        tails(token_ids, positions, None, cad, 3)
+        tails(token_ids, positions, None, cad, 3, 16)
+        tails(token_ids[:8], positions[:8], None, short, 3, 16, [(1, prompt)])
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
