@@ -10,8 +10,14 @@ set -uo pipefail
 # The repository's sources come first: the wheel supplies the plugin's entry
 # point, the checkout that travelled with this call supplies its code.
 export PYTHONPATH=$PWD:/root/vsite PYTHONUNBUFFERED=1 SPECEXTEND_DATA_DIR=$PWD/.gpu/data
-# The tree prepare.sh packed (benchmarks/harness/meta.py: git_commit).
-[ -f .gpu/wheel/COMMIT ] && export SPECEXTEND_COMMIT=$(cat .gpu/wheel/COMMIT)
+# The tree prepare.sh packed (benchmarks/harness/meta.py: git_commit),
+# "-stale" where this call's code is not that tree's (benchmarks/gpu/tree.sh).
+if [ -f .gpu/wheel/COMMIT ]; then
+  source benchmarks/gpu/tree.sh
+  read -r packed packed_hash < .gpu/wheel/COMMIT
+  [ "$(tree_hash)" = "${packed_hash:-}" ] || packed=$packed-stale
+  export SPECEXTEND_COMMIT=$packed
+fi
 OUT=${OUT:-/tmp/out}
 M=.gpu/models
 # HOST_RUN_INSTALLED=1: a phase run by another (rate45) skips the reinstall,

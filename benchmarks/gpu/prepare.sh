@@ -8,7 +8,8 @@
 #                               about 5 minutes, skipped when the parts exist)
 #   .gpu/wheel/                 this plugin as a wheel (its vllm.general_plugins entry
 #                               point; the code itself comes from the checkout), and
-#                               COMMIT, the tree packed (the result files' git_commit)
+#                               COMMIT, the tree packed and its hash (the result
+#                               files' git_commit; benchmarks/gpu/tree.sh)
 #   .gpu/models/                model shapes for dummy weights (config.json only;
 #                               the shared ones and llama32_1b_fp8)
 #   .gpu/data/                  the long-input prompts (serving workloads, evaluation)
@@ -39,9 +40,13 @@ fi
 rm -rf .gpu/wheel && mkdir -p .gpu/wheel
 python3 -m pip wheel --no-deps -q -w .gpu/wheel . 2>&1 | grep -v '^WARNING' || true
 # The tree packed, for the result files' meta.git_commit (host_run.sh exports
-# it): the host's .git reports the commit its session started at.
-commit=$(git rev-parse HEAD); git diff --quiet HEAD -- || commit=$commit-dirty
-echo "$commit" > .gpu/wheel/COMMIT
+# it): the host's .git reports the commit its session started at. "-dirty":
+# the code differed from HEAD (untracked files too); the hash: tree.sh.
+commit=$(git rev-parse HEAD)
+[ -z "$(git status --porcelain -- vllm_specextend benchmarks ':!benchmarks/results')" ] \
+  || commit=$commit-dirty
+source benchmarks/gpu/tree.sh
+echo "$commit $(tree_hash)" > .gpu/wheel/COMMIT
 rm -rf .gpu/models .gpu/data && mkdir -p .gpu/models .gpu/data
 cp -r "$SHARED"/gpu/models/* .gpu/models/
 # An fp8 checkpoint of the 1B draft's shape (vLLM 0.26 quantizes no draft at

@@ -32,9 +32,10 @@ def git_commit() -> str | None:
     """``$SPECEXTEND_COMMIT`` where set, else HEAD of this checkout.
 
     On a GPU host ``host_run.sh`` sets it from ``.gpu/wheel/COMMIT``, the
-    tree ``prepare.sh`` packed (``-dirty`` when tracked files differed from
-    HEAD): the host's copy of ``.git`` reports the commit its session started
-    at, not the tree a call carried (seen 2026-11-28 and 29)."""
+    tree ``prepare.sh`` packed (``-dirty``: its code differed from HEAD;
+    ``-stale``: the call's code is not that tree's): the host's copy of
+    ``.git`` reports the commit its session started at, not the tree a call
+    carried (seen 2026-11-28 and 29)."""
     if commit := os.environ.get("SPECEXTEND_COMMIT"):
         return commit
     with contextlib.suppress(OSError):

@@ -15,3 +15,26 @@ def test_without_a_pack_the_commit_is_head(monkeypatch):
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT,
                           capture_output=True, text=True).stdout.strip()
     assert git_commit() == (head or None)
+
+
+def _tree_hash(root) -> str:
+    return subprocess.run(
+        ["bash", "-c", f"source {REPO_ROOT}/benchmarks/gpu/tree.sh && tree_hash"],
+        cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_the_tree_hash_follows_the_code_not_the_results(tmp_path):
+    """host_run.sh marks a result ``-stale`` where the carried code's hash is
+    not the packed tree's: an edit to the code changes it, a result file
+    does not."""
+    for part in ("vllm_specextend/a.py", "benchmarks/gpu/b.sh",
+                 "benchmarks/results/r.json"):
+        (tmp_path / part).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / part).write_text(part)
+    packed = _tree_hash(tmp_path)
+    assert len(packed) == 12
+    (tmp_path / "benchmarks/results/r.json").write_text("{}")
+    (tmp_path / "benchmarks/results/s.py").write_text("")
+    assert _tree_hash(tmp_path) == packed
+    (tmp_path / "vllm_specextend/a.py").write_text("edited")
+    assert _tree_hash(tmp_path) != packed

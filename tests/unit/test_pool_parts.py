@@ -142,26 +142,40 @@ def test_tails_cut_every_rows_query_to_its_last_tokens():
     assert new._num_computed_tokens_cpu.tolist() == [50, 197, 30]
 
 
-def test_a_short_last_chunk_takes_the_rest_from_its_prompt():
-    """Row 1 ends its 200-token prompt with a chunk of 2 tokens (198, 199):
-    its last 3 tokens are its prompt's, their positions and slots through
-    its block table; the decode rows keep theirs."""
-    cad = _cad([3, 2, 3], [53, 200, 33])
-    cad.slot_mapping = torch.arange(8, dtype=torch.int64) + 7000
-    token_ids = torch.arange(1000, 1008)
-    positions = torch.cat([torch.arange(50, 53), torch.arange(198, 200),
-                           torch.arange(30, 33)])
-    prompt = torch.arange(5000, 5200)
-    tokens, pos, sample, new = tails(token_ids, positions, torch.tensor([2, 4, 7]),
-                                     cad, 3, 16, [(1, prompt)])
-    assert tokens.tolist() == [1000, 1001, 1002, 5197, 5198, 5199, 1005, 1006, 1007]
-    assert pos.tolist() == [50, 51, 52, 197, 198, 199, 30, 31, 32]
-    p = torch.tensor([197, 198, 199])
-    assert new.slot_mapping[3:6].tolist() == ((100 + p // 16) * 16 + p % 16).tolist()
-    assert new.slot_mapping[[0, 1, 2, 6, 7, 8]].tolist() == [
-        7000, 7001, 7002, 7005, 7006, 7007]
-    assert sample.tolist() == [2, 5, 8]
-    assert new._num_computed_tokens_cpu.tolist() == [50, 197, 30]
+@pytest.mark.parametrize("short_rows", [[1], [0], [0, 2]], ids=["middle", "first", "two"])
+def test_a_short_last_chunk_takes_the_rest_from_its_prompt(short_rows):
+    """Rows ending their 200-token prompts with a chunk of 2 tokens (198,
+    199) take their last 3 from their prompts, positions and slots through
+    their own block tables; rows decoding 3 tokens keep theirs (the first
+    row's index would reach before the step's tokens)."""
+    query = [2 if r in short_rows else 3 for r in range(3)]
+    cad = _cad(query, [200 if r in short_rows else 53 for r in range(3)])
+    n = sum(query)
+    cad.slot_mapping = torch.arange(n, dtype=torch.int64) + 7000
+    token_ids = torch.arange(1000, 1000 + n)
+    positions = torch.cat([torch.arange(200 - q, 200) if r in short_rows
+                           else torch.arange(50, 53) for r, q in enumerate(query)])
+    prompts = [(r, torch.arange(5000 + 1000 * r, 5200 + 1000 * r)) for r in short_rows]
+    tokens, pos, sample, new = tails(token_ids, positions, cad.query_start_loc[1:] - 1,
+                                     cad, 3, 16, prompts)
+    start = np.concatenate([[0], np.cumsum(query)])
+    for r in range(3):
+        at = slice(3 * r, 3 * r + 3)
+        if r in short_rows:
+            p = torch.tensor([197, 198, 199])
+            assert tokens[at].tolist() == [5197 + 1000 * r, 5198 + 1000 * r,
+                                           5199 + 1000 * r]
+            assert pos[at].tolist() == p.tolist()
+            assert new.slot_mapping[at].tolist() == (
+                (100 * r + p // 16) * 16 + p % 16).tolist()
+        else:
+            own = list(range(start[r], start[r + 1]))
+            assert tokens[at].tolist() == [1000 + i for i in own]
+            assert pos[at].tolist() == [50, 51, 52]
+            assert new.slot_mapping[at].tolist() == [7000 + i for i in own]
+    assert sample.tolist() == [2, 5, 8], "each row samples its last token"
+    assert new._num_computed_tokens_cpu.tolist() == [
+        197 if r in short_rows else 50 for r in range(3)]
 
 
 def test_the_first_forwards_positions_and_slots_are_the_pooled_rows_own():
