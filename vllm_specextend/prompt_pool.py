@@ -244,36 +244,21 @@ def substitute(pool: PoolRows, prompt_ids: list[torch.Tensor], token_ids, positi
     return token_ids, positions, token_indices_to_sample, cad, first_pass
 
 
-def tails(token_ids, positions, token_indices_to_sample, cad, length: int,
-          block_size: int, short=()):
+def tails(token_ids, positions, token_indices_to_sample, cad, length: int):
     """The step's draft inputs with every row's query cut to its last
-    ``length`` tokens: a step whose pooled passes ran first (``pre_pass``)
-    drafts as a decode step, rows of K + 1 tokens. A pooled row whose last
-    chunk is shorter (``short``: ``(row, prompt_ids)``, the row's token ids up
-    to its ``seq``, on the device) takes its prompt's last ``length`` tokens,
-    their positions and slots through the block table. The draft rewrites its
-    KV of a pooled row's last ``length`` prompt tokens, as every decode step
-    does for its rows' verified tokens. Returns ``(token_ids, positions,
-    token_indices_to_sample, cad)``."""
+    ``length`` tokens (each row has at least that many): a step whose pooled
+    passes ran first (``pre_pass``) drafts as a decode step, rows of K + 1
+    tokens. The draft rewrites its KV of a pooled row's last ``length``
+    prompt tokens, as every decode step does for its rows' verified tokens.
+    Returns ``(token_ids, positions, token_indices_to_sample, cad)``."""
     num_reqs = cad.num_reqs
     ends = cad.query_start_loc[1: num_reqs + 1].long()  # [num_reqs]
     index = (ends[:, None] - length + torch.arange(
-        length, device=token_ids.device)[None, :]).clamp_(min=0).flatten()
-    # [num_reqs * length] each; a short row's are overwritten below.
-    token_ids, positions = token_ids[index], positions[index]
-    slot_mapping = cad.slot_mapping[index]
-    for row, ids in short:
-        seq = ids.numel()
-        at = slice(row * length, (row + 1) * length)
-        p = torch.arange(seq - length, seq, device=positions.device)  # [length]
-        token_ids[at] = ids[seq - length:].to(token_ids.dtype)
-        positions[at] = p.to(positions.dtype)
-        slot_mapping[at] = (cad.block_table_tensor[row, p // block_size].long()
-                            * block_size + p % block_size).to(slot_mapping.dtype)
+        length, device=token_ids.device)[None, :]).flatten()  # [num_reqs * length]
     token_indices_to_sample, new = _requeried(
-        cad, np.full(num_reqs, length, dtype=np.int64), slot_mapping,
+        cad, np.full(num_reqs, length, dtype=np.int64), cad.slot_mapping[index],
         token_indices_to_sample)
-    return token_ids, positions, token_indices_to_sample, new
+    return token_ids[index], positions[index], token_indices_to_sample, new
 
 
 def _requeried(cad, new_lens: np.ndarray, slot_mapping, token_indices_to_sample):

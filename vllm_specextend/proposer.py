@@ -286,27 +286,23 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
         pooled = np.zeros(cad.num_reqs, dtype=bool)
         pooled[step.pool.rows] = True
         k1 = num_speculative_tokens + 1
-        return bool((query_lens[~pooled] == k1).all() and (step.pool.seq >= k1).all())
+        return bool((query_lens[~pooled] == k1).all()
+                    and (query_lens[pooled] >= k1).all())
 
     def _pass_then_tails(self, step, num_speculative_tokens, token_ids, positions,
                          token_indices_to_sample, cad, next_token_ids, num_rejected):
         """Each pooled row's pass alone (``_pre_pass``), then the step's inputs
-        cut to every row's last K + 1 tokens (a pooled row's last chunk may be
-        shorter: its prompt gives the rest) and its rejected counts (a pooled
+        cut to every row's last K + 1 tokens and its rejected counts (a pooled
         row rejects none; vLLM passes None where no row had drafts)."""
-        prompt_ids = self._pool_prompt_ids(step.pool)
-        self._pre_passes(step, range(step.pool.rows.size), 0, prompt_ids, token_ids,
-                         positions, cad, next_token_ids)
+        self._pre_passes(step, range(step.pool.rows.size), 0,
+                         self._pool_prompt_ids(step.pool), token_ids, positions, cad,
+                         next_token_ids)
         if num_rejected is None:
             num_rejected = torch.zeros(cad.num_reqs, dtype=torch.int32,
                                        device=token_ids.device)
         self.stats.pooled_decode_steps += 1
-        k1 = num_speculative_tokens + 1
-        query_lens = np.diff(cad.query_start_loc_cpu[: cad.num_reqs + 1].numpy())
-        short = [(row, ids) for row, ids in zip(step.pool.rows.tolist(), prompt_ids,
-                                                strict=True) if query_lens[row] < k1]
-        return (*tails(token_ids, positions, token_indices_to_sample, cad, k1,
-                       self.block_size, short), num_rejected)
+        return (*tails(token_ids, positions, token_indices_to_sample, cad,
+                       num_speculative_tokens + 1), num_rejected)
 
     def _pool_prompt_ids(self, pool) -> list[torch.Tensor]:
         """Each pooled row's prompt token ids up to its ``seq``, on the device."""

@@ -129,7 +129,7 @@ def test_tails_cut_every_rows_query_to_its_last_tokens():
     positions = torch.cat([torch.arange(50, 53), torch.arange(72, 200),
                            torch.arange(30, 33)])
     sample = torch.tensor([1, 130, 133])  # row 0 samples one before its end
-    tokens, pos, sample, new = tails(token_ids, positions, sample, cad, 3, 16)
+    tokens, pos, sample, new = tails(token_ids, positions, sample, cad, 3)
     keep = [0, 1, 2, 128, 129, 130, 131, 132, 133]
     assert tokens.tolist() == [1000 + i for i in keep]
     assert pos.tolist() == [50, 51, 52, 197, 198, 199, 30, 31, 32]
@@ -140,42 +140,6 @@ def test_tails_cut_every_rows_query_to_its_last_tokens():
     assert sample.tolist() == [1, 5, 8], "as far from each row's end as before"
     assert torch.equal(new.seq_lens, cad.seq_lens), "contexts unchanged"
     assert new._num_computed_tokens_cpu.tolist() == [50, 197, 30]
-
-
-@pytest.mark.parametrize("short_rows", [[1], [0], [0, 2]], ids=["middle", "first", "two"])
-def test_a_short_last_chunk_takes_the_rest_from_its_prompt(short_rows):
-    """Rows ending their 200-token prompts with a chunk of 2 tokens (198,
-    199) take their last 3 from their prompts, positions and slots through
-    their own block tables; rows decoding 3 tokens keep theirs (the first
-    row's index would reach before the step's tokens)."""
-    query = [2 if r in short_rows else 3 for r in range(3)]
-    cad = _cad(query, [200 if r in short_rows else 53 for r in range(3)])
-    n = sum(query)
-    cad.slot_mapping = torch.arange(n, dtype=torch.int64) + 7000
-    token_ids = torch.arange(1000, 1000 + n)
-    positions = torch.cat([torch.arange(200 - q, 200) if r in short_rows
-                           else torch.arange(50, 53) for r, q in enumerate(query)])
-    prompts = [(r, torch.arange(5000 + 1000 * r, 5200 + 1000 * r)) for r in short_rows]
-    tokens, pos, sample, new = tails(token_ids, positions, cad.query_start_loc[1:] - 1,
-                                     cad, 3, 16, prompts)
-    start = np.concatenate([[0], np.cumsum(query)])
-    for r in range(3):
-        at = slice(3 * r, 3 * r + 3)
-        if r in short_rows:
-            p = torch.tensor([197, 198, 199])
-            assert tokens[at].tolist() == [5197 + 1000 * r, 5198 + 1000 * r,
-                                           5199 + 1000 * r]
-            assert pos[at].tolist() == p.tolist()
-            assert new.slot_mapping[at].tolist() == (
-                (100 * r + p // 16) * 16 + p % 16).tolist()
-        else:
-            own = list(range(start[r], start[r + 1]))
-            assert tokens[at].tolist() == [1000 + i for i in own]
-            assert pos[at].tolist() == [50, 51, 52]
-            assert new.slot_mapping[at].tolist() == [7000 + i for i in own]
-    assert sample.tolist() == [2, 5, 8], "each row samples its last token"
-    assert new._num_computed_tokens_cpu.tolist() == [
-        197 if r in short_rows else 50 for r in range(3)]
 
 
 def test_the_first_forwards_positions_and_slots_are_the_pooled_rows_own():
@@ -209,13 +173,6 @@ def test_fit_keeps_the_first_forward_within_the_drafters_buffer(capacity, full):
     assert fit(pool, 208, np.array([8, 200]), 2, capacity).tolist() == full
 
 
-def _on(cad, dev):
-    return cad.replace(query_start_loc=cad.query_start_loc.to(dev),
-                       seq_lens=cad.seq_lens.to(dev),
-                       block_table_tensor=cad.block_table_tensor.to(dev),
-                       slot_mapping=cad.slot_mapping.to(dev))
-
-
 @pytest.mark.gpu
 def test_a_pooled_steps_inputs_are_built_without_a_sync():
     """A sync in a pooled step waits for the target's whole forward, and the
@@ -225,9 +182,11 @@ def test_a_pooled_steps_inputs_are_built_without_a_sync():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     dev = torch.device("cuda")
-    cad = _on(_cad([3, 128, 3], [53, 200, 33]), dev)
-    # Row 1 ends its prompt with 2 tokens: tails takes the rest from it.
-    short = _on(_cad([3, 2, 3], [53, 200, 33]), dev)
+    cad = _cad([3, 128, 3], [53, 200, 33])
+    cad = cad.replace(query_start_loc=cad.query_start_loc.to(dev),
+                      seq_lens=cad.seq_lens.to(dev),
+                      block_table_tensor=cad.block_table_tensor.to(dev),
+                      slot_mapping=cad.slot_mapping.to(dev))
     pool = _pool()
     pool.chunks = pool.chunks.to(dev)
     two = PoolRows(rows=np.array([0, 1]), seq=np.array([53, 200]),
@@ -244,8 +203,7 @@ def test_a_pooled_steps_inputs_are_built_without_a_sync():
         two.take(np.array([False, True]))
         two.take([1])
         substitute(pool, [prompt], token_ids, positions, None, cad, block_size=16)
-        tails(token_ids, positions, None, cad, 3, 16)
-        tails(token_ids[:8], positions[:8], None, short, 3, 16, [(1, prompt)])
+        tails(token_ids, positions, None, cad, 3)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
