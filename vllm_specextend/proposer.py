@@ -257,7 +257,7 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
         query_lens = np.diff(cad.query_start_loc_cpu[: cad.num_reqs + 1].numpy())
         pool.full = fit(pool.shifted(first), cad.num_actual_tokens, query_lens,
                         cad.num_reqs, self.max_num_tokens)
-        prompt_ids = self._pool_prompt_ids(pool)
+        prompt_ids = self._pool_prompt_ids(pool, token_ids, cad, first)
         alone = np.flatnonzero(~pool.full)
         if alone.size:
             self.stats.pooled_passes_alone += int(alone.size)
@@ -297,7 +297,8 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
         cut to every row's last K + 1 tokens and its rejected counts (a pooled
         row rejects none; vLLM passes None where no row had drafts)."""
         self._pre_passes(step, range(step.pool.rows.size), 0,
-                         self._pool_prompt_ids(step.pool), token_ids, positions, cad,
+                         self._pool_prompt_ids(step.pool, token_ids, cad, 0), token_ids,
+                         positions, cad,
                          next_token_ids)
         if num_rejected is None:
             num_rejected = torch.zeros(cad.num_reqs, dtype=torch.int32,
@@ -306,10 +307,21 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
         return (*tails(token_ids, positions, token_indices_to_sample, cad,
                        num_speculative_tokens + 1), num_rejected)
 
-    def _pool_prompt_ids(self, pool) -> list[torch.Tensor]:
-        """Each pooled row's prompt token ids up to its ``seq``, on the device."""
-        return [self._prompt_ids(row, seq)
-                for row, seq in zip(pool.rows.tolist(), pool.seq.tolist(), strict=True)]
+    def _pool_prompt_ids(self, pool, token_ids, cad, first: int) -> list[torch.Tensor]:
+        """Each pooled row's token ids up to its ``seq``, on the device: those
+        before this step from the runner's host copy, its query's from
+        ``token_ids`` (the step's, ``cad``'s rows counted from batch row
+        ``first``). A prompt's last token can be scheduled with draft tokens
+        past the prompt's end; the host copy holds placeholders (-1) there,
+        the step's tokens the real ids (the CPU soak's engine death, CI runs
+        62 and 63, 2026-11-29)."""
+        qsl = cad.query_start_loc_cpu
+        ids = []
+        for row, q_start in zip(pool.rows.tolist(), pool.q_start.tolist(), strict=True):
+            r = row - first
+            query = token_ids[int(qsl[r]): int(qsl[r + 1])].to(torch.int64)
+            ids.append(torch.cat([self._prompt_ids(row, int(q_start)), query]))
+        return ids
 
     def _pre_passes(self, step, which, first, prompt_ids, token_ids, positions, cad,
                     next_token_ids) -> None:
