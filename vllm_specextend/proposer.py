@@ -297,9 +297,8 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
         cut to every row's last K + 1 tokens and its rejected counts (a pooled
         row rejects none; vLLM passes None where no row had drafts)."""
         self._pre_passes(step, range(step.pool.rows.size), 0,
-                         self._pool_prompt_ids(step.pool, token_ids, cad, 0), token_ids,
-                         positions, cad,
-                         next_token_ids)
+                         self._pool_prompt_ids(step.pool, token_ids, cad, 0),
+                         token_ids, positions, cad, next_token_ids)
         if num_rejected is None:
             num_rejected = torch.zeros(cad.num_reqs, dtype=torch.int32,
                                        device=token_ids.device)
@@ -460,12 +459,14 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
 
 POOLED_DECODE_STEPS = False
 """Whether a step that ends pooled prompts, any other rows decoding, drafts
-as a decode step (``_drafts_as_decode``; 3edf47b). Off: in two of the last
-CI runs (2026-11-29) the CPU soak's server died in this path's pre-pass, an
-input id out of the draft's vocabulary at its embedding, not reproduced in
-nine soaks run alone (``benchmarks/results/ci/20261129T1549Z_cpu_ci62_soak_
-engine_death.txt``). The engine tests turn it on, so the path stays tested
-until the cause is found; such steps draft through ``_pooled_inputs``."""
+as a decode step (``_drafts_as_decode``; 3edf47b). Off: in two CI runs
+(2026-11-29) the CPU soak's server died in this path's pre-pass, an input id
+out of the draft's vocabulary at its embedding (``benchmarks/results/ci/
+20261129T1549Z_cpu_ci62_soak_engine_death.txt``); the cause, draft-token
+placeholders read as a pooled row's ids, is fixed in ``_pool_prompt_ids``,
+and the path stays off until CI has shown the fix under load. The engine
+tests turn it on, so it stays tested; such steps draft through
+``_pooled_inputs``."""
 
 _GREEDY = SimpleNamespace(all_greedy=True)
 """Sampling metadata of a propose the plugin runs itself: vLLM reads only
