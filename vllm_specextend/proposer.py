@@ -278,7 +278,7 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
                           mm_embed_inputs) -> bool:
         """Whether a step that ends pooled prompts drafts as a decode step
         (``prompt_pool.tails``): a draft model (no target hidden states), and
-        every other row decodes with K + 1 verified tokens. Off by default
+        every other row decodes with K + 1 verified tokens
         (``POOLED_DECODE_STEPS``)."""
         if (not POOLED_DECODE_STEPS or self.pass_hidden_states_to_model
                 or mm_embed_inputs is not None
@@ -457,16 +457,16 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
             self.reporter.maybe_report(force=True)
 
 
-POOLED_DECODE_STEPS = False
+POOLED_DECODE_STEPS = True
 """Whether a step that ends pooled prompts, any other rows decoding, drafts
-as a decode step (``_drafts_as_decode``; 3edf47b). Off: in two CI runs
-(2026-11-29) the CPU soak's server died in this path's pre-pass, an input id
-out of the draft's vocabulary at its embedding (``benchmarks/results/ci/
-20261129T1549Z_cpu_ci62_soak_engine_death.txt``); the cause, draft-token
-placeholders read as a pooled row's ids, is fixed in ``_pool_prompt_ids``,
-and the path stays off until CI has shown the fix under load. The engine
-tests turn it on, so it stays tested; such steps draft through
-``_pooled_inputs``."""
+as a decode step (``_drafts_as_decode``; 3edf47b). It was off for a day: in
+two CI runs (2026-11-29) the CPU soak's server died in this path's pre-pass,
+an input id out of the draft's vocabulary at its embedding (``benchmarks/
+results/ci/20261129T1549Z_cpu_ci62_soak_engine_death.txt``): draft-token
+placeholders read as a pooled row's ids. Fixed in ``_pool_prompt_ids``
+(5bed24a; its test: ``test_a_pooled_rows_ids_never_read_draft_placeholders``),
+and on again once CI had shown the fix under load (the clean-CI record).
+Off, such steps draft through ``_pooled_inputs``."""
 
 _GREEDY = SimpleNamespace(all_greedy=True)
 """Sampling metadata of a propose the plugin runs itself: vLLM reads only

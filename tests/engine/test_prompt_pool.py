@@ -34,16 +34,6 @@ from prompt 0, whose pooled pass wrote their draft KV only where prompt 0's
 views read (docs/design.md, the pool's known limits: drafts, never output)."""
 
 
-@pytest.fixture(scope="module", autouse=True)
-def pooled_decode_steps():
-    """The steps that end pooled prompts beside decode rows draft as decode
-    steps here (off by default: ``proposer.POOLED_DECODE_STEPS`` says why),
-    so that path stays tested."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("vllm_specextend.proposer.POOLED_DECODE_STEPS", True)
-        yield
-
-
 @pytest.fixture(scope="module")
 def prompts(long_prompts):
     return long_prompts(LENGTHS)

@@ -158,3 +158,44 @@ def test_step_runs_and_retrieves(device, cfg):
     assert proposer.state.selection("r0") is not None
     assert proposer.state.selection("r3") is None
     assert proposer.state.slot_of("r1") is None
+
+
+@pytest.mark.parametrize("first", [0, 1], ids=["whole-step", "cut-step"])
+def test_a_pooled_rows_ids_never_read_draft_placeholders(first):
+    # The CPU soak's engine death (CI runs 62, 63): batch row 2 ends a
+    # 545-token prompt with its last token and 3 draft tokens past its end
+    # (positions 544..547). The runner's host copy holds -1 there; the step's
+    # tokens hold the real ids. ``first``: the drafting part of a cut step
+    # starts at that batch row, so ``cad``'s rows count from it.
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    from vllm_specextend.prompt_pool import PoolRows
+    from vllm_specextend.proposer import SpecExtendProposer
+
+    rng = np.random.default_rng(1)
+    host = rng.integers(0, 1000, (3, 600)).astype(np.int32)
+    host[2, 545:] = -1  # draft-token placeholders past the prompt's end
+    runner = types.SimpleNamespace(
+        input_batch=types.SimpleNamespace(token_ids_cpu=host))
+    proposer = object.__new__(SpecExtendProposer)
+    proposer.runner, proposer.device = runner, torch.device("cpu")
+    query = np.array([4, 4, 4])[first:]  # [num_reqs] of cad
+    qsl = np.concatenate([[0], np.cumsum(query)]).astype(np.int32)
+    step_ids = torch.from_numpy(rng.integers(1000, 2000, int(qsl[-1]))
+                                .astype(np.int32))  # [num_tokens]
+    cad = CommonAttentionMetadata(
+        query_start_loc=torch.from_numpy(qsl), query_start_loc_cpu=torch.from_numpy(qsl),
+        seq_lens=torch.zeros(len(query), dtype=torch.int32), num_reqs=len(query),
+        num_actual_tokens=int(qsl[-1]), max_query_len=4, max_seq_len=548,
+        block_table_tensor=torch.zeros(len(query), 1, dtype=torch.int32),
+        slot_mapping=torch.zeros(int(qsl[-1]), dtype=torch.int64))
+    pool = PoolRows(rows=np.array([2]), seq=np.array([548]),
+                    window_start=np.array([480]),
+                    chunks=torch.zeros(1, 4, dtype=torch.int32), sink_tokens=32,
+                    chunk_size=32, q_start=np.array([544]))
+    (ids,) = proposer._pool_prompt_ids(pool, step_ids, cad, first)
+    assert ids.shape == (548,) and ids.dtype == torch.int64
+    assert (ids >= 0).all(), "a placeholder reached the draft's embedding"
+    assert ids[:544].tolist() == host[2, :544].tolist()
+    r = 2 - first
+    assert ids[544:].tolist() == step_ids[int(qsl[r]):int(qsl[r + 1])].tolist()
