@@ -459,7 +459,7 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
 
 POOLED_DECODE_STEPS = True
 """Whether a step that ends pooled prompts, any other rows decoding, drafts
-as a decode step (``_drafts_as_decode``; 3edf47b). It was off for a day: in
+as a decode step (``_drafts_as_decode``; 3edf47b). It was off for some hours: in
 two CI runs (2026-11-29) the CPU soak's server died in this path's pre-pass,
 an input id out of the draft's vocabulary at its embedding (``benchmarks/
 results/ci/20261129T1549Z_cpu_ci62_soak_engine_death.txt``): draft-token
