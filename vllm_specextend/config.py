@@ -251,6 +251,9 @@ class EngineFacts:
     data_parallel_size: int = 1
     """Data parallel ranks that run every forward together (an MoE target's;
     a dense target's ranks are independent engines: 1)."""
+    target_position_rows: int = 1
+    """Rows of the target's positions: 3 under M-RoPE (Qwen2-VL and its kin),
+    its dimensions under XD-RoPE, else 1 (``compat.position_rows``)."""
 
 
 def compaction_on(cfg: SpecExtendConfig, facts: EngineFacts) -> bool:
@@ -550,6 +553,11 @@ def prompt_pool_refusal(cfg: SpecExtendConfig,
     refusal = _not_a_draft_model_at_its_positions("draft_prompt_pool", cfg, facts)
     if refusal is not None:
         return refusal
+    if facts.target_position_rows > 1:
+        return ("spec_extend.draft_prompt_pool places a pooled pass at its tokens' "
+                "own positions, one row each, but the target's positions have "
+                f"{facts.target_position_rows} rows (M-RoPE or XD-RoPE).",
+                "Leave draft_prompt_pool unset.")
     if facts.data_parallel_size > 1:
         return ("spec_extend.draft_prompt_pool drops and adds draft forwards on one "
                 "engine, but data parallel ranks run every draft forward together "

@@ -407,6 +407,25 @@ def test_engine_facts_count_data_parallel_ranks_as_the_engines_do(moe, expected)
     assert compat.engine_facts(cfg)["data_parallel_size"] == expected
 
 
+@pytest.mark.parametrize("mrope, xdrope, rows", [(False, 0, 1), (True, 0, 3), (False, 4, 4)])
+def test_a_target_with_positions_of_several_rows_drafts_its_full_pass(mrope, xdrope, rows):
+    """An M-RoPE target (Qwen2-VL's kin) with a text draft: vLLM hands the
+    drafter positions of 3 rows, the pooled pass places one row; so "auto"
+    resolves to the draft's full pass and says why."""
+    from vllm_specextend.config import EngineFacts, resolve_prompt_pool
+
+    cfg = _fake_vllm_config({}, max_model_len=65536, draft_max_model_len=65536)
+    cfg.model_config.uses_mrope, cfg.model_config.uses_xdrope_dim = mrope, xdrope
+    facts = compat.engine_facts(cfg)
+    assert facts["target_position_rows"] == rows
+    resolved, note = resolve_prompt_pool(SpecExtendConfig(), EngineFacts(**facts))
+    if rows == 1:
+        assert resolved.draft_prompt_pool == 128
+    else:
+        assert resolved.draft_prompt_pool is None
+        assert f"positions have {rows} rows (M-RoPE or XD-RoPE)" in note
+
+
 # --- CPU key page order from the real CPU attention kernel ------------------------------
 
 

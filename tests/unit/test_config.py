@@ -463,6 +463,8 @@ def test_draft_prompt_pool_must_be_a_positive_integer(value):
     ({"top_k": 64}, {}, "below top_k=64"),
     ({"draft_prefill_window": 2048}, {}, "set one of them"),
     ({}, {"data_parallel_size": 2}, "data parallel ranks"),
+    # An M-RoPE target (Qwen2-VL's kin) with a text draft: positions of 3 rows.
+    ({}, {"target_position_rows": 3}, r"3 rows \(M-RoPE or XD-RoPE\)\. Leave"),
     ({"chunk_size": 16}, {"num_speculative_tokens": 16}, "below chunk_size"),
 ])
 def test_validate_engine_refuses_a_prompt_pool_it_cannot_serve(cfg, facts, match):
@@ -521,6 +523,7 @@ def test_a_named_pool_is_left_as_it_is(value):
     ({"policy": "streaming"}, {}, 'policy "streaming" never ranks'),
     ({"draft_prefill_window": 2048}, {}, "draft_prefill_window both bound"),
     ({}, {"data_parallel_size": 2}, "data parallel ranks"),
+    ({}, {"target_position_rows": 3}, "positions have 3 rows (M-RoPE or XD-RoPE)"),
     ({"chunk_size": 16, "sink_tokens": 16}, {"num_speculative_tokens": 16}, "below chunk_size"),
     # vllm serve's budget on GPUs under 70 GiB (or an A100): 2,048 tokens.
     ({}, {"max_num_batched_tokens": 2048}, "max_num_batched_tokens=2048"),

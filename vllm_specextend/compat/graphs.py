@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from vllm_specextend.compat.engine import position_rows
 from vllm_specextend.compat.layers import attention_layer
 from vllm_specextend.compat.symbols import load
 
@@ -44,6 +45,9 @@ def draft_graph_blocker(vllm_config, attn_groups, capture: bool) -> str | None:
         return "pipeline parallel: the draft runs on the last stage only"
     if parallel.data_parallel_size != 1:
         return "data parallel: draft batches are padded across ranks"
+    if (rows := position_rows(vllm_config)) > 1:
+        return (f"the target's positions have {rows} rows (M-RoPE or XD-RoPE); "
+                "the routine's buffers hold one")
     if not capture:
         return None
     if vllm_config.compilation_config.cudagraph_mode == load("CUDAGraphMode").NONE:
