@@ -437,6 +437,19 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
         routine (``DraftCapture.capture_graphs``)."""
         self.capture.capture_graphs()
 
+    def warm_up_kernels(self) -> None:
+        """The plugin's Triton kernels compiled before vLLM's warm-up (the KV
+        cache in place), not inside a server's first request, where vLLM's
+        JIT monitor found them (~1-3 s on an H200): the scoring kernel, and
+        the greedy draft argmax where it is Triton's. Each through the calls
+        a step makes, so each compiles the specialisation steps use."""
+        if self.cfg.policy == "cmr":  # the one policy that scores
+            self.retriever.warm_up()
+        if self._tuning.argmax is not None:
+            hidden = torch.zeros(1, self.draft_model_config.get_hidden_size(),
+                                 dtype=self.dtype, device=self.device)  # [1, H]
+            self._greedy_sample(hidden)
+
     def _greedy_propose(self, num_speculative_tokens, token_ids, positions,
                         hidden_states, next_token_ids, token_indices_to_sample,
                         cad, num_rejected_tokens_gpu=None) -> torch.Tensor:

@@ -65,6 +65,11 @@ class ReplicatedDraft:
             return super().dummy_run(*args, **kwargs)
 
     @override
+    def warm_up_kernels(self) -> None:
+        with compat.draft_tp_group(self._draft_group):
+            super().warm_up_kernels()
+
+    @override
     def capture_graphs(self) -> None:
         with compat.draft_tp_group(self._draft_group):
             super().capture_graphs()

@@ -125,25 +125,44 @@ class Retriever:
         ``ctx_lens`` ([n]) tokens of ``block_table`` ([n, max_blocks]), all on
         the device, averaged over every head of every tensor-parallel rank.
         ``max_ctx`` bounds ``ctx_lens`` on the host."""
+        lse = self._block_lse(query_rows, block_table, ctx_lens, max_ctx)
+        mass = chunk_mass(lse, self.cfg.chunk_size // self.block_size)
+        if self.tp_size > 1:
+            mass = compat.tp_all_reduce(mass) / self.tp_size
+        return mass
+
+    def _block_lse(self, query_rows, block_table, ctx_lens, max_ctx) -> torch.Tensor:
+        """Per-block log-sum-exp of the captured queries at ``query_rows``:
+        [n, Hq, num_blocks] fp32 (``scoring.block_lse``)."""
         kv_cache = compat.layer_kv_cache(self.layer)
         if kv_cache.device.type == "cpu" and self._key_order is None:
             self._key_order = compat.cpu_key_order(
                 self.layer, kv_cache.shape[2], kv_cache.dtype
             )
-        block_size = kv_cache.shape[2]
-        lse = block_lse(
+        return block_lse(
             self.query_buf[query_rows.long()],  # [n, Hq, D]
             kv_cache,
             block_table,
             ctx_lens.to(torch.int32),
-            -(-max_ctx // block_size),
+            -(-max_ctx // self.block_size),
             self.layer.impl.scale,
             self._key_order,
-        )  # [n, Hq, num_blocks]
-        mass = chunk_mass(lse, self.cfg.chunk_size // block_size)
-        if self.tp_size > 1:
-            mass = compat.tp_all_reduce(mass) / self.tp_size
-        return mass
+        )
+
+    @property
+    def block_size(self) -> int:
+        return compat.layer_kv_cache(self.layer).shape[2]
+
+    def warm_up(self) -> None:
+        """Score a one-token context once, before the first request, so the
+        scoring kernel is compiled then: Triton compiles on first call, and
+        vLLM's JIT monitor found that call (~1-2 s on an H100/H200) inside a
+        server's first request. Same calls as a retrieval, so the same kernel
+        specialisation; no collective (each rank compiles its own)."""
+        one = torch.zeros(1, dtype=torch.int64, device=self.device)  # [1]
+        table = torch.zeros(1, 16, dtype=torch.int32, device=self.device)  # [1, 16]
+        self._block_lse(one, table, torch.ones(1, dtype=torch.int32, device=self.device),
+                        1)
 
     def reset(self) -> None:
         self._key_order = None

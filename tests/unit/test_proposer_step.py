@@ -135,15 +135,16 @@ def _run(device, steps=24, cfg=CFG):
     return proposer, views
 
 
-@pytest.mark.parametrize("cfg", [CFG, POOLED], ids=["full-pass", "pooled"])
-@pytest.mark.parametrize(
-    "device",
-    ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)],
-)
-def test_step_runs_and_retrieves(device, cfg):
-    if device == "cuda" and not torch.cuda.is_available():
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request) -> torch.device:
+    if request.param == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    proposer, views = _run(torch.device(device), cfg=cfg)
+    return torch.device(request.param)
+
+
+@pytest.mark.parametrize("cfg", [CFG, POOLED], ids=["full-pass", "pooled"])
+def test_step_runs_and_retrieves(device, cfg):
+    proposer, views = _run(device, cfg=cfg)
     stats = proposer.stats.snapshot()
     # Pooled: the long prompts at the first step, and the one that arrives at
     # step 11, under the sync check on a GPU (its pool chosen without a sync).
@@ -199,3 +200,53 @@ def test_a_pooled_rows_ids_never_read_draft_placeholders(first):
     assert ids[:544].tolist() == host[2, :544].tolist()
     r = 2 - first
     assert ids[544:].tolist() == step_ids[int(qsl[r]):int(qsl[r + 1])].tolist()
+
+
+def _triton_key(*args):
+    """What Triton specialises a call on, for the tensor arguments: dtype,
+    rank, and per stride whether it is 1 or a multiple of 16 (and the data
+    pointer's 16-byte alignment)."""
+    return tuple(
+        (a.dtype, a.dim(), a.data_ptr() % 16 == 0,
+         tuple((s == 1, s % 16 == 0) for s in a.stride()))
+        for a in args if isinstance(a, torch.Tensor))
+
+
+def test_the_kernels_warm_up_without_a_trace(device, monkeypatch):
+    # Before vLLM's warm-up the plugin scores a one-token context and drafts
+    # one greedy token (on a GPU: its Triton kernels compile then, not in a
+    # server's first request), with the argument kinds steps use, and
+    # nothing of it may stay: no counts, no state, the queries as they were.
+    from vllm_specextend import retriever
+
+    calls = []
+
+    def recorded(*args, **kwargs):
+        calls.append(_triton_key(*args))
+        return block_lse(*args, **kwargs)
+
+    block_lse = retriever.block_lse
+    monkeypatch.setattr(retriever, "block_lse", recorded)
+    _run(device, steps=6)
+    steps = set(calls)
+    assert steps, "the steps scored nothing"
+    calls.clear()
+    runner = types.SimpleNamespace(input_batch=types.SimpleNamespace())
+    proposer = _proposer(device, _layer(device), runner)
+    sampled = []
+    proposer._greedy_sample = lambda hidden: sampled.append(hidden.shape)
+    proposer.draft_model_config = types.SimpleNamespace(get_hidden_size=lambda: 64)
+    proposer.dtype = torch.float32
+    proposer._tuning = types.SimpleNamespace(argmax=None if device.type == "cpu"
+                                             else object())
+    before = proposer.retriever.query_buf.clone()
+    proposer.warm_up_kernels()
+    assert len(calls) == 1 and calls[0] in steps, (calls, steps)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        assert sampled == [torch.Size([1, 64])]
+    else:
+        assert sampled == []  # the torch argmax: nothing to compile
+    assert torch.equal(proposer.retriever.query_buf, before)
+    assert proposer.stats.snapshot() == type(proposer.stats)().snapshot()
+    assert len(proposer.state) == 0

@@ -43,6 +43,9 @@ class _Proposer:
     def capture_graphs(self) -> None:
         self._note("capture_graphs")
 
+    def warm_up_kernels(self) -> None:
+        self._note("warm_up_kernels")
+
     def _run_kept_passes(self) -> None:
         self._note("kept_passes")
 
@@ -70,6 +73,7 @@ def groups(monkeypatch):
 def test_every_draft_entry_runs_in_the_drafts_group(groups, replicated):
     drafter = _Drafter(replicated)
     drafter.load_model(None)
+    drafter.warm_up_kernels()
     drafter.dummy_run(8)
     drafter.capture_graphs()
     drafts = drafter.propose()
@@ -78,7 +82,8 @@ def test_every_draft_entry_runs_in_the_drafts_group(groups, replicated):
 
     want = "draft" if replicated else "target"
     assert drafter.seen == dict.fromkeys(
-        ["load_model", "dummy_run", "capture_graphs", "propose", "kept_passes"], want)
+        ["load_model", "warm_up_kernels", "dummy_run", "capture_graphs", "propose",
+         "kept_passes"], want)
     assert drafter.draft_placement == ("replicated" if replicated else "sharded")
     assert torch.equal(drafts, torch.tensor([[5, 6, 7]]))
     # Rank 0's drafts go to every rank, over the target's group.

@@ -73,6 +73,7 @@ class SpecExtendWorkerMixin:
         super().initialize_from_config(kv_cache_config)
         # Before warm-up and graph capture, which bake in KV tensor addresses.
         self.model_runner.drafter.add_scratch_blocks()
+        self.model_runner.drafter.warm_up_kernels()
 
     @override
     def compile_or_warm_up_model(self):
