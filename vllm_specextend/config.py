@@ -254,6 +254,8 @@ class EngineFacts:
     target_position_rows: int = 1
     """Rows of the target's positions: 3 under M-RoPE (Qwen2-VL and its kin),
     its dimensions under XD-RoPE, else 1 (``compat.position_rows``)."""
+    kv_cache_dtype: str = "auto"
+    """vLLM's ``--kv-cache-dtype`` (``auto``: the model's dtype)."""
 
 
 def compaction_on(cfg: SpecExtendConfig, facts: EngineFacts) -> bool:
@@ -300,6 +302,7 @@ def validate_engine(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
     _raise_if_chunk_not_block_multiple(cfg, facts)
     _raise_if_working_set_exceeds_draft(cfg, facts)
     _raise_if_pipeline_parallel(facts)
+    _raise_if_fp8_keys_scored(cfg, facts)
     if facts.num_target_attention_layers is not None:
         score_layer_index(cfg, facts.num_target_attention_layers)
 
@@ -608,6 +611,16 @@ def resolve_prompt_pool(cfg: SpecExtendConfig,
                 f"the draft's full pass over every prompt ({why})")
     return pooled, (f"{pooled.draft_prompt_pool} chunks for prompts from "
                     f"{pooled.pool_min_prompt} tokens")
+
+
+def _raise_if_fp8_keys_scored(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
+    # The scoring kernel reads fp16, bf16 or fp32 keys (scoring_triton.py).
+    if cfg.policy == "cmr" and facts.kv_cache_dtype.startswith("fp8"):
+        raise SpecExtendConfigError(
+            f"spec_extend.policy \"cmr\" ranks chunks by the target's keys, which "
+            f"--kv-cache-dtype {facts.kv_cache_dtype} stores as fp8, a format its "
+            "scoring does not read; use --kv-cache-dtype auto."
+        )
 
 
 def _raise_if_unpadded_drafter_batch(facts: EngineFacts) -> None:

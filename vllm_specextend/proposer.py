@@ -442,13 +442,14 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
         cache in place), not inside a server's first request, where vLLM's
         JIT monitor found them (~1-3 s on an H200): the scoring kernel, and
         the greedy draft argmax where it is Triton's. Each through the calls
-        a step makes, so each compiles the specialisation steps use."""
+        a step makes, so each compiles the specialisation steps use. The
+        sample runs on every device and rank alike (its logits are gathered
+        across tensor-parallel ranks), so the CPU engine tests run it too."""
         if self.cfg.policy == "cmr":  # the one policy that scores
             self.retriever.warm_up()
-        if self._tuning.argmax is not None:
-            hidden = torch.zeros(1, self.draft_model_config.get_hidden_size(),
-                                 dtype=self.dtype, device=self.device)  # [1, H]
-            self._greedy_sample(hidden)
+        hidden = torch.zeros(1, self.draft_model_config.get_hidden_size(),
+                             dtype=self.dtype, device=self.device)  # [1, H]
+        self._greedy_sample(hidden)
 
     def _greedy_propose(self, num_speculative_tokens, token_ids, positions,
                         hidden_states, next_token_ids, token_indices_to_sample,
@@ -477,8 +478,9 @@ two CI runs (2026-11-29) the CPU soak's server died in this path's pre-pass,
 an input id out of the draft's vocabulary at its embedding (``benchmarks/
 results/ci/20261129T1549Z_cpu_ci62_soak_engine_death.txt``): draft-token
 placeholders read as a pooled row's ids. Fixed in ``_pool_prompt_ids``
-(5bed24a; its test: ``test_a_pooled_rows_ids_never_read_draft_placeholders``),
-and on again once CI had shown the fix under load (the clean-CI record).
+(5bed24a; its test: ``test_a_pooled_rows_ids_never_read_draft_placeholders``);
+on again in b612bb7, whose clean CI runs 67 and 68 ran the soak with it and
+passed (``benchmarks/results/ci/20261128T1004Z_cpu_clean_ci_runs.txt``).
 Off, such steps draft through ``_pooled_inputs``."""
 
 _GREEDY = SimpleNamespace(all_greedy=True)

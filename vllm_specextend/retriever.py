@@ -161,8 +161,8 @@ class Retriever:
         specialisation; no collective (each rank compiles its own)."""
         one = torch.zeros(1, dtype=torch.int64, device=self.device)  # [1]
         table = torch.zeros(1, 16, dtype=torch.int32, device=self.device)  # [1, 16]
-        self._block_lse(one, table, torch.ones(1, dtype=torch.int32, device=self.device),
-                        1)
+        ctx = torch.ones(1, dtype=torch.int32, device=self.device)  # [1]
+        self._block_lse(one, table, ctx, 1)
 
     def reset(self) -> None:
         self._key_order = None

@@ -259,7 +259,7 @@ def _fake_vllm_config(spec_extend=None, method="draft_model", block_size=16, tp=
     extra = {} if spec_extend is None else {"spec_extend": spec_extend}
     return types.SimpleNamespace(
         speculative_config=spec,
-        cache_config=types.SimpleNamespace(block_size=block_size),
+        cache_config=types.SimpleNamespace(block_size=block_size, cache_dtype="auto"),
         model_config=types.SimpleNamespace(
             max_model_len=max_model_len, model="target", served_model_name="tiny",
             get_num_layers_by_block_type=lambda parallel, kind: num_layers,
@@ -407,8 +407,9 @@ def test_engine_facts_count_data_parallel_ranks_as_the_engines_do(moe, expected)
     assert compat.engine_facts(cfg)["data_parallel_size"] == expected
 
 
-@pytest.mark.parametrize("mrope, xdrope, rows", [(False, 0, 1), (True, 0, 3), (False, 4, 4)])
-def test_a_target_with_positions_of_several_rows_drafts_its_full_pass(mrope, xdrope, rows):
+@pytest.mark.parametrize("mrope, xdrope, rows",
+                         [(False, 0, 1), (True, 0, 3), (False, 4, 4)])
+def test_a_target_with_positions_of_several_rows_pools_nothing(mrope, xdrope, rows):
     """An M-RoPE target (Qwen2-VL's kin) with a text draft: vLLM hands the
     drafter positions of 3 rows, the pooled pass places one row; so "auto"
     resolves to the draft's full pass and says why."""

@@ -484,6 +484,21 @@ def test_a_prompt_pool_applies_past_what_it_holds():
         SpecExtendConfig().pool_min_prompt  # "auto", unresolved: a bug, not "never"
 
 
+@pytest.mark.parametrize("policy, dtype, refused", [
+    ("cmr", "fp8", True), ("cmr", "fp8_e5m2", True), ("cmr", "auto", False),
+    ("cmr", "bfloat16", False), ("streaming", "fp8", False),
+])
+def test_fp8_keys_are_refused_where_chunks_are_scored(policy, dtype, refused):
+    cfg = SpecExtendConfig(policy=policy, draft_prompt_pool=None)
+    facts = good_facts(kv_cache_dtype=dtype)
+    if refused:
+        match = f"--kv-cache-dtype {dtype} .* use --kv-cache-dtype auto"
+        with pytest.raises(SpecExtendConfigError, match=match):
+            validate_engine(cfg, facts)
+    else:
+        validate_engine(cfg, facts)
+
+
 def test_a_prompt_pool_must_fit_one_draft_forward():
     cfg = SpecExtendConfig(draft_prompt_pool=128)  # up to 32 + 4096 + 256 + 32 + 5
     validate_engine(cfg, good_facts(max_num_batched_tokens=4421, num_speculative_tokens=4))

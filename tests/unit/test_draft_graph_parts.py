@@ -224,6 +224,32 @@ def test_tensor_parallel_engines_capture_the_routine(tp, pp, dp, reason):
     assert (why is None) if reason is None else why.startswith(reason)
 
 
+@pytest.mark.parametrize("model_config, rows", [
+    (None, 1),
+    ({"uses_mrope": False, "uses_xdrope_dim": 0}, 1),
+    ({"uses_mrope": True, "uses_xdrope_dim": 0}, 3),  # Qwen2-VL's kin
+    ({"uses_mrope": False, "uses_xdrope_dim": 4}, 4),
+])
+def test_a_target_with_positions_of_several_rows_drafts_without_the_routine(
+        model_config, rows):
+    """vLLM hands the drafter an M-RoPE or XD-RoPE target's positions as
+    they are ([rows, num_tokens]); the routine's buffers hold one row, so
+    such an engine drafts through vLLM's path, and says why."""
+    from types import SimpleNamespace
+
+    from vllm_specextend import compat
+    from vllm_specextend.compat.engine import position_rows
+
+    config = SimpleNamespace(parallel_config=SimpleNamespace(
+        tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1))
+    if model_config is not None:
+        config.model_config = SimpleNamespace(**model_config)
+    assert position_rows(config) == rows
+    why = compat.draft_graph_blocker(config, [], capture=False)
+    assert (why is None) if rows == 1 else why.startswith(
+        f"the target's positions have {rows} rows")
+
+
 def test_capture_runs_warm_ups_first_then_captures_inside_the_given_context(monkeypatch):
     """Every warm-up runs before the capture context opens (inside vLLM's,
     a custom all-reduce only allocates when not capturing), and every graph

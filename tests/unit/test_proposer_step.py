@@ -185,7 +185,8 @@ def test_a_pooled_rows_ids_never_read_draft_placeholders(first):
     step_ids = torch.from_numpy(rng.integers(1000, 2000, int(qsl[-1]))
                                 .astype(np.int32))  # [num_tokens]
     cad = CommonAttentionMetadata(
-        query_start_loc=torch.from_numpy(qsl), query_start_loc_cpu=torch.from_numpy(qsl),
+        query_start_loc=torch.from_numpy(qsl),
+        query_start_loc_cpu=torch.from_numpy(qsl),
         seq_lens=torch.zeros(len(query), dtype=torch.int32), num_reqs=len(query),
         num_actual_tokens=int(qsl[-1]), max_query_len=4, max_seq_len=548,
         block_table_tensor=torch.zeros(len(query), 1, dtype=torch.int32),
@@ -218,6 +219,7 @@ def test_the_kernels_warm_up_without_a_trace(device, monkeypatch):
     # server's first request), with the argument kinds steps use, and
     # nothing of it may stay: no counts, no state, the queries as they were.
     from vllm_specextend import retriever
+    from vllm_specextend.tuning import DraftTuning
 
     calls = []
 
@@ -233,20 +235,24 @@ def test_the_kernels_warm_up_without_a_trace(device, monkeypatch):
     calls.clear()
     runner = types.SimpleNamespace(input_batch=types.SimpleNamespace())
     proposer = _proposer(device, _layer(device), runner)
-    sampled = []
-    proposer._greedy_sample = lambda hidden: sampled.append(hidden.shape)
+    logits = []  # the draft's greedy sample, as a step's: [1, vocab] logits
+
+    def compute_logits(hidden):
+        logits.append(torch.zeros(hidden.shape[0], 100, device=hidden.device))
+        return logits[-1]
+
+    proposer.model = types.SimpleNamespace(compute_logits=compute_logits)
     proposer.draft_model_config = types.SimpleNamespace(get_hidden_size=lambda: 64)
     proposer.dtype = torch.float32
-    proposer._tuning = types.SimpleNamespace(argmax=None if device.type == "cpu"
-                                             else object())
+    proposer._vocab_rows = None
+    proposer._tuning = DraftTuning.from_env(device)  # a GPU's: the Triton argmax
+    proposer.use_local_argmax_reduction = proposer.use_heterogeneous_vocab = False
     before = proposer.retriever.query_buf.clone()
     proposer.warm_up_kernels()
     assert len(calls) == 1 and calls[0] in steps, (calls, steps)
+    assert [t.shape for t in logits] == [torch.Size([1, 100])]
     if device.type == "cuda":
         torch.cuda.synchronize()
-        assert sampled == [torch.Size([1, 64])]
-    else:
-        assert sampled == []  # the torch argmax: nothing to compile
     assert torch.equal(proposer.retriever.query_buf, before)
     assert proposer.stats.snapshot() == type(proposer.stats)().snapshot()
     assert len(proposer.state) == 0

@@ -34,7 +34,7 @@ class _VllmConfig:
                                                      model="draft"),
             num_speculative_tokens=3,
         )
-        self.cache_config = types.SimpleNamespace(block_size=16)
+        self.cache_config = types.SimpleNamespace(block_size=16, cache_dtype="auto")
         self.model_config = types.SimpleNamespace(
             max_model_len=4096, model="target",
             get_num_layers_by_block_type=lambda parallel, kind: 4,

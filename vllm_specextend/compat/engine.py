@@ -45,15 +45,16 @@ def engine_facts(vllm_config) -> dict[str, Any]:
             getattr(vllm_config, "scheduler_config", None), "max_num_batched_tokens", None
         ),
         target_position_rows=position_rows(vllm_config),
+        kv_cache_dtype=vllm_config.cache_config.cache_dtype,
     )
 
 
 def position_rows(vllm_config) -> int:
     """Rows of the target's positions the runner hands the drafter: 3 for an
     M-RoPE target, its XD-RoPE dimensions for one of those, else 1. vLLM 0.26
-    reduces them to their first row for a draft without its own multi-row
-    RoPE (``SpecDecodeBaseProposer._set_positions``); the plugin's own draft
-    inputs (the pooled pass, the draft routine's buffers) are one row."""
+    hands the drafter such positions as they are, and reduces them to one row
+    only on some of its paths; the plugin's own draft inputs (the pooled
+    pass, the draft routine's buffers) are one row."""
     config = getattr(vllm_config, "model_config", None)
     if getattr(config, "uses_mrope", False) is True:
         return 3
