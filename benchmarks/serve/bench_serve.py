@@ -623,6 +623,18 @@ def async_scheduling(log: Path) -> bool | None:
     return found[-1] == "enabled" if found else None
 
 
+def jit_after_start(log: Path) -> list[str]:
+    """Kernels vLLM's JIT monitor saw compile after the server said it was
+    starting (``Starting vLLM server``), in order: each compiled inside the
+    first requests (here the bench's warm-up prompts), a latency spike a
+    user's first request pays. Empty where no monitor runs (CPU)."""
+    text = log.read_text(errors="replace")
+    start = text.find("Starting vLLM server")
+    if start < 0:
+        return []
+    return re.findall(r"JIT compilation during inference: (\w+)", text[start:])
+
+
 def resolved_prompt_pool(log: Path) -> int | None:
     """What ``draft_prompt_pool`` became on the server's engine (its default
     ``"auto"`` resolved), from the worker's "SpecExtend enabled" line: the
@@ -709,7 +721,8 @@ def run_mode(args, client: BenchClient, mode: str, warmups: dict[int, str],
     except (RuntimeError, OSError) as e:
         record["error"] = str(e)
     if "command" in record:
-        record.update(forced_stop=server.forced_stop, log_errors=log_errors(log)[:5])
+        record.update(forced_stop=server.forced_stop, log_errors=log_errors(log)[:5],
+                      jit_after_start=jit_after_start(log))
     out.write_text(json.dumps(result, indent=1))
 
 
@@ -861,14 +874,17 @@ def table(result: dict) -> str:
                     f"completed req/s: high is at most {CAPACITY_SHARE:.0%} of it.")
         out += [f"Rates found (`--find-rate`) on the {probes['mode']} server: "
                 f"probes at {runs}; {end}", ""]
-    out += ["| server | start-up s | async scheduling | stopped cleanly |",
-            "|---|---|---|---|"]
+    out += ["| server | start-up s | async scheduling | stopped cleanly "
+            "| kernels compiled after start-up |",
+            "|---|---|---|---|---|"]
     for s in result["servers"]:
         if "error" in s:
-            out.append(f"| {series(s)} | error: {error_cell(s['error'])} | | |")
+            out.append(f"| {series(s)} | error: {error_cell(s['error'])} | | | |")
             continue
+        jit = s.get("jit_after_start")  # none in files from before it was read
         out.append(f"| {series(s)} | {s['startup_s']:.0f} | {s['async_scheduling']} "
-                   f"| {stopped_cleanly(s)} |")
+                   f"| {stopped_cleanly(s)} "
+                   f"| {'not recorded' if jit is None else ', '.join(jit) or 'none'} |")
     meta, cfg = result["meta"], result["meta"]["config"]
     synthetic = (f"synthetic acceptance length {cfg['acceptance_length']}"
                  if cfg["acceptance_length"] > 0 else "real acceptance")

@@ -69,6 +69,7 @@ def test_servers(run):
         assert "error" not in server, server
         assert isinstance(server["async_scheduling"], bool)
         assert server["forced_stop"] == [] and server["log_errors"] == []
+        assert server["jit_after_start"] == []  # no JIT monitor on CPU
         args = shlex.split(server["command"])
         # The servers differ in the speculation flags only.
         assert ("--speculative-config" in args) == (mode != "plain")
@@ -163,6 +164,24 @@ def test_summary_and_plots(run):
         for workload in WORKLOADS:
             png = out / f"serve_{workload}_{INPUT_LEN}.png"
             assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_kernels_compiled_after_start_up_are_read_from_the_log(tmp_path):
+    # Lines of an H200 server's log (serve/20261129T1137Z_*, self_draft).
+    warn = ("(EngineCore pid=2641) WARNING 11-29 11:39:{} [jit_monitor.py:135] "
+            "Triton kernel JIT compilation during inference: {}. This causes a "
+            "latency spike; consider extending warmup to cover this shape/config.")
+    log = tmp_path / "serve.log"
+    log.write_text("\n".join([
+        warn.format("23", "copy_and_expand_eagle_inputs_kernel"),  # start-up
+        "(APIServer pid=2551) INFO 11-29 11:39:26 [api_server.py:677] Starting "
+        "vLLM server on http://127.0.0.1:60825",
+        warn.format("28", "_argmax_parts_kernel"),
+        warn.format("31", "_block_lse_kernel"), ""]))
+    assert bench_serve.jit_after_start(log) == ["_argmax_parts_kernel",
+                                                "_block_lse_kernel"]
+    log.write_text(warn.format("23", "x_kernel"))  # never started: nothing after
+    assert bench_serve.jit_after_start(log) == []
 
 
 def test_a_server_error_cell_names_its_cause():
