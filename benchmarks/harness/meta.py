@@ -29,7 +29,11 @@ def package_version(name: str) -> str | None:
 
 
 def git_commit() -> str | None:
-    """``$SPECEXTEND_COMMIT`` where set, else HEAD of this checkout.
+    """``$SPECEXTEND_COMMIT`` where set, else HEAD of this checkout, with
+    ``-dirty`` where the plugin's or the benches' code differs from it
+    (untracked files too; result files aside), as ``prepare.sh`` marks a
+    packed tree: an experiment run from an edited checkout must not read as
+    HEAD's.
 
     On a GPU host ``host_run.sh`` sets it from ``.gpu/wheel/COMMIT``, the
     tree ``prepare.sh`` packed (``-dirty``: its code differed from HEAD;
@@ -42,7 +46,11 @@ def git_commit() -> str | None:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT,
                                 capture_output=True, text=True).stdout.strip()
         if commit:
-            return commit
+            edited = subprocess.run(
+                ["git", "status", "--porcelain", "--", "vllm_specextend",
+                 "benchmarks", ":!benchmarks/results"],
+                cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
+            return f"{commit}-dirty" if edited else commit
     return None
 
 

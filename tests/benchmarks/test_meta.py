@@ -10,11 +10,34 @@ def test_the_packed_trees_commit_comes_first(monkeypatch):
     assert git_commit() == "0123abc-dirty"
 
 
-def test_without_a_pack_the_commit_is_head(monkeypatch):
+def _git(root, *args) -> str:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_without_a_pack_the_commit_is_head_and_says_an_edit(monkeypatch, tmp_path):
+    """Where the plugin's or the benches' code differs from HEAD the commit
+    says ``-dirty``, as prepare.sh's does; a new result file does not."""
+    from benchmarks.harness import meta
+
     monkeypatch.delenv("SPECEXTEND_COMMIT", raising=False)
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT,
-                          capture_output=True, text=True).stdout.strip()
-    assert git_commit() == (head or None)
+    monkeypatch.setattr(meta, "REPO_ROOT", tmp_path)
+    _git(tmp_path, "init", "-q")
+    for part in ("vllm_specextend/a.py", "benchmarks/b.py"):
+        (tmp_path / part).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / part).write_text(part)
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    head = _git(tmp_path, "rev-parse", "HEAD")
+    assert git_commit() == head
+    (tmp_path / "benchmarks/results").mkdir()
+    (tmp_path / "benchmarks/results/r.json").write_text("{}")
+    assert git_commit() == head
+    (tmp_path / "vllm_specextend/a.py").write_text("edited")
+    assert git_commit() == f"{head}-dirty"
+    _git(tmp_path, "checkout", "-q", "--", "vllm_specextend/a.py")
+    (tmp_path / "benchmarks/new.py").write_text("")  # untracked code
+    assert git_commit() == f"{head}-dirty"
 
 
 def _tree_hash(root) -> str:
