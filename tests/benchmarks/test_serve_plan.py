@@ -184,10 +184,15 @@ def test_server_table_says_what_it_knows_of_each_stop(tmp_path):
     result["servers"][1]["forced_stop"] = ["processes of group 7 left: SIGKILL"]
     del result["servers"][2]["forced_stop"]
     result["meta"]["note"] = "The plain call was cut short."
+    result["servers"][0]["jit_after_start"] = ["_block_lse_kernel", "x_kernel"]
+    result["servers"][1]["jit_after_start"] = []
     text = bench_serve.table(result)
-    stops = [line.rsplit("|", 2)[1].strip()
-             for line in text.split("| server |")[1].splitlines()[2:] if line.startswith("|")]
-    assert stops[:3] == ["yes", "no", "not recorded"], stops
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]]
+            for line in text.split("| server |")[1].splitlines()[2:] if line.startswith("|")]
+    assert [r[3] for r in rows[:3]] == ["yes", "no", "not recorded"], rows
+    # The kernels compiled after start-up; none read from an older file.
+    assert [r[4] for r in rows[:3]] == ["_block_lse_kernel, x_kernel", "none",
+                                        "not recorded"], rows
     assert text.rstrip().endswith("The plain call was cut short.")
 
 
@@ -765,6 +770,7 @@ def test_find_rate_probes_on_the_first_server_only(tiny_target, long_prompts,
     monkeypatch.setattr(bench_serve, "log_errors", lambda log: [])
     monkeypatch.setattr(bench_serve, "async_scheduling", lambda log: True)
     monkeypatch.setattr(bench_serve, "resolved_prompt_pool", lambda log: None)
+    monkeypatch.setattr(bench_serve, "jit_after_start", lambda log: [])
     (tmp_path / "logs").mkdir()
     result = {"meta": {"config": {}}, "servers": [], "results": []}
     for mode in args.modes:
@@ -830,6 +836,7 @@ def test_a_probe_that_fails_stops_the_table(tiny_target, long_prompts, tmp_path,
     monkeypatch.setattr(bench_serve, "log_errors", lambda log: [])
     monkeypatch.setattr(bench_serve, "async_scheduling", lambda log: True)
     monkeypatch.setattr(bench_serve, "resolved_prompt_pool", lambda log: None)
+    monkeypatch.setattr(bench_serve, "jit_after_start", lambda log: [])
     monkeypatch.setattr(bench_serve, "BenchClient", _NoClient)
     monkeypatch.setattr(bench_serve, "plan", lambda args: (warmups, cells))
     monkeypatch.setattr(bench_serve, "table", lambda result: "")
