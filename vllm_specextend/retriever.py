@@ -144,7 +144,7 @@ class Retriever:
             kv_cache,
             block_table,
             ctx_lens.to(torch.int32),
-            -(-max_ctx // self.block_size),
+            -(-max_ctx // kv_cache.shape[2]),  # blocks
             self.layer.impl.scale,
             self._key_order,
         )
@@ -160,7 +160,8 @@ class Retriever:
         server's first request. Same calls as a retrieval, so the same kernel
         specialisation; no collective (each rank compiles its own)."""
         one = torch.zeros(1, dtype=torch.int64, device=self.device)  # [1]
-        table = torch.zeros(1, 16, dtype=torch.int32, device=self.device)  # [1, 16]
+        # [1, 16]: a row stride that is a multiple of 16, as a real table's.
+        table = torch.zeros(1, 16, dtype=torch.int32, device=self.device)
         ctx = torch.ones(1, dtype=torch.int32, device=self.device)  # [1]
         self._block_lse(one, table, ctx, 1)
 
