@@ -32,13 +32,17 @@ left out.
 A serving file's rows at a request rate (``bench_serve --request-rates``) are
 ``"bench": "serve_rate"`` rows, one per (result file, mode, draft, workload,
 context, request rate): ``"request_rate"`` (requests/s, Poisson arrivals),
-``"load"`` (its label: "low", "high" or None), ``"goodput_slo"`` (the SLOs in
+``"load"`` (its label: "low", "high" or None), ``"requests"`` (requests a
+run), ``"goodput_slo"`` (the SLOs in
 ms, e.g. ``{"ttft": 20000, "tpot": 50}``, or None), and per run: ``tok_s``
 (output tok/s: every output token over the run's time), ``ttft_p50_ms``,
 ``tpot_p50_ms``, ``goodput`` (completed requests per second that met the
 SLOs; None without SLOs) and ``in_flight`` (mean requests in flight). Their
-headline tables give TPOT and TTFT p50 per (workload, context, load) and rate,
-a column per mode; lower is better there, ratios included.
+headline tables give TPOT and TTFT p50 per (workload, context, load, queue,
+requests a run) and rate, a column per mode; lower is better there, ratios
+included. Runs of fewer requests are a cell of their own: a shorter run's
+first and last requests overlap fewer others, so its latencies are not the
+longer run's.
 
 ``--write`` replaces what lies between ``<!-- summary:start -->`` and
 ``<!-- summary:end -->`` in each file with the headline tables, one per bench
@@ -162,7 +166,7 @@ def rate_row(result: dict, r: dict, ok: list[dict], file: str) -> dict:
             "variant": variant(result, r["mode"], r), "draft": r["draft"],
             "workload": r["workload"], "context": r["input_len"],
             "request_rate": r["request_rate"], "load": r.get("load"),
-            "goodput_slo": r.get("goodput_slo"),
+            "requests": r.get("num_prompts"), "goodput_slo": r.get("goodput_slo"),
             "tok_s": [run["output_throughput"] for run in ok],
             "ttft_p50_ms": [run["median_ttft_ms"] for run in ok],
             "tpot_p50_ms": [run["median_tpot_ms"] for run in ok],
@@ -402,6 +406,10 @@ def decode_cells(rows: list[dict]) -> list[dict]:
             or (r["draft"] is None and (r["file"], r["context"], r["batch"]) in shown)]
 
 
+# A serve_rate line's key: runs of another length are another measurement.
+RATE_KEYS = ["workload", "context", "load", "queue", "requests"]
+
+
 def render(rows: list[dict], link_base: Path | None = None) -> str:
     """The headline tables (markdown), links relative to ``link_base``."""
     speed = [r for r in rows if r["synthetic_acceptance"] and not r.get("variant")]
@@ -420,15 +428,14 @@ def render(rows: list[dict], link_base: Path | None = None) -> str:
          "output_tok_s"),
         # Issue #45: at a request rate the latencies are what operators size
         # by (lower is better, so are the ratios).
-        ("serve_rate", "serve at a request rate", "request_rate",
-         ["workload", "context", "load", "queue"], "TPOT p50 ms (lower is "
-         "better; Poisson arrivals at the rate, req/s; queue: whether the "
-         f"runs' later requests waited over {QUEUE_GROWTH:g} times as long for "
-         "their first token as the earlier ones, past the server's capacity)",
+        ("serve_rate", "serve at a request rate", "request_rate", RATE_KEYS,
+         "TPOT p50 ms (lower is better; Poisson arrivals at the rate, req/s; "
+         "queue: whether the runs' later requests waited over "
+         f"{QUEUE_GROWTH:g} times as long for their first token as the earlier "
+         "ones, past the server's capacity; requests: requests a run)",
          "tpot_p50_ms"),
-        ("serve_rate", "serve at a request rate", "request_rate",
-         ["workload", "context", "load", "queue"], "TTFT p50 ms (lower is better)",
-         "ttft_p50_ms"),
+        ("serve_rate", "serve at a request rate", "request_rate", RATE_KEYS,
+         "TTFT p50 ms (lower is better)", "ttft_p50_ms"),
     ):
         mine = [r for r in speed if r["bench"] == bench and r.get(metric)
                 # End to end holds a prefill only where the prompts were fresh.

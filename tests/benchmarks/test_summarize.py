@@ -395,9 +395,9 @@ def test_serving_rows_at_a_request_rate(results):
     text = summarize.render(summarize.summarize(results))
     tpot, ttft = text.split("**serve at a request rate**: TPOT")[1].split(
         "**serve at a request rate**: TTFT")
-    assert ("| long | 16K | high | – | d | 0.5 | 80.0 (1 run) · 90% | "
+    assert ("| long | 16K | high | – | – | d | 0.5 | 80.0 (1 run) · 90% | "
             "41.0 (40.0–42.0) · 90% | – | 0.51 |") in tpot
-    assert ("| long | 16K | high | – | d | 0.5 | 1000 (1 run) · 90% | "
+    assert ("| long | 16K | high | – | – | d | 0.5 | 1000 (1 run) · 90% | "
             "850 (800–900) · 90% | – | 0.85 |") in ttft
     # Runs whose later requests waited far longer for their first token ran
     # past the server's capacity: their line says the queue grew.
@@ -406,19 +406,47 @@ def test_serving_rows_at_a_request_rate(results):
     file.write_text(json.dumps(_serve([{**rate, "runs": grew}, plain])))
     rows = summarize.summarize(results)
     assert {r["queue"] for r in rows if "20261210" in r["file"]} == {"grew"}
-    assert "| long | 16K | high | grew | d | 0.5 | 80.0 (1 run)" in summarize.render(rows)
+    assert "| long | 16K | high | grew | – | d | 0.5 | 80.0 (1 run)" in summarize.render(rows)
     file.write_text(json.dumps(_serve([rate, _serve_row("plain", [10.0, 12.0])])))
     rows = [r for r in summarize.summarize(results) if "20261210" in r["file"]]
     assert [r["bench"] for r in rows] == ["serve_rate", "serve"]
     assert rows[0] == {
         "bench": "serve_rate", "device": "GPU", "mode": "spec_extend", "variant": None,
         "draft": "d", "workload": "long", "context": 16384, "request_rate": 0.5,
-        "load": "high", "goodput_slo": {"ttft": 20000.0, "tpot": 50.0},
-        "tok_s": [100.0, 110.0], "ttft_p50_ms": [900.0, 800.0],
+        "load": "high", "requests": None,
+        "goodput_slo": {"ttft": 20000.0, "tpot": 50.0}, "tok_s": [100.0, 110.0], "ttft_p50_ms": [900.0, 800.0],
         "tpot_p50_ms": [40.0, 42.0], "goodput": [0.5, 0.4], "in_flight": [15.0, 17.0],
         "ttft_growth": [None, None], "queue": None, "gpu_busy": [0.9, None], "file": "serve/20261210T0000Z/results.json",
         "synthetic_acceptance": 3.0, "date_utc": "d"}
     assert rows[1]["concurrency"] == 4 and rows[1]["tok_s"] == [10.0, 12.0]
+
+
+def test_runs_of_fewer_requests_are_a_line_of_their_own(results):
+    """A newer file at the same rate and load with 16 requests a run does not
+    take the 32-request line's cells: a shorter run is another measurement.
+    Each line's ratio divides within its own file."""
+    def rate_file(stamp, requests, plain_tpot, spec_tpot):
+        rows = [{"workload": "long", "input_len": 32768, "mode": mode,
+                 "draft": draft, "concurrency": None, "request_rate": 0.24,
+                 "load": "low", "num_prompts": requests,
+                 "runs": [{"output_throughput": 100.0, "median_ttft_ms": 1000.0,
+                           "median_tpot_ms": tpot}]}
+                for mode, draft, tpot in (("plain", None, plain_tpot),
+                                          ("spec_extend", "d", spec_tpot))]
+        file = results / "serve" / stamp / "results.json"
+        file.parent.mkdir()
+        file.write_text(json.dumps(_serve(rows)))
+    rate_file("20261210T0000Z", 32, 9.6, 6.1)
+    rate_file("20261211T0000Z", 16, 8.8, 5.1)
+    rows = summarize.summarize(results)
+    assert sorted(r["requests"] for r in rows if r["bench"] == "serve_rate") == [
+        16, 16, 32, 32]
+    tpot = summarize.render(rows).split("**serve at a request rate**: TPOT")[1]
+    tpot = tpot.split("**serve at a request rate**: TTFT")[0]
+    assert ("| long | 32K | low | – | 16 | d | 0.24 | 8.8 (1 run) | 5.1 (1 run) | – "
+            "| 0.58 |") in tpot
+    assert ("| long | 32K | low | – | 32 | d | 0.24 | 9.6 (1 run) | 6.1 (1 run) | – "
+            "| 0.64 |") in tpot
 
 
 def test_fresh_and_cached_prompts_are_cells_of_their_own(results):
