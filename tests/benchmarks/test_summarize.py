@@ -414,7 +414,8 @@ def test_serving_rows_at_a_request_rate(results):
         "bench": "serve_rate", "device": "GPU", "mode": "spec_extend", "variant": None,
         "draft": "d", "workload": "long", "context": 16384, "request_rate": 0.5,
         "load": "high", "requests": None,
-        "goodput_slo": {"ttft": 20000.0, "tpot": 50.0}, "tok_s": [100.0, 110.0], "ttft_p50_ms": [900.0, 800.0],
+        "goodput_slo": {"ttft": 20000.0, "tpot": 50.0}, "tok_s": [100.0, 110.0],
+        "ttft_p50_ms": [900.0, 800.0],
         "tpot_p50_ms": [40.0, 42.0], "goodput": [0.5, 0.4], "in_flight": [15.0, 17.0],
         "ttft_growth": [None, None], "queue": None, "gpu_busy": [0.9, None], "file": "serve/20261210T0000Z/results.json",
         "synthetic_acceptance": 3.0, "date_utc": "d"}
