@@ -758,7 +758,8 @@ BURST_HEAD = ("| mode | concurrency | runs | failed requests | output tok/s "
               "| decode tok/s | GPU busy % | TTFT ms p50 / p99 | TPOT ms p50 / p99 "
               "| ITL ms p50 / p99 | first tokens over s / last one's decode s "
               "| acceptance length | draft context |")
-RATE_HEAD = ("| mode | request rate /s | load | runs | failed requests | output tok/s "
+RATE_HEAD = ("| mode | request rate /s | load | requests a run | runs | failed requests "
+             "| output tok/s "
              "| goodput req/s | in flight | decode tok/s | GPU busy % "
              "| TTFT ms p50 / p90 / p99 | TPOT ms p50 / p90 / p99 "
              "| ITL ms p50 / p90 / p99 | acceptance length | draft context |")
@@ -793,6 +794,7 @@ def _burst_line(r: dict, ok: list[dict]) -> str:
 def _rate_line(r: dict, ok: list[dict]) -> str:
     p3 = ("p50", "p90", "p99")
     return (f"| {series(r)} | {r['request_rate']:g} | {r['load'] or '–'} "
+            f"| {r.get('num_prompts') or '–'} "
             f"| {len(ok)}/{len(r['runs'])} | {r['failed_requests']} "
             f"| {_s(r['output_tok_s'])} | {_s(r['goodput'], 2)} "
             f"| {_s(r['in_flight'], 1)} | {_s(r['decode_tok_s'])} "

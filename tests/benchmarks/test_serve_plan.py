@@ -602,13 +602,15 @@ def test_rate_rows_and_their_table(tmp_path):
     assert rates.startswith("### long at request rates: 256-token inputs, 16 output")
     lines = [ln for ln in rates.splitlines() if ln.startswith("| ")]
     assert lines[0] == bench_serve.RATE_HEAD
-    assert [ln.split(" | ")[:5] for ln in lines[1:]] == [
-        ["| plain", "0.5", "low", "3/3", "3"], ["| plain", "2", "high", "3/3", "3"],
-        ["| spec_extend", "2", "high", "3/3", "3"]]
+    # Requests a run beside the runs: a shorter run is another measurement.
+    assert [ln.split(" | ")[:6] for ln in lines[1:]] == [
+        ["| plain", "0.5", "low", "8", "3/3", "3"],
+        ["| plain", "2", "high", "8", "3/3", "3"],
+        ["| spec_extend", "2", "high", "8", "3/3", "3"]]
     # output tok/s, goodput, in flight; TTFT p50 / p90 / p99
-    assert lines[1].split(" | ")[5:8] == ["6 (6–6)", "0.50 (0.50–0.50)",
+    assert lines[1].split(" | ")[6:9] == ["6 (6–6)", "0.50 (0.50–0.50)",
                                           "2.0 (1.0–3.0)"]
-    assert lines[1].split(" | ")[10] == "600 (600–600) / 840 (840–840) / 894 (894–894)"
+    assert lines[1].split(" | ")[11] == "600 (600–600) / 840 (840–840) / 894 (894–894)"
     assert "Goodput: the completed requests per second that met TTFT ≤ 20000 ms, " \
         "TPOT ≤ 50 ms." in rates
     # plain: 2 in flight at 0.5/s, 8 at 2/s: the line through them reaches 16
