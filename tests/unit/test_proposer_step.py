@@ -213,28 +213,36 @@ def _triton_key(*args):
         for a in args if isinstance(a, torch.Tensor))
 
 
-def test_the_kernels_warm_up_without_a_trace(device, monkeypatch):
+@pytest.mark.parametrize("cfg", [CFG, POOLED], ids=["full", "pooled"])
+def test_the_kernels_warm_up_without_a_trace(device, monkeypatch, cfg):
     # Before vLLM's warm-up the plugin scores a one-token context and drafts
     # one greedy token (on a GPU: its Triton kernels compile then, not in a
     # server's first request), with the argument kinds steps use, and
     # nothing of it may stay: no counts, no state, the queries as they were.
+    # The selection too (its torch kernels load on first launch), at the
+    # config's k: the top-k chunks and, pooled, the pool's.
     from vllm_specextend import retriever
     from vllm_specextend.tuning import DraftTuning
 
-    calls = []
+    calls, picks = [], []
 
     def recorded(*args, **kwargs):
         calls.append(_triton_key(*args))
         return block_lse(*args, **kwargs)
 
-    block_lse = retriever.block_lse
+    def picked(mass, lo, hi, k, allowed=None):
+        picks.append((mass.shape[1], k, allowed is not None))
+        return select_chunks(mass, lo, hi, k, allowed)
+
+    block_lse, select_chunks = retriever.block_lse, retriever.select_chunks
     monkeypatch.setattr(retriever, "block_lse", recorded)
-    _run(device, steps=6)
+    _run(device, steps=6, cfg=cfg)
     steps = set(calls)
     assert steps, "the steps scored nothing"
     calls.clear()
+    monkeypatch.setattr(retriever, "select_chunks", picked)
     runner = types.SimpleNamespace(input_batch=types.SimpleNamespace())
-    proposer = _proposer(device, _layer(device), runner)
+    proposer = _proposer(device, _layer(device), runner, cfg)
     logits = []  # the draft's greedy sample, as a step's: [1, vocab] logits
 
     def compute_logits(hidden):
@@ -250,6 +258,11 @@ def test_the_kernels_warm_up_without_a_trace(device, monkeypatch):
     before = proposer.retriever.query_buf.clone()
     proposer.warm_up_kernels()
     assert len(calls) == 1 and calls[0] in steps, (calls, steps)
+    chunks = proposer.max_model_len // cfg.chunk_size + 1
+    want = [(chunks, cfg.top_k, False)]
+    if cfg.draft_prompt_pool is not None:
+        want.append((chunks, cfg.draft_prompt_pool, True))
+    assert picks == want
     assert [t.shape for t in logits] == [torch.Size([1, 100])]
     if device.type == "cuda":
         torch.cuda.synchronize()
