@@ -163,9 +163,9 @@ class Retriever:
         Then the selection's torch kernels (log-sum-exp, top-k, sort) at a
         step's shapes, ``max_chunks`` chunks a row and the config's k: CUDA
         loads a kernel's module on its first launch (lazy loading, torch's
-        default), and with this warm-up scoring only the first retrieval of
-        each server counted ~150 ms of scoring time against 0.2 ms later
-        (H200 serve logs, 2026-11-29)."""
+        default). Warming the scoring kernel alone, a server's first
+        retrieval counted ~148 ms of scoring time against 0.2 ms later; with
+        these, 0.3 ms (H200 serve logs, 2026-11-29, docs/results.md)."""
         one = torch.zeros(1, dtype=torch.int64, device=self.device)  # [1]
         # [1, 16]: a row stride that is a multiple of 16, as a real table's.
         table = torch.zeros(1, 16, dtype=torch.int32, device=self.device)
