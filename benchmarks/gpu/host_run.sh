@@ -422,6 +422,9 @@ PY
     # head with 64K positions; draft_model rows then say eagle3). The calls of
     # one table go to one warm machine; merge them here:
     # python -m benchmarks.merge_results OUT/results.json serve12_*/results.json
+    # SERVE_SERVER_FLAGS: more flags for every server of the call (a
+    # diagnostic: "--jit-monitor-verbose" logs each kernel compile, not only
+    # a kernel's first; the results' command says them).
     # SERVE_STARTUP_TIMEOUT: a server's start limit (300 s; the 70B at TP=4
     # with Ray and a draft takes longer: 600).
     # The bench runs under SERVE_TIMEOUT (480 s); stopping its server takes up
@@ -489,7 +492,8 @@ PY
       --runs 3 --acceptance-length 3.0 ${SERVE_SPEC_EXTEND:+--spec-extend "$SERVE_SPEC_EXTEND"}
       ${SERVE_OUTPUT_LEN:+--long-output-len $SERVE_OUTPUT_LEN}
       --startup-timeout ${SERVE_STARTUP_TIMEOUT:-300} --run-timeout 240 --out-dir "$res"
-      -- --load-format dummy --max-model-len $((len + 1024 + 256)) $(tp_flags "$tp" "$executor"))
+      -- --load-format dummy --max-model-len $((len + 1024 + 256)) $(tp_flags "$tp" "$executor") \
+      ${SERVE_SERVER_FLAGS:-})
     if [ "$detach" = 1 ]; then
       # Still running: the runs finished so far come back too (vLLM's bench
       # files), so a session whose device time ends mid-cell keeps them

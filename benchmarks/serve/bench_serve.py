@@ -627,12 +627,24 @@ def jit_after_start(log: Path) -> list[str]:
     """Kernels vLLM's JIT monitor saw compile after the server said it was
     starting (``Starting vLLM server``), in order: each compiled inside the
     first requests (here the bench's warm-up prompts), a latency spike a
-    user's first request pays. Empty where no monitor runs (CPU)."""
+    user's first request pays. Empty where no monitor runs (CPU). The monitor
+    warns once per kernel name: a kernel compiled again later (Triton
+    specialises an int argument that is 1, or a multiple of 16) shows only
+    under the server flag ``--jit-monitor-verbose``, once per compile."""
     text = log.read_text(errors="replace")
     start = text.find("Starting vLLM server")
     if start < 0:
         return []
     return re.findall(r"JIT compilation during inference: (\w+)", text[start:])
+
+
+def compiled(kernels: list[str]) -> str:
+    """``jit_after_start``'s names for a table cell, in order of their first
+    compile, ``×N`` for one compiled N times (``--jit-monitor-verbose``)."""
+    counts = dict.fromkeys(kernels, 0)
+    for name in kernels:
+        counts[name] += 1
+    return ", ".join(name if n == 1 else f"{name} ×{n}" for name, n in counts.items())
 
 
 def resolved_prompt_pool(log: Path) -> int | None:
@@ -886,7 +898,7 @@ def table(result: dict) -> str:
         jit = s.get("jit_after_start")  # none in files from before it was read
         out.append(f"| {series(s)} | {s['startup_s']:.0f} | {s['async_scheduling']} "
                    f"| {stopped_cleanly(s)} "
-                   f"| {'not recorded' if jit is None else ', '.join(jit) or 'none'} |")
+                   f"| {'not recorded' if jit is None else compiled(jit) or 'none'} |")
     meta, cfg = result["meta"], result["meta"]["config"]
     synthetic = (f"synthetic acceptance length {cfg['acceptance_length']}"
                  if cfg["acceptance_length"] > 0 else "real acceptance")
