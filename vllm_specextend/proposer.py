@@ -86,6 +86,8 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
             compat.allow_long_drafts(runner)
         self._min_context = self.settings.min_view_context
         self._tuning = DraftTuning.from_env(device)
+        if device.type == "cuda":  # before vLLM's spec-decode kernels first run
+            compat.compile_once_per_batch_count()
         if runner is not None and self._tuning.early_output_copy \
                 and getattr(runner, "use_async_scheduling", False):
             compat.copy_outputs_after_sampling(runner)

@@ -488,6 +488,7 @@ def test_declared_patches():
         "GPUModelRunner.kv_caches",
         "GPUModelRunner._sample",
         "parallel_state._TP",
+        "KernelParam.do_not_specialize",
     ]
     table = compat.__doc__
     for patch in compat.PATCHES:

@@ -291,6 +291,23 @@ DRAFT_TP_GROUP = Patch(
     per_instance=True,
 )
 
+BATCH_COUNT_SPECIALISATION = Patch(
+    name="KernelParam.do_not_specialize",
+    target="the num_reqs parameter of vllm.v1.spec_decode.utils' "
+    "eagle_prepare_next_token_padded_kernel and eagle_prepare_inputs_padded_kernel "
+    "(Triton's KernelParam; on a GPU, before their first launch)",
+    why="Triton compiles a kernel again for an int argument that was 1 and is "
+    "not, or turns a multiple of 16, and both kernels take a step's request "
+    "count so: each speculative server compiled them again when a second request "
+    "first joined a step, a 1-3 s stall in H200 serve runs (2026-11-29) that "
+    "vLLM's JIT monitor, warning once per kernel name, left out of its log. Not "
+    "specialised on it (as vLLM leaves rejection_greedy_sample_kernel's "
+    "max_spec_len), each compiles once for every batch.",
+    attrs=("do_not_specialize",),
+    replace=lambda param: {"do_not_specialize": True},
+    per_instance=True,
+)
+
 PATCHES = (
     ENGINE_ARGS_CLI,
     ENGINE_ARGS_CONFIG,
@@ -306,6 +323,7 @@ PATCHES = (
     RUNNER_KV_CACHES,
     EARLY_OUTPUT_COPY,
     DRAFT_TP_GROUP,
+    BATCH_COUNT_SPECIALISATION,
 )
 REGISTRY = PatchRegistry(PATCHES)
 
@@ -421,6 +439,40 @@ def allow_long_drafts(runner) -> None:
     """Let the runner draft for contexts past the draft's max_model_len."""
     if not REGISTRY.is_applied(LONG_DRAFTS, runner):
         REGISTRY.apply(LONG_DRAFTS, runner)
+
+
+BATCH_COUNT_KERNELS = {
+    "eagle_prepare_next_token_padded_kernel": "num_reqs",
+    "eagle_prepare_inputs_padded_kernel": "num_reqs",
+}
+"""vLLM's spec-decode kernels that take a step's request count as an int."""
+
+
+def compile_once_per_batch_count(module=None) -> int:
+    """``BATCH_COUNT_SPECIALISATION`` on ``module``'s kernels (vLLM's
+    ``v1.spec_decode.utils``): the number of kernels it holds for. None where
+    Triton is off (vLLM's CPU platform makes them plain functions) or a kernel
+    was launched already (its arguments' binder is built then)."""
+    if module is None:
+        import importlib
+
+        module = importlib.import_module("vllm.v1.spec_decode.utils")
+    held = 0
+    for name, param_name in BATCH_COUNT_KERNELS.items():
+        kernel = getattr(module, name)
+        params = getattr(kernel, "params", None)
+        if params is None or getattr(kernel, "device_caches", None):
+            continue
+        param = next((p for p in params if p.name == param_name), None)
+        if param is None:
+            raise RuntimeError(
+                f"vllm-specextend: vLLM's {name} has no parameter {param_name}; "
+                "this plugin supports vLLM 0.26.0 only."
+            )
+        if not REGISTRY.is_applied(BATCH_COUNT_SPECIALISATION, param):
+            REGISTRY.apply(BATCH_COUNT_SPECIALISATION, param)
+        held += 1
+    return held
 
 
 def copy_outputs_after_sampling(runner) -> None:
