@@ -11,6 +11,7 @@ them through ``REGISTRY``.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import sys
 from collections.abc import Callable
@@ -450,12 +451,10 @@ BATCH_COUNT_KERNELS = {
 
 def compile_once_per_batch_count(module=None) -> int:
     """``BATCH_COUNT_SPECIALISATION`` on ``module``'s kernels (vLLM's
-    ``v1.spec_decode.utils``): the number of kernels it holds for. None where
-    Triton is off (vLLM's CPU platform makes them plain functions) or a kernel
-    was launched already (its arguments' binder is built then)."""
+    ``v1.spec_decode.utils``); returns how many now compile once. It skips a
+    plain function (vLLM's CPU platform turns Triton off) and a kernel that
+    ran already (the binder of its arguments is built at its first launch)."""
     if module is None:
-        import importlib
-
         module = importlib.import_module("vllm.v1.spec_decode.utils")
     held = 0
     for name, param_name in BATCH_COUNT_KERNELS.items():
