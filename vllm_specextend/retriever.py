@@ -177,10 +177,11 @@ class Retriever:
         mass = chunk_mass(lse, per_chunk)  # [1, max_chunks]
         lo = torch.zeros(1, dtype=torch.int64, device=self.device)  # [1]
         hi = torch.full((1,), max_chunks, dtype=torch.int64, device=self.device)
-        select_chunks(mass, lo, hi, min(self.cfg.top_k, max_chunks))
-        if self.pools is not None:
-            select_chunks(mass, lo, hi, min(self.pools.pool, max_chunks),
-                          self.pools.allowed[:1])
+        allowed = None
+        if self.pools is not None:  # as retrieve: the pool, then the top-k in it
+            select_chunks(mass, lo, hi, min(self.pools.pool, max_chunks))
+            allowed = self.pools.allowed[:1]
+        select_chunks(mass, lo, hi, min(self.cfg.top_k, max_chunks), allowed)
 
     def reset(self) -> None:
         self._key_order = None

@@ -222,10 +222,12 @@ case "$1" in
     timeout 120 python3 -m benchmarks.decode.bench_scoring --out "$OUT/scoring.json" \
       > "$OUT/scoring.log" 2>&1; tail -20 "$OUT/scoring.log" ;;
   gpu-tests)
-    # The plugin's GPU checks: the step without host syncs (a pooled prompt's
-    # step too), self_draft lossless under CUDA graphs, the same chunks with
-    # graphs as eagerly, the kernels.
+    # The plugin's GPU checks: vLLM's spec-decode kernels compiled once for
+    # every request count (first: before any engine runs them), the step
+    # without host syncs (a pooled prompt's step too), self_draft lossless
+    # under CUDA graphs, the same chunks with graphs as eagerly, the kernels.
     timeout ${GPU_TESTS_TIMEOUT:-300} python3 -m pytest -v -p no:cacheprovider \
+      tests/kernels/test_batch_count_gpu.py \
       tests/unit/test_proposer_step.py tests/unit/test_pool_parts.py \
       tests/kernels/test_self_draft_gpu.py \
       tests/kernels/test_capture_gpu.py tests/kernels/test_scoring_triton.py \
@@ -424,7 +426,8 @@ PY
     # python -m benchmarks.merge_results OUT/results.json serve12_*/results.json
     # SERVE_SERVER_FLAGS: more flags for every server of the call (a
     # diagnostic: "--jit-monitor-verbose" logs each kernel compile, not only
-    # a kernel's first; the results' command says them).
+    # a kernel's first; the results' command says them); SERVE_TAG names
+    # its files.
     # SERVE_STARTUP_TIMEOUT: a server's start limit (300 s; the 70B at TP=4
     # with Ray and a draft takes longer: 600).
     # The bench runs under SERVE_TIMEOUT (480 s); stopping its server takes up
@@ -456,8 +459,8 @@ PY
     # default, the speed benches' (a variant: e.g. '{"top_k": 32,
     # "recent_tokens": 256, "draft_prefill_window": 2048}'); SERVE_TAG then
     # names the call's files.
-    if [ -n "${SERVE_SPEC_EXTEND:-}" ] && [ -z "${SERVE_TAG:-}" ]; then
-      echo "SERVE_SPEC_EXTEND needs SERVE_TAG (else its files take the default run's names)" >&2
+    if [ -n "${SERVE_SPEC_EXTEND:-}${SERVE_SERVER_FLAGS:-}" ] && [ -z "${SERVE_TAG:-}" ]; then
+      echo "SERVE_SPEC_EXTEND and SERVE_SERVER_FLAGS need SERVE_TAG (else their files take the default run's names)" >&2
       exit 2
     fi
     # The method names the call's files unless it is draft_model (tags as

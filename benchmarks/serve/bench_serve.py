@@ -630,12 +630,22 @@ def jit_after_start(log: Path) -> list[str]:
     user's first request pays. Empty where no monitor runs (CPU). The monitor
     warns once per kernel name: a kernel compiled again later (Triton
     specialises an int argument that is 1, or a multiple of 16) shows only
-    under the server flag ``--jit-monitor-verbose``, once per compile."""
+    under the server flag ``--jit-monitor-verbose``, once per compile and
+    tensor-parallel rank: a kernel counts as often as the rank that logged
+    it most."""
     text = log.read_text(errors="replace")
     start = text.find("Starting vLLM server")
     if start < 0:
         return []
-    return re.findall(r"JIT compilation during inference: (\w+)", text[start:])
+    ranks: dict[str, list[str]] = {}  # the line's process, "(Worker_TP1 pid=7)"
+    for rank, name in re.findall(r"^(\([^)]*\))?.*JIT compilation during "
+                                 r"inference: (\w+)", text[start:], re.M):
+        ranks.setdefault(rank, []).append(name)
+    counts: dict[str, int] = {}
+    for names in ranks.values():
+        for name in dict.fromkeys(names):
+            counts[name] = max(counts.get(name, 0), names.count(name))
+    return [name for name, n in counts.items() for _ in range(n)]
 
 
 def compiled(kernels: list[str]) -> str:

@@ -182,6 +182,18 @@ def test_kernels_compiled_after_start_up_are_read_from_the_log(tmp_path):
                                                 "_block_lse_kernel"]
     log.write_text(warn.format("23", "x_kernel"))  # never started: nothing after
     assert bench_serve.jit_after_start(log) == []
+    # --jit-monitor-verbose: every compile, on every tensor-parallel rank; a
+    # kernel counts as often as one rank compiled it.
+    start = ("(APIServer pid=2551) INFO 11-29 11:39:26 [api_server.py:677] "
+             "Starting vLLM server on http://127.0.0.1:60825")
+    ranks = [warn.format("28", "a_kernel"), warn.format("29", "b_kernel"),
+             warn.format("30", "a_kernel")]
+    other = [line.replace("EngineCore pid=2641", "Worker_TP1 pid=2700")
+             for line in ranks]
+    log.write_text("\n".join([start, *ranks, *other, ""]))
+    assert bench_serve.jit_after_start(log) == ["a_kernel", "a_kernel", "b_kernel"]
+    assert bench_serve.compiled(bench_serve.jit_after_start(log)) == (
+        "a_kernel ×2, b_kernel")
 
 
 def test_a_server_error_cell_names_its_cause():

@@ -44,7 +44,7 @@ def _launch_key(kernel, num_reqs: int):
     return bind(torch.zeros(4, dtype=torch.int32), num_reqs, BLOCK=8)[1]
 
 
-def test_spec_decode_kernels_compile_once_for_every_request_count():
+def test_spec_decode_kernels_compile_once_for_every_request_count(monkeypatch):
     # vLLM's eagle_prepare_*_padded kernels take a step's request count as an
     # int: Triton compiles them for 1, for a multiple of 16 and for any other
     # count, and a server stalled the first time its batch reached each
@@ -70,7 +70,11 @@ def test_spec_decode_kernels_compile_once_for_every_request_count():
     assert compat.compile_once_per_batch_count(plain) == 0
     plain_and_launched = types.SimpleNamespace(**{names[0]: launched,
                                                   names[1]: lambda *args: None})
+    warned = []
+    monkeypatch.setattr(patches.logger, "warning",
+                        lambda msg, *args: warned.append(msg % args))
     assert compat.compile_once_per_batch_count(plain_and_launched) == 0
+    assert len(warned) == 1 and names[0] in warned[0], warned
     # A kernel without the parameter: vLLM changed; the message says which.
     renamed = types.SimpleNamespace(**dict.fromkeys(names, types.SimpleNamespace(
         params=[types.SimpleNamespace(name="batch_size")], device_caches={})))
@@ -79,5 +83,6 @@ def test_spec_decode_kernels_compile_once_for_every_request_count():
     # vLLM 0.26 names both kernels (on this CPU platform as plain functions).
     from vllm.v1.spec_decode import utils
 
-    on_gpu = [hasattr(getattr(utils, name), "params") for name in names]
-    assert compat.compile_once_per_batch_count() == sum(on_gpu)
+    kernels = [getattr(utils, name) for name in names]
+    unlaunched = [hasattr(k, "params") and not k.device_caches for k in kernels]
+    assert compat.compile_once_per_batch_count() == sum(unlaunched)

@@ -236,11 +236,13 @@ def test_the_kernels_warm_up_without_a_trace(device, monkeypatch, cfg):
 
     block_lse, select_chunks = retriever.block_lse, retriever.select_chunks
     monkeypatch.setattr(retriever, "block_lse", recorded)
+    monkeypatch.setattr(retriever, "select_chunks", picked)
     _run(device, steps=6, cfg=cfg)
     steps = set(calls)
     assert steps, "the steps scored nothing"
+    step_picks = {(k, masked) for _, k, masked in picks}
     calls.clear()
-    monkeypatch.setattr(retriever, "select_chunks", picked)
+    picks.clear()
     runner = types.SimpleNamespace(input_batch=types.SimpleNamespace())
     proposer = _proposer(device, _layer(device), runner, cfg)
     logits = []  # the draft's greedy sample, as a step's: [1, vocab] logits
@@ -259,10 +261,13 @@ def test_the_kernels_warm_up_without_a_trace(device, monkeypatch, cfg):
     proposer.warm_up_kernels()
     assert len(calls) == 1 and calls[0] in steps, (calls, steps)
     chunks = proposer.max_model_len // cfg.chunk_size + 1
-    want = [(chunks, cfg.top_k, False)]
-    if cfg.draft_prompt_pool is not None:
-        want.append((chunks, cfg.draft_prompt_pool, True))
-    assert picks == want
+    pooled = cfg.draft_prompt_pool is not None
+    # As the steps select: the pool over every chunk, then the top-k in it.
+    assert picks == [(chunks, cfg.draft_prompt_pool, False)] * pooled + [
+        (chunks, cfg.top_k, pooled)]
+    assert {(k, masked) for _, k, masked in picks} == step_picks
+    if pooled:
+        assert proposer.pools.allowed.all() and not proposer.pools.pooled.any()
     assert [t.shape for t in logits] == [torch.Size([1, 100])]
     if device.type == "cuda":
         torch.cuda.synchronize()

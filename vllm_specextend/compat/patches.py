@@ -452,15 +452,24 @@ BATCH_COUNT_KERNELS = {
 def compile_once_per_batch_count(module=None) -> int:
     """``BATCH_COUNT_SPECIALISATION`` on ``module``'s kernels (vLLM's
     ``v1.spec_decode.utils``); returns how many now compile once. It skips a
-    plain function (vLLM's CPU platform turns Triton off) and a kernel that
-    ran already (the binder of its arguments is built at its first launch)."""
+    plain function (vLLM's CPU platform turns Triton off) and, with a
+    warning, a kernel that ran already (the binder of its arguments is built
+    at its first launch) without the patch."""
     if module is None:
         module = importlib.import_module("vllm.v1.spec_decode.utils")
     held = 0
     for name, param_name in BATCH_COUNT_KERNELS.items():
         kernel = getattr(module, name)
         params = getattr(kernel, "params", None)
-        if params is None or getattr(kernel, "device_caches", None):
+        if params is None:
+            continue
+        if getattr(kernel, "device_caches", None):
+            if not any(REGISTRY.is_applied(BATCH_COUNT_SPECIALISATION, p)
+                       for p in params):
+                logger.warning(
+                    "SpecExtend: vLLM's %s ran in this process before the "
+                    "plugin's engine: it compiles again when a step first holds "
+                    "2 and 16 requests.", name)
             continue
         param = next((p for p in params if p.name == param_name), None)
         if param is None:
