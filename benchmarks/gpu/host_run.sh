@@ -505,6 +505,8 @@ PY
       detached "$dir" ${SERVE_WAIT_S:-540} "${cmd[@]}" || {
         [ -d "$res/bench" ] && tar -C "$res" -czf "$OUT/serve12_${tag}_partial.tgz" bench
         exit 0; }
+      # Ended: what a first look in this call packed as partial is stale.
+      rm -f "$OUT/serve12_${tag}_partial.tgz"
       cp "$dir/runner.log" "$OUT/serve12_$tag.log"; cp -r "$res" "$OUT/serve12_$tag"
     else
       "${cmd[@]}" > "$OUT/serve12_$tag.log" 2>&1
