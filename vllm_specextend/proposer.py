@@ -448,7 +448,7 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
         sample runs on every device and rank alike (its logits are gathered
         across tensor-parallel ranks), so the CPU engine tests run it too."""
         if self.cfg.policy == "cmr":  # the one policy that scores
-            self.retriever.warm_up(self.max_model_len // self.cfg.chunk_size + 1)
+            self.retriever.warm_up(self._max_chunks(self.cfg))
         hidden = torch.zeros(1, self.draft_model_config.get_hidden_size(),
                              dtype=self.dtype, device=self.device)  # [1, H]
         self._greedy_sample(hidden)

@@ -47,9 +47,8 @@ class Reconfigurable:
         )
         self.pools = None
         if cfg.draft_prompt_pool is not None:
-            max_chunks = self.max_model_len // cfg.chunk_size + 1
             self.pools = PromptPools(self.state.num_slots, cfg.draft_prompt_pool,
-                                     max_chunks, self.device)
+                                     self._max_chunks(cfg), self.device)
         # Under async scheduling seq is optimistic by up to K accepted drafts.
         margin = self.speculative_config.num_speculative_tokens
         self.planner = StepPlanner(cfg, self.state, self._min_context, margin,
@@ -63,6 +62,11 @@ class Reconfigurable:
         # A proposer built without __init__ (unit tests) captures nothing.
         if getattr(self, "capture", None) is not None:
             self.capture.drop()
+
+    def _max_chunks(self, cfg: SpecExtendConfig) -> int:
+        """Chunk ids a row can reach at the engine's ``max_model_len``: a
+        pool's width, the selection's widest step."""
+        return self.max_model_len // cfg.chunk_size + 1
 
     def reconfigure(self, cfg: SpecExtendConfig) -> None:
         """Benchmarks only: switch policy or parameters between runs on one

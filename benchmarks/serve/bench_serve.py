@@ -114,6 +114,7 @@ import statistics
 import sys
 import time
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -637,24 +638,21 @@ def jit_after_start(log: Path) -> list[str]:
     start = text.find("Starting vLLM server")
     if start < 0:
         return []
-    ranks: dict[str, list[str]] = {}  # the line's process, "(Worker_TP1 pid=7)"
+    ranks: dict[str, Counter] = {}  # the line's process, "(Worker_TP1 pid=7)"
     for rank, name in re.findall(r"^(\([^)]*\))?.*JIT compilation during "
                                  r"inference: (\w+)", text[start:], re.M):
-        ranks.setdefault(rank, []).append(name)
-    counts: dict[str, int] = {}
-    for names in ranks.values():
-        for name in dict.fromkeys(names):
-            counts[name] = max(counts.get(name, 0), names.count(name))
-    return [name for name, n in counts.items() for _ in range(n)]
+        ranks.setdefault(rank, Counter())[name] += 1
+    counts = Counter()
+    for compiles in ranks.values():
+        counts |= compiles  # a kernel: the most compiles of one rank
+    return list(counts.elements())
 
 
 def compiled(kernels: list[str]) -> str:
     """``jit_after_start``'s names for a table cell, in order of their first
     compile, ``×N`` for one compiled N times (``--jit-monitor-verbose``)."""
-    counts = dict.fromkeys(kernels, 0)
-    for name in kernels:
-        counts[name] += 1
-    return ", ".join(name if n == 1 else f"{name} ×{n}" for name, n in counts.items())
+    return ", ".join(name if n == 1 else f"{name} ×{n}"
+                     for name, n in Counter(kernels).items())
 
 
 def resolved_prompt_pool(log: Path) -> int | None:
