@@ -223,11 +223,12 @@ case "$1" in
       > "$OUT/scoring.log" 2>&1; tail -20 "$OUT/scoring.log" ;;
   gpu-tests)
     # The plugin's GPU checks: vLLM's spec-decode kernels compiled once for
-    # every request count (first: before any engine runs them), the step
-    # without host syncs (a pooled prompt's step too), self_draft lossless
-    # under CUDA graphs, the same chunks with graphs as eagerly, the kernels.
+    # every step shape, the input copy once a block at warm-up (first: before
+    # any engine runs them), the step without host syncs (a pooled prompt's
+    # step too), self_draft lossless under CUDA graphs, the same chunks with
+    # graphs as eagerly, the kernels.
     timeout ${GPU_TESTS_TIMEOUT:-300} python3 -m pytest -v -p no:cacheprovider \
-      tests/kernels/test_batch_count_gpu.py \
+      tests/kernels/test_step_shape_gpu.py \
       tests/unit/test_proposer_step.py tests/unit/test_pool_parts.py \
       tests/kernels/test_self_draft_gpu.py \
       tests/kernels/test_capture_gpu.py tests/kernels/test_scoring_triton.py \

@@ -257,8 +257,36 @@ def test_the_kernels_warm_up_without_a_trace(device, monkeypatch, cfg):
     proposer._vocab_rows = None
     proposer._tuning = DraftTuning.from_env(device)  # a GPU's: the Triton argmax
     proposer.use_local_argmax_reduction = proposer.use_heterogeneous_vocab = False
+    # vLLM's copy of a step's inputs into the draft's buffers (the draft-model
+    # pathway's), once for every block of tokens a step can pick.
+    from vllm.v1.spec_decode import llm_base_proposer
+
+    from vllm_specextend.compat.kernels import INPUT_COPY_BLOCKS
+
+    copy_kernel, blocks = llm_base_proposer.copy_and_expand_eagle_inputs_kernel, []
+
+    class CopyLaunches:
+        def __getitem__(self, grid):
+            def launch(**kwargs):
+                blocks.append((grid, kwargs["BLOCK_SIZE_TOKENS"]))
+                if device.type == "cuda":
+                    copy_kernel[grid](**kwargs)
+            return launch
+
+    monkeypatch.setattr(llm_base_proposer, "copy_and_expand_eagle_inputs_kernel",
+                        CopyLaunches())
+    tokens = 64
+    proposer.needs_extra_input_slots, proposer.extra_slots_per_request = True, 1
+    proposer.parallel_drafting_token_id = 0
+    proposer.pass_hidden_states_to_model = False
+    proposer.input_ids = torch.zeros(tokens, dtype=torch.int32, device=device)
+    proposer.positions = torch.zeros(tokens, dtype=torch.int64, device=device)
+    proposer.is_rejected_token_mask = torch.zeros(tokens, dtype=torch.bool,
+                                                  device=device)
+    proposer.is_masked_token_mask = torch.zeros_like(proposer.is_rejected_token_mask)
     before = proposer.retriever.query_buf.clone()
     proposer.warm_up_kernels()
+    assert blocks == [((1, 1), b) for b in INPUT_COPY_BLOCKS]
     assert len(calls) == 1 and calls[0] in steps, (calls, steps)
     chunks = proposer.max_model_len // cfg.chunk_size + 1
     pooled = cfg.draft_prompt_pool is not None

@@ -57,7 +57,8 @@ EAGLE-3 ``model.fc.input_size``                     read        width of the hea
 ``distributed`` TP rank, all-reduce, broadcast      call        one chunk choice across TP ranks
 ``parallel_state.graph_capture``                    call        draft routine's collectives captured
 ``parallel_state._TP``                              patch       a replicated draft's one-rank TP group
-``KernelParam.do_not_specialize``                   patch       spec-decode kernels: one compile a batch
+``KernelParam.do_not_specialize``                   patch       spec-decode kernels: one compile a shape
+``copy_and_expand_eagle_inputs_kernel``             call        compiled per block at warm-up
 ==================================================  ==========  =======================================
 
 Each ``patch`` row is a declared patch in ``compat.patches`` (``PATCHES``),
@@ -124,13 +125,14 @@ from vllm_specextend.compat.layers import (
     rotary_embeddings,
     target_attention,
 )
+from vllm_specextend.compat.kernels import warm_up_input_copies
 from vllm_specextend.compat.patches import (
     PATCHES,
     PLATFORM_WORKERS,
     REGISTRY,
     allow_long_drafts,
     apply_process_patches,
-    compile_once_per_batch_count,
+    compile_once_per_step_shape,
     copy_outputs_after_sampling,
     extend_rope,
     report_errors_briefly,
@@ -161,7 +163,7 @@ __all__ = [
     "apply_process_patches", "attention_layer", "capture_stream", "batch_num_prompt_tokens", "row_token_ids",
     "batch_req_ids", "batch_seq_lens_cpu", "block_table_width",
     "check_touch_points", "copy_outputs_after_sampling", "decode_attn_metadata",
-    "draft_graph_blocker", "compile_once_per_batch_count",
+    "draft_graph_blocker", "compile_once_per_step_shape", "warm_up_input_copies",
     "schedule_draft_attention",
     "eagle_input_width", "set_attn_splits",
     "check_vllm_version", "cpu_key_order", "engine_facts",

@@ -292,18 +292,23 @@ DRAFT_TP_GROUP = Patch(
     per_instance=True,
 )
 
-BATCH_COUNT_SPECIALISATION = Patch(
+STEP_SHAPE_SPECIALISATION = Patch(
     name="KernelParam.do_not_specialize",
-    target="the num_reqs parameter of vllm.v1.spec_decode.utils' "
-    "eagle_prepare_next_token_padded_kernel and eagle_prepare_inputs_padded_kernel "
-    "(Triton's KernelParam; on a GPU, before their first launch)",
+    target="the parameters STEP_SHAPE_PARAMS names of vllm.v1.spec_decode.utils' "
+    "eagle_prepare_next_token_padded_kernel, eagle_prepare_inputs_padded_kernel "
+    "and copy_and_expand_eagle_inputs_kernel (Triton's KernelParam; on a GPU, "
+    "before their first launch)",
     why="Triton compiles a kernel again for an int argument that was 1 and is "
-    "not, or turns a multiple of 16, and both kernels take a step's request "
-    "count so: each speculative server compiled them again when a second request "
-    "first joined a step, a 1-3 s stall in H200 serve runs (2026-11-29) that "
-    "vLLM's JIT monitor, warning once per kernel name, left out of its log. Not "
-    "specialised on it (as vLLM leaves rejection_greedy_sample_kernel's "
-    "max_spec_len), each compiles once for every batch.",
+    "not, or turns a multiple of 16, and for a pointer that was 16-byte aligned "
+    "and is not. These kernels take a step's request count, its token count "
+    "and inputs that a pooled or deferred prompt pass slices at any offset: "
+    "each speculative server compiled them again when a second request first "
+    "joined a step and as prompt passes moved, 1-3 s stalls inside its first "
+    "runs on an H200 (2026-11-29; copy_and_expand 7 times in one 32K server, "
+    "2026-11-30) that vLLM's JIT monitor, warning once per kernel name, left "
+    "out of its log. Not specialised on them (as vLLM leaves "
+    "rejection_greedy_sample_kernel's max_spec_len), each compiles once for "
+    "every step of one shape of block.",
     attrs=("do_not_specialize",),
     replace=lambda param: {"do_not_specialize": True},
     per_instance=True,
@@ -324,7 +329,7 @@ PATCHES = (
     RUNNER_KV_CACHES,
     EARLY_OUTPUT_COPY,
     DRAFT_TP_GROUP,
-    BATCH_COUNT_SPECIALISATION,
+    STEP_SHAPE_SPECIALISATION,
 )
 REGISTRY = PatchRegistry(PATCHES)
 
@@ -442,15 +447,19 @@ def allow_long_drafts(runner) -> None:
         REGISTRY.apply(LONG_DRAFTS, runner)
 
 
-BATCH_COUNT_KERNELS = {
-    "eagle_prepare_next_token_padded_kernel": "num_reqs",
-    "eagle_prepare_inputs_padded_kernel": "num_reqs",
+STEP_SHAPE_PARAMS = {
+    "eagle_prepare_next_token_padded_kernel": ("num_reqs",),
+    "eagle_prepare_inputs_padded_kernel": ("num_reqs",),
+    "copy_and_expand_eagle_inputs_kernel": (
+        "target_token_ids_ptr", "target_positions_ptr", "next_token_ids_ptr",
+        "query_start_loc_ptr", "query_end_loc_ptr", "total_input_tokens"),
 }
-"""vLLM's spec-decode kernels that take a step's request count as an int."""
+"""vLLM's spec-decode kernels, and their parameters that change from step to
+step: a request or token count, an input a prompt pass slices at an offset."""
 
 
-def compile_once_per_batch_count(module=None) -> int:
-    """``BATCH_COUNT_SPECIALISATION`` on ``module``'s kernels (vLLM's
+def compile_once_per_step_shape(module=None) -> int:
+    """``STEP_SHAPE_SPECIALISATION`` on ``module``'s kernels (vLLM's
     ``v1.spec_decode.utils``); returns how many now compile once. It skips a
     plain function (vLLM's CPU platform turns Triton off) and, with a
     warning, a kernel that ran already (the binder of its arguments is built
@@ -458,27 +467,29 @@ def compile_once_per_batch_count(module=None) -> int:
     if module is None:
         module = importlib.import_module("vllm.v1.spec_decode.utils")
     held = 0
-    for name, param_name in BATCH_COUNT_KERNELS.items():
+    for name, param_names in STEP_SHAPE_PARAMS.items():
         kernel = getattr(module, name)
         params = getattr(kernel, "params", None)
         if params is None:
             continue
         if getattr(kernel, "device_caches", None):
-            if not any(REGISTRY.is_applied(BATCH_COUNT_SPECIALISATION, p)
+            if not any(REGISTRY.is_applied(STEP_SHAPE_SPECIALISATION, p)
                        for p in params):
                 logger.warning(
                     "SpecExtend: vLLM's %s ran in this process before the "
-                    "plugin's engine: it compiles again when a step first holds "
-                    "2 and 16 requests.", name)
+                    "plugin's engine: it compiles again as steps change shape.",
+                    name)
             continue
-        param = next((p for p in params if p.name == param_name), None)
-        if param is None:
+        by_name = {p.name: p for p in params}
+        missing = [n for n in param_names if n not in by_name]
+        if missing:
             raise RuntimeError(
-                f"vllm-specextend: vLLM's {name} has no parameter {param_name}; "
-                "this plugin supports vLLM 0.26.0 only."
+                f"vllm-specextend: vLLM's {name} has no parameter "
+                f"{', '.join(missing)}; this plugin supports vLLM 0.26.0 only."
             )
-        if not REGISTRY.is_applied(BATCH_COUNT_SPECIALISATION, param):
-            REGISTRY.apply(BATCH_COUNT_SPECIALISATION, param)
+        for param_name in param_names:
+            if not REGISTRY.is_applied(STEP_SHAPE_SPECIALISATION, by_name[param_name]):
+                REGISTRY.apply(STEP_SHAPE_SPECIALISATION, by_name[param_name])
         held += 1
     return held
 

@@ -1,0 +1,150 @@
+"""GPU test: vLLM's spec-decode kernels that take a step's request or token
+count, or inputs sliced at an offset, compile once for every step shape under
+the plugin's patch (``compat.patches.STEP_SHAPE_SPECIALISATION``), the input
+copy once per block at warm-up (``compat.warm_up_input_copies``), and all
+still compute what they did. Without the patch each compiled again for 1, for
+a multiple of 16 and any other count, and for unaligned inputs: 1-3 s stalls
+inside a server's first runs (2026-11-29 and 30)."""
+
+import types
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton kernels need CUDA"),
+]
+
+COUNTS = (1, 2, 16, 48)
+K = 4  # draft tokens a request
+I32 = dict(dtype=torch.int32, device="cuda")
+
+
+@pytest.fixture(scope="module")
+def utils():
+    from vllm.v1.spec_decode import utils
+
+    from vllm_specextend import compat
+    from vllm_specextend.compat import patches
+
+    kernels = [getattr(utils, name) for name in patches.STEP_SHAPE_PARAMS]
+    if any(k.device_caches for k in kernels):
+        pytest.skip("vLLM's kernels ran earlier in this process: run this file alone")
+    assert compat.compile_once_per_step_shape() == len(kernels)
+    return utils
+
+
+def _compiles(kernel) -> int:
+    (kernel_cache, *_), = kernel.device_caches.values()
+    return len(kernel_cache)
+
+
+def test_prepare_inputs_compiles_once_for_every_request_count(utils):
+    kernel = utils.eagle_prepare_inputs_padded_kernel
+    for n in COUNTS:
+        drafts = torch.full((n,), K, **I32)  # [n]
+        drafts[::2] = 0  # every other row drafted nothing (a prompt's end)
+        valid = (torch.arange(n, **I32) % (K + 1)) + 1  # [n], 1..K+1
+        qsl = torch.zeros(n + 1, **I32)  # [n + 1]
+        qsl[1:] = torch.cumsum(drafts + 1, 0)
+        index = torch.empty(n, **I32)
+        rejected = torch.empty(n, **I32)
+        kernel[(n,)](torch.cumsum(drafts, 0, dtype=torch.int32), valid, qsl, index,
+                     rejected, n)
+        want = torch.where(drafts > 0, drafts + 1 - valid, 0)
+        assert torch.equal(rejected, want)
+        assert torch.equal(index, qsl[1:] - 1 - want)
+    assert _compiles(kernel) == 1
+
+
+def test_prepare_next_token_compiles_once_for_every_request_count(utils):
+    kernel = utils.eagle_prepare_next_token_padded_kernel
+    vocab = 128256
+    for n in COUNTS:
+        sampled = torch.randint(0, vocab, (n, K + 1), **I32)  # [n, K + 1]
+        accepted = torch.arange(n, device="cuda") % (K + 2)  # 0..K+1 valid a row
+        sampled[torch.arange(K + 1, device="cuda")[None, :] >= accepted[:, None]] = -1
+        discard = torch.zeros(n, dtype=torch.bool, device="cuda")
+        discard[-1] = n > 1
+        backup = torch.full((n,), 7, **I32)
+        next_ids = torch.empty(n, **I32)
+        count = torch.empty(n, **I32)
+        kernel[(n,)](sampled, discard, backup, next_ids, count, vocab, K + 1, n,
+                     sampled.stride(0), BLOCK_SIZE_TOKENS=8)
+        last = sampled.gather(1, (accepted - 1).clamp(min=0)[:, None].long())[:, 0]
+        want_ids = torch.where((accepted > 0) & ~discard, last, backup)
+        assert torch.equal(next_ids, want_ids)
+        assert torch.equal(count, torch.where(discard, 0, accepted).to(torch.int32))
+    assert _compiles(kernel) == 1
+
+
+def _proposer(max_tokens: int = 2 * 8192 + 64):
+    """The buffers and constants of vLLM's draft-model proposer that its input
+    copy reads (``LLMBaseProposer.set_inputs_first_pass``)."""
+    return types.SimpleNamespace(
+        device=torch.device("cuda"), needs_extra_input_slots=True,
+        extra_slots_per_request=1, parallel_drafting_token_id=0,
+        pass_hidden_states_to_model=False,
+        input_ids=torch.zeros(max_tokens, **I32),
+        positions=torch.zeros(max_tokens, dtype=torch.int64, device="cuda"),
+        is_rejected_token_mask=torch.zeros(max_tokens, dtype=torch.bool, device="cuda"),
+        is_masked_token_mask=torch.zeros(max_tokens, dtype=torch.bool, device="cuda"),
+    )
+
+
+def _copy(kernel, proposer, query_lens: list[int], offset: int):
+    """One step's copy as vLLM launches it, its inputs ``offset`` int32s into
+    their buffers (as a prompt pass slices them); returns the draft's ids."""
+    from triton import next_power_of_2
+
+    n, total = len(query_lens), sum(query_lens)
+    gen = torch.Generator(device="cuda").manual_seed(total)
+
+    def at_offset(values: torch.Tensor) -> torch.Tensor:
+        buffer = values.new_zeros(offset + len(values))
+        buffer[offset:] = values
+        return buffer[offset:]
+
+    ids = at_offset(torch.randint(0, 1000, (total,), generator=gen, **I32))
+    pos = at_offset(torch.arange(total, device="cuda") + 100)  # int64
+    bonus = at_offset(torch.randint(1000, 2000, (n,), generator=gen, **I32))
+    qsl = at_offset(torch.zeros(n + 1, **I32))
+    qsl[1:] = torch.cumsum(torch.tensor(query_lens, **I32), 0)
+    block = min(256, next_power_of_2(max(query_lens) + 1))
+    kernel[(n, -(-(max(query_lens) + 1) // block))](
+        target_token_ids_ptr=ids, target_positions_ptr=pos, next_token_ids_ptr=bonus,
+        out_input_ids_ptr=proposer.input_ids, out_positions_ptr=proposer.positions,
+        out_is_rejected_token_mask_ptr=proposer.is_rejected_token_mask,
+        out_is_masked_token_mask_ptr=proposer.is_masked_token_mask,
+        out_new_token_indices_ptr=torch.empty(n, **I32),
+        out_hidden_state_mapping_ptr=torch.empty(total, **I32),
+        query_start_loc_ptr=qsl, query_end_loc_ptr=qsl[1:] - 1, padding_token_id=0,
+        parallel_drafting_token_id=0, total_input_tokens=total,
+        num_padding_slots_per_request=1, shift_input_ids=False,
+        BLOCK_SIZE_TOKENS=block)
+    # Each request's tokens, then its bonus token (no rejected slots here).
+    want = torch.cat([torch.cat([part, bonus[i:i + 1]]) for i, part in
+                      enumerate(ids.split(query_lens))])
+    got = proposer.input_ids[:total + n].clone()
+    assert torch.equal(got, want)
+    return got
+
+
+def test_input_copy_compiles_once_a_block_at_warm_up(utils):
+    from vllm.v1.spec_decode import llm_base_proposer
+
+    from vllm_specextend import compat
+
+    kernel = llm_base_proposer.copy_and_expand_eagle_inputs_kernel
+    assert kernel is utils.copy_and_expand_eagle_inputs_kernel
+    proposer = _proposer()
+    blocks = compat.warm_up_input_copies(proposer)
+    assert _compiles(kernel) == blocks == 8
+    # Decode steps (K + 1 tokens a request), prompt chunks and a prompt's
+    # short tail, at every request count and with inputs aligned or not.
+    steps = [[K + 1] * n for n in COUNTS] + [[8192], [K + 1, 8192], [37], [1, 3], [1]]
+    for lens in steps:
+        aligned = _copy(kernel, proposer, lens, offset=0)
+        assert torch.equal(_copy(kernel, proposer, lens, offset=3), aligned)
+    assert _compiles(kernel) == blocks
