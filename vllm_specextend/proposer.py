@@ -443,19 +443,20 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
         """The plugin's Triton kernels compiled before vLLM's warm-up (the KV
         cache in place), not inside a server's first request, where vLLM's
         JIT monitor found them (~1-3 s on an H200): the scoring kernel, the
-        greedy draft argmax where it is Triton's, and vLLM's copy of a step's
-        inputs into the draft's buffers for every block of tokens it picks
-        (``compat.warm_up_input_copies``). Each through the calls a step
-        makes, so each compiles the specialisation steps use. The sample and
-        the copies run on every device and rank alike (the sample's logits
-        are gathered across tensor-parallel ranks), so the CPU engine tests
-        run them too."""
+        greedy draft argmax where it is Triton's, and vLLM's spec-decode
+        kernels (``compat.warm_up_spec_decode_kernels``: the preparation of
+        a step's next tokens and inputs, their copy into the draft's buffers
+        for every block of tokens). Each through the calls a step makes, so
+        each compiles the specialisation steps use. The sample and vLLM's
+        kernels run on every device and rank alike (the sample's logits are
+        gathered across tensor-parallel ranks), so the CPU engine tests run
+        them too."""
         if self.cfg.policy == "cmr":  # the one policy that scores
             self.retriever.warm_up(self._max_chunks(self.cfg))
         hidden = torch.zeros(1, self.draft_model_config.get_hidden_size(),
                              dtype=self.dtype, device=self.device)  # [1, H]
         self._greedy_sample(hidden)
-        compat.warm_up_input_copies(self)
+        compat.warm_up_spec_decode_kernels(self)
 
     def _greedy_propose(self, num_speculative_tokens, token_ids, positions,
                         hidden_states, next_token_ids, token_indices_to_sample,

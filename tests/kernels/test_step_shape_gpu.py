@@ -13,11 +13,13 @@ import torch
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton kernels need CUDA"),
+    pytest.mark.skipif(not torch.cuda.is_available(),
+                       reason="Triton kernels need CUDA"),
 ]
 
 COUNTS = (1, 2, 16, 48)
 K = 4  # draft tokens a request
+VOCAB = 128256  # Llama 3's
 I32 = dict(dtype=torch.int32, device="cuda")
 
 
@@ -40,7 +42,27 @@ def _compiles(kernel) -> int:
     return len(kernel_cache)
 
 
-def test_prepare_inputs_compiles_once_for_every_request_count(utils):
+@pytest.fixture(scope="module")
+def proposer(utils):
+    """A proposer's buffers, its spec-decode kernels warmed up before any
+    test here launches them, as the plugin does before a server's first
+    request: later launches at a step's shapes compile nothing more."""
+    from vllm_specextend import compat
+
+    proposer = _proposer()
+    assert compat.warm_up_spec_decode_kernels(proposer) == 3 + 8
+    return proposer
+
+
+def test_warm_up_compiles_what_steps_use(utils, proposer):
+    # A prompt's step and a decode step (1 and K + 1 tokens sampled a row);
+    # the input copy once a block; each later test keeps these counts.
+    assert _compiles(utils.eagle_prepare_next_token_padded_kernel) == 2
+    assert _compiles(utils.eagle_prepare_inputs_padded_kernel) == 1
+    assert _compiles(utils.copy_and_expand_eagle_inputs_kernel) == 8
+
+
+def test_prepare_inputs_compiles_once_for_every_request_count(utils, proposer):
     kernel = utils.eagle_prepare_inputs_padded_kernel
     for n in COUNTS:
         drafts = torch.full((n,), K, **I32)  # [n]
@@ -58,9 +80,9 @@ def test_prepare_inputs_compiles_once_for_every_request_count(utils):
     assert _compiles(kernel) == 1
 
 
-def test_prepare_next_token_compiles_once_for_every_request_count(utils):
+def test_prepare_next_token_compiles_once_for_every_request_count(utils, proposer):
     kernel = utils.eagle_prepare_next_token_padded_kernel
-    vocab = 128256
+    vocab = VOCAB
     for n in COUNTS:
         sampled = torch.randint(0, vocab, (n, K + 1), **I32)  # [n, K + 1]
         accepted = torch.arange(n, device="cuda") % (K + 2)  # 0..K+1 valid a row
@@ -76,14 +98,19 @@ def test_prepare_next_token_compiles_once_for_every_request_count(utils):
         want_ids = torch.where((accepted > 0) & ~discard, last, backup)
         assert torch.equal(next_ids, want_ids)
         assert torch.equal(count, torch.where(discard, 0, accepted).to(torch.int32))
-    assert _compiles(kernel) == 1
+    assert _compiles(kernel) == 2  # the warm-up's two
 
 
 def _proposer(max_tokens: int = 2 * 8192 + 64):
-    """The buffers and constants of vLLM's draft-model proposer that its input
-    copy reads (``LLMBaseProposer.set_inputs_first_pass``)."""
+    """The buffers and constants of vLLM's draft-model proposer that its
+    spec-decode kernels read (``LLMBaseProposer.set_inputs_first_pass``,
+    ``prepare_next_token_ids_padded``)."""
     return types.SimpleNamespace(
         device=torch.device("cuda"), needs_extra_input_slots=True,
+        num_speculative_tokens=K,
+        runner=types.SimpleNamespace(
+            input_batch=types.SimpleNamespace(vocab_size=VOCAB)),
+        backup_next_token_ids=types.SimpleNamespace(gpu=torch.zeros(256, **I32)),
         extra_slots_per_request=1, parallel_drafting_token_id=0,
         pass_hidden_states_to_model=False,
         input_ids=torch.zeros(max_tokens, **I32),
@@ -131,20 +158,15 @@ def _copy(kernel, proposer, query_lens: list[int], offset: int):
     return got
 
 
-def test_input_copy_compiles_once_a_block_at_warm_up(utils):
+def test_input_copy_compiles_once_a_block_at_warm_up(utils, proposer):
     from vllm.v1.spec_decode import llm_base_proposer
-
-    from vllm_specextend import compat
 
     kernel = llm_base_proposer.copy_and_expand_eagle_inputs_kernel
     assert kernel is utils.copy_and_expand_eagle_inputs_kernel
-    proposer = _proposer()
-    blocks = compat.warm_up_input_copies(proposer)
-    assert _compiles(kernel) == blocks == 8
     # Decode steps (K + 1 tokens a request), prompt chunks and a prompt's
     # short tail, at every request count and with inputs aligned or not.
     steps = [[K + 1] * n for n in COUNTS] + [[8192], [K + 1, 8192], [37], [1, 3], [1]]
     for lens in steps:
         aligned = _copy(kernel, proposer, lens, offset=0)
         assert torch.equal(_copy(kernel, proposer, lens, offset=3), aligned)
-    assert _compiles(kernel) == blocks
+    assert _compiles(kernel) == 8  # the warm-up's

@@ -257,25 +257,37 @@ def test_the_kernels_warm_up_without_a_trace(device, monkeypatch, cfg):
     proposer._vocab_rows = None
     proposer._tuning = DraftTuning.from_env(device)  # a GPU's: the Triton argmax
     proposer.use_local_argmax_reduction = proposer.use_heterogeneous_vocab = False
-    # vLLM's copy of a step's inputs into the draft's buffers (the draft-model
-    # pathway's), once for every block of tokens a step can pick.
+    # vLLM's spec-decode kernels, as a step launches them: the next-token
+    # preparation for 1 and K + 1 tokens sampled a row, the input
+    # preparation, the copy of a step's inputs (the draft-model pathway's)
+    # for every block of tokens.
     from vllm.v1.spec_decode import llm_base_proposer
 
     from vllm_specextend.compat.kernels import INPUT_COPY_BLOCKS
 
-    copy_kernel, blocks = llm_base_proposer.copy_and_expand_eagle_inputs_kernel, []
+    launches = []
 
-    class CopyLaunches:
+    class Launches:
+        def __init__(self, name):
+            self.name, self.kernel = name, getattr(llm_base_proposer, name)
+
         def __getitem__(self, grid):
-            def launch(**kwargs):
-                blocks.append((grid, kwargs["BLOCK_SIZE_TOKENS"]))
+            def launch(*args, **kwargs):
+                launches.append((self.name, grid, kwargs.get("BLOCK_SIZE_TOKENS")))
                 if device.type == "cuda":
-                    copy_kernel[grid](**kwargs)
+                    self.kernel[grid](*args, **kwargs)
             return launch
 
-    monkeypatch.setattr(llm_base_proposer, "copy_and_expand_eagle_inputs_kernel",
-                        CopyLaunches())
+    names = ("eagle_prepare_next_token_padded_kernel",
+             "eagle_prepare_inputs_padded_kernel",
+             "copy_and_expand_eagle_inputs_kernel")
+    for name in names:
+        monkeypatch.setattr(llm_base_proposer, name, Launches(name))
     tokens = 64
+    runner.input_batch.vocab_size = 100
+    proposer.num_speculative_tokens = 3
+    proposer.backup_next_token_ids = types.SimpleNamespace(
+        gpu=torch.zeros(16, dtype=torch.int32, device=device))
     proposer.needs_extra_input_slots, proposer.extra_slots_per_request = True, 1
     proposer.parallel_drafting_token_id = 0
     proposer.pass_hidden_states_to_model = False
@@ -286,7 +298,9 @@ def test_the_kernels_warm_up_without_a_trace(device, monkeypatch, cfg):
     proposer.is_masked_token_mask = torch.zeros_like(proposer.is_rejected_token_mask)
     before = proposer.retriever.query_buf.clone()
     proposer.warm_up_kernels()
-    assert blocks == [((1, 1), b) for b in INPUT_COPY_BLOCKS]
+    assert launches == [(names[0], (1,), 1), (names[0], (1,), 4),
+                        (names[1], (1,), None)] + [
+        (names[2], (1, 1), b) for b in INPUT_COPY_BLOCKS]
     assert len(calls) == 1 and calls[0] in steps, (calls, steps)
     chunks = proposer.max_model_len // cfg.chunk_size + 1
     pooled = cfg.draft_prompt_pool is not None

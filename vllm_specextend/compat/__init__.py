@@ -125,7 +125,10 @@ from vllm_specextend.compat.layers import (
     rotary_embeddings,
     target_attention,
 )
-from vllm_specextend.compat.kernels import warm_up_input_copies
+from vllm_specextend.compat.kernels import (
+    warm_up_input_copies,
+    warm_up_spec_decode_kernels,
+)
 from vllm_specextend.compat.patches import (
     PATCHES,
     PLATFORM_WORKERS,
@@ -163,7 +166,8 @@ __all__ = [
     "apply_process_patches", "attention_layer", "capture_stream", "batch_num_prompt_tokens", "row_token_ids",
     "batch_req_ids", "batch_seq_lens_cpu", "block_table_width",
     "check_touch_points", "copy_outputs_after_sampling", "decode_attn_metadata",
-    "draft_graph_blocker", "compile_once_per_step_shape", "warm_up_input_copies",
+    "draft_graph_blocker", "compile_once_per_step_shape",
+    "warm_up_input_copies", "warm_up_spec_decode_kernels",
     "schedule_draft_attention",
     "eagle_input_width", "set_attn_splits",
     "check_vllm_version", "cpu_key_order", "engine_facts",

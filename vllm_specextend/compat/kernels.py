@@ -1,5 +1,9 @@
 """vLLM's spec-decode Triton kernels compiled before a server's first request.
 
+Each server compiled them inside its first requests (vLLM's JIT monitor,
+H200, 2026-11-30): the next-token preparation for a prompt's step (one token
+sampled a row) and for a decode step (K + 1), the input preparation, and the
+input copy for each block of tokens.
 vLLM 0.26 picks ``copy_and_expand_eagle_inputs_kernel``'s ``BLOCK_SIZE_TOKENS``
 from each step's longest query (``LLMBaseProposer.set_inputs_first_pass``:
 ``min(256, next_power_of_2(max_query_len + new slots))``), so a server
@@ -19,6 +23,39 @@ import torch
 INPUT_COPY_BLOCKS = (2, 4, 8, 16, 32, 64, 128, 256)
 """Every ``BLOCK_SIZE_TOKENS`` vLLM 0.26 picks: a query of at least one token
 plus at least one new slot, at most 256 a block."""
+
+
+def warm_up_spec_decode_kernels(proposer) -> int:
+    """Launch vLLM's spec-decode kernels as a step does, one request each:
+    ``eagle_prepare_next_token_padded_kernel`` for one and for K + 1 tokens
+    sampled a row, ``eagle_prepare_inputs_padded_kernel``, and the input copy
+    for every block (``warm_up_input_copies``); returns how many launches.
+    On vLLM's CPU platform these names hold C++ ops: the same launches,
+    nothing compiled."""
+    module = importlib.import_module("vllm.v1.spec_decode.llm_base_proposer")
+    i32 = dict(dtype=torch.int32, device=proposer.device)
+    vocab_size = proposer.runner.input_batch.vocab_size
+    num_spec = proposer.num_speculative_tokens
+    for sampled in (1, num_spec + 1):  # a prompt's step, a decode step
+        tokens = torch.full((1, sampled), -1, **i32)  # [1, sampled]
+        module.eagle_prepare_next_token_padded_kernel[(1,)](
+            tokens,
+            torch.zeros(1, dtype=torch.bool, device=proposer.device),
+            proposer.backup_next_token_ids.gpu,
+            torch.empty(1, **i32),  # next token ids
+            torch.empty(1, **i32),  # valid sampled tokens
+            vocab_size, sampled, 1, tokens.stride(0),
+            BLOCK_SIZE_TOKENS=1 << (sampled - 1).bit_length(),  # next power of 2
+        )
+    module.eagle_prepare_inputs_padded_kernel[(1,)](
+        torch.tensor([num_spec], **i32),  # cu_num_draft_tokens
+        torch.tensor([num_spec + 1], **i32),  # valid sampled tokens
+        torch.tensor([0, num_spec + 1], **i32),  # query_start_loc
+        torch.empty(1, **i32),  # token indices to sample
+        torch.empty(1, **i32),  # rejected tokens
+        1,
+    )
+    return 3 + warm_up_input_copies(proposer)
 
 
 def warm_up_input_copies(proposer) -> int:
