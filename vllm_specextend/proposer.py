@@ -446,11 +446,13 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
         greedy draft argmax where it is Triton's, and vLLM's spec-decode
         kernels (``compat.warm_up_spec_decode_kernels``: the preparation of
         a step's next tokens and inputs, their copy into the draft's buffers
-        for every block of tokens). Each through the calls a step makes, so
-        each compiles the specialisation steps use. The sample and vLLM's
-        kernels run on every device and rank alike (the sample's logits are
-        gathered across tensor-parallel ranks), so the CPU engine tests run
-        them too."""
+        for every block of tokens, and under async scheduling the runner's
+        torch.compiled batch-change correction). Each through the calls a
+        step makes, so each compiles the specialisation steps use. The sample
+        and vLLM's kernels run on every device and rank alike (the sample's
+        logits are gathered across tensor-parallel ranks), so the CPU engine
+        tests run them too (not the correction: vLLM's CPU platform has no
+        async scheduling)."""
         if self.cfg.policy == "cmr":  # the one policy that scores
             self.retriever.warm_up(self._max_chunks(self.cfg))
         hidden = torch.zeros(1, self.draft_model_config.get_hidden_size(),

@@ -170,3 +170,47 @@ def test_input_copy_compiles_once_a_block_at_warm_up(utils, proposer):
         aligned = _copy(kernel, proposer, lens, offset=0)
         assert torch.equal(_copy(kernel, proposer, lens, offset=3), aligned)
     assert _compiles(kernel) == 8  # the warm-up's
+
+
+def test_batch_change_correction_compiles_at_warm_up(utils):
+    # vLLM's async correction of computed-token counts (torch.compile,
+    # dynamic, inductor): its four graphs compiled at warm-up are all that
+    # steps of 1 to 48 requests after 1 to 48 ask for.
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from vllm_specextend import compat
+
+    correction = utils.update_num_computed_tokens_for_batch_change
+    code = correction._torchdynamo_orig_callable.__code__
+    if _debug_get_cache_entry_list(code):
+        pytest.skip("the correction ran earlier in this process: run this file alone")
+    max_reqs = 256
+
+    def buffer(dtype):
+        return types.SimpleNamespace(
+            gpu=torch.zeros(max_reqs, dtype=dtype, device="cuda"))
+
+    runner = types.SimpleNamespace(
+        use_async_spec_decode=True,
+        num_computed_tokens=torch.zeros(max_reqs, **I32),
+        prev_positions=buffer(torch.int64), num_accepted_tokens=buffer(torch.int32),
+        prev_num_draft_tokens=buffer(torch.int32),
+        input_batch=types.SimpleNamespace(
+            num_computed_tokens_cpu_tensor=torch.arange(max_reqs, dtype=torch.int32)))
+    assert compat.warm_up_batch_change(runner) == 4
+    assert len(_debug_get_cache_entry_list(code)) == 4
+    for num_reqs, prev_reqs in [(1, 1), (2, 1), (3, 2), (16, 1), (1, 16), (48, 47)]:
+        prev = torch.full((prev_reqs,), K + 1, **I32)  # valid tokens a row before
+        runner.prev_positions.gpu[:num_reqs] = torch.arange(num_reqs) % prev_reqs
+        runner.prev_num_draft_tokens.gpu.fill_(K)
+        counts = runner.num_computed_tokens.clone()
+        correction(runner.num_computed_tokens,
+                   runner.num_accepted_tokens.gpu[:num_reqs],
+                   runner.prev_positions.gpu[:num_reqs], prev,
+                   runner.prev_num_draft_tokens.gpu,
+                   runner.input_batch.num_computed_tokens_cpu_tensor[:num_reqs].to(
+                       device="cuda", non_blocking=True))
+        gather = runner.prev_positions.gpu[:num_reqs]
+        want = counts[gather] + K + 1
+        assert torch.equal(runner.num_computed_tokens[:num_reqs], want)
+    assert len(_debug_get_cache_entry_list(code)) == 4

@@ -119,3 +119,66 @@ def test_spec_decode_kernels_compile_once_for_every_step_shape(monkeypatch):
     kernels = [getattr(utils, name) for name in names]
     unlaunched = [hasattr(k, "params") and not k.device_caches for k in kernels]
     assert compat.compile_once_per_step_shape() == sum(unlaunched)
+
+
+def _runner(max_reqs: int = 64):
+    """The runner buffers vLLM's batch-change correction reads
+    (``GPUModelRunner._prepare_inputs``), on CPU."""
+    def buffer(dtype):
+        return types.SimpleNamespace(gpu=torch.zeros(max_reqs, dtype=dtype))
+    return types.SimpleNamespace(
+        use_async_spec_decode=True,
+        num_computed_tokens=torch.zeros(max_reqs, dtype=torch.int32),
+        prev_positions=buffer(torch.int64), num_accepted_tokens=buffer(torch.int32),
+        prev_num_draft_tokens=buffer(torch.int32),
+        input_batch=types.SimpleNamespace(
+            num_computed_tokens_cpu_tensor=torch.arange(max_reqs, dtype=torch.int32)))
+
+
+def _batch_change_step(fn, runner, num_reqs: int, prev_reqs: int) -> None:
+    """The correction as ``_prepare_inputs`` calls it in a step."""
+    fn(runner.num_computed_tokens, runner.num_accepted_tokens.gpu[:num_reqs],
+       runner.prev_positions.gpu[:num_reqs],
+       torch.ones(prev_reqs, dtype=torch.int32),  # the step before's counts
+       runner.prev_num_draft_tokens.gpu,
+       runner.input_batch.num_computed_tokens_cpu_tensor[:num_reqs].to("cpu"))
+
+
+def test_the_batch_change_correction_compiles_at_warm_up_for_every_step():
+    # vLLM compiles its async correction of computed-token counts with
+    # torch.compile(dynamic=True), which specialises sizes of 1: a server
+    # compiled it again inside its first step with two requests. Dynamo's
+    # guards are the same with any backend: a counting one stands in for
+    # inductor here.
+    from torch._dynamo.testing import CompileCounter
+    from vllm.v1.spec_decode import utils
+
+    correction = utils.update_num_computed_tokens_for_batch_change
+    original = correction._torchdynamo_orig_callable
+    torch._dynamo.reset()
+    try:
+        counter = CompileCounter()
+        fn = torch.compile(original, dynamic=True, backend=counter)
+        runner = _runner()
+        state = [runner.num_computed_tokens, runner.num_accepted_tokens.gpu,
+                 runner.prev_positions.gpu, runner.prev_num_draft_tokens.gpu]
+        before = [t.clone() for t in state]
+        assert compat.warm_up_batch_change(runner, fn) == len(
+            compat.kernels.BATCH_CHANGE_SIZES) == counter.frame_count == 4
+        assert all(torch.equal(a, b) for a, b in zip(state, before))  # copies
+        for num_reqs, prev_reqs in [(1, 1), (2, 1), (3, 2), (16, 1), (1, 16),
+                                    (17, 33), (48, 47), (2, 2), (64, 64)]:
+            _batch_change_step(fn, runner, num_reqs, prev_reqs)
+        assert counter.frame_count == 4
+        # Without the warm-up: a second compile when two requests first meet.
+        torch._dynamo.reset()
+        cold = CompileCounter()
+        fn = torch.compile(original, dynamic=True, backend=cold)
+        _batch_change_step(fn, runner, 1, 1)
+        _batch_change_step(fn, runner, 2, 1)
+        assert cold.frame_count == 2
+    finally:
+        torch._dynamo.reset()
+    # Synchronous scheduling (vLLM's CPU platform) never runs it.
+    runner.use_async_spec_decode = False
+    assert compat.warm_up_batch_change(runner, fn) == 0

@@ -59,6 +59,7 @@ EAGLE-3 ``model.fc.input_size``                     read        width of the hea
 ``parallel_state._TP``                              patch       a replicated draft's one-rank TP group
 ``KernelParam.do_not_specialize``                   patch       spec-decode kernels: one compile a shape
 ``copy_and_expand_eagle_inputs_kernel``             call        compiled per block at warm-up
+``update_num_computed_tokens_for_batch_change``     call        compiled per batch-size pair at warm-up
 ==================================================  ==========  =======================================
 
 Each ``patch`` row is a declared patch in ``compat.patches`` (``PATCHES``),
@@ -126,6 +127,7 @@ from vllm_specextend.compat.layers import (
     target_attention,
 )
 from vllm_specextend.compat.kernels import (
+    warm_up_batch_change,
     warm_up_input_copies,
     warm_up_spec_decode_kernels,
 )
@@ -167,7 +169,7 @@ __all__ = [
     "batch_req_ids", "batch_seq_lens_cpu", "block_table_width",
     "check_touch_points", "copy_outputs_after_sampling", "decode_attn_metadata",
     "draft_graph_blocker", "compile_once_per_step_shape",
-    "warm_up_input_copies", "warm_up_spec_decode_kernels",
+    "warm_up_batch_change", "warm_up_input_copies", "warm_up_spec_decode_kernels",
     "schedule_draft_attention",
     "eagle_input_width", "set_attn_splits",
     "check_vllm_version", "cpu_key_order", "engine_facts",

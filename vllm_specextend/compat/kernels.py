@@ -3,7 +3,10 @@
 Each server compiled them inside its first requests (vLLM's JIT monitor,
 H200, 2026-11-30): the next-token preparation for a prompt's step (one token
 sampled a row) and for a decode step (K + 1), the input preparation, and the
-input copy for each block of tokens.
+input copy for each block of tokens. And under async scheduling the runner's
+correction of its computed-token counts (``warm_up_batch_change``), which
+torch.compile compiles, out of sight of that monitor, when a step first
+holds two requests.
 vLLM 0.26 picks ``copy_and_expand_eagle_inputs_kernel``'s ``BLOCK_SIZE_TOKENS``
 from each step's longest query (``LLMBaseProposer.set_inputs_first_pass``:
 ``min(256, next_power_of_2(max_query_len + new slots))``), so a server
@@ -28,8 +31,10 @@ plus at least one new slot, at most 256 a block."""
 def warm_up_spec_decode_kernels(proposer) -> int:
     """Launch vLLM's spec-decode kernels as a step does, one request each:
     ``eagle_prepare_next_token_padded_kernel`` for one and for K + 1 tokens
-    sampled a row, ``eagle_prepare_inputs_padded_kernel``, and the input copy
-    for every block (``warm_up_input_copies``); returns how many launches.
+    sampled a row, ``eagle_prepare_inputs_padded_kernel``, the input copy
+    for every block (``warm_up_input_copies``) and, under async scheduling,
+    the runner's correction of computed tokens (``warm_up_batch_change``);
+    returns how many launches.
     On vLLM's CPU platform these names hold C++ ops: the same launches,
     nothing compiled."""
     module = importlib.import_module("vllm.v1.spec_decode.llm_base_proposer")
@@ -55,7 +60,9 @@ def warm_up_spec_decode_kernels(proposer) -> int:
         torch.empty(1, **i32),  # rejected tokens
         1,
     )
-    return 3 + warm_up_input_copies(proposer)
+    runner = getattr(proposer, "runner", None)
+    batch_change = 0 if runner is None else warm_up_batch_change(runner)
+    return 3 + warm_up_input_copies(proposer) + batch_change
 
 
 def warm_up_input_copies(proposer) -> int:
@@ -95,3 +102,43 @@ def warm_up_input_copies(proposer) -> int:
             BLOCK_SIZE_TOKENS=block,
         )
     return len(INPUT_COPY_BLOCKS)
+
+
+BATCH_CHANGE_SIZES = ((1, 1), (2, 1), (1, 2), (2, 2))
+"""(requests in a step, requests in the step before): vLLM compiles the
+correction with ``torch.compile(dynamic=True)``, which still specialises a
+size of 1, so a graph for each of these pairs serves every step."""
+
+
+def warm_up_batch_change(runner, fn=None) -> int:
+    """Compile vLLM 0.26's ``update_num_computed_tokens_for_batch_change``
+    (``v1/spec_decode/utils.py``, run by ``GPUModelRunner._prepare_inputs``
+    under async speculative decoding) for every ``BATCH_CHANGE_SIZES`` pair
+    before a server's first request; returns how many calls. Each runs on
+    copies of the runner's buffers, sliced as the runner slices them, so the
+    compiled graphs' guards are the steps' and no state changes. Without it
+    a speculative server compiles the correction again inside its first step
+    with two requests, after one (most likely the ~1.6 s without a token out
+    that H200 serve runs showed then, 2026-11-30; vLLM's issue 39790 names
+    the first-call cost), and for each pair first met. ``fn``: a stand-in
+    for vLLM's (tests)."""
+    if not getattr(runner, "use_async_spec_decode", False):
+        return 0
+    if fn is None:
+        utils = importlib.import_module("vllm.v1.spec_decode.utils")
+        fn = utils.update_num_computed_tokens_for_batch_change
+    device = runner.num_computed_tokens.device
+    for num_reqs, prev_reqs in BATCH_CHANGE_SIZES:
+        # Rows 0..num_reqs-1 were rows of the step before, some new (-1).
+        prev = runner.prev_positions.gpu.clone()  # [max_num_reqs] int64
+        prev[:num_reqs] = torch.arange(num_reqs, device=device) % (prev_reqs + 1) - 1
+        fn(
+            runner.num_computed_tokens.clone(),  # [max_num_reqs]
+            runner.num_accepted_tokens.gpu.clone()[:num_reqs],  # [num_reqs]
+            prev[:num_reqs],  # [num_reqs]
+            torch.ones(prev_reqs, dtype=torch.int32, device=device),  # [prev_reqs]
+            runner.prev_num_draft_tokens.gpu.clone(),  # [max_num_reqs]
+            runner.input_batch.num_computed_tokens_cpu_tensor[:num_reqs].to(
+                device=device),  # [num_reqs]
+        )
+    return len(BATCH_CHANGE_SIZES)
