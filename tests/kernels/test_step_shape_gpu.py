@@ -50,14 +50,16 @@ def proposer(utils):
     from vllm_specextend import compat
 
     proposer = _proposer()
-    assert compat.warm_up_spec_decode_kernels(proposer) == 3 + 8
+    # Sampled widths 1..K + 1, the input preparation, the copy's 8 blocks.
+    assert compat.warm_up_spec_decode_kernels(proposer) == K + 1 + 1 + 8
     return proposer
 
 
 def test_warm_up_compiles_what_steps_use(utils, proposer):
-    # A prompt's step and a decode step (1 and K + 1 tokens sampled a row);
-    # the input copy once a block; each later test keeps these counts.
-    assert _compiles(utils.eagle_prepare_next_token_padded_kernel) == 2
+    # Widths of 1 (a prompt's step), 2, 3-4 and 5 (K + 1) tokens sampled a
+    # row: a block each; the input copy once a block; each later test keeps
+    # these counts.
+    assert _compiles(utils.eagle_prepare_next_token_padded_kernel) == 4
     assert _compiles(utils.eagle_prepare_inputs_padded_kernel) == 1
     assert _compiles(utils.copy_and_expand_eagle_inputs_kernel) == 8
 
@@ -98,7 +100,7 @@ def test_prepare_next_token_compiles_once_for_every_request_count(utils, propose
         want_ids = torch.where((accepted > 0) & ~discard, last, backup)
         assert torch.equal(next_ids, want_ids)
         assert torch.equal(count, torch.where(discard, 0, accepted).to(torch.int32))
-    assert _compiles(kernel) == 2  # the warm-up's two
+    assert _compiles(kernel) == 4  # the warm-up's
 
 
 def _proposer(max_tokens: int = 2 * 8192 + 64):
@@ -204,12 +206,13 @@ def test_batch_change_correction_compiles_at_warm_up(utils):
         runner.prev_positions.gpu[:num_reqs] = torch.arange(num_reqs) % prev_reqs
         runner.prev_num_draft_tokens.gpu.fill_(K)
         counts = runner.num_computed_tokens.clone()
-        correction(runner.num_computed_tokens,
-                   runner.num_accepted_tokens.gpu[:num_reqs],
-                   runner.prev_positions.gpu[:num_reqs], prev,
-                   runner.prev_num_draft_tokens.gpu,
-                   runner.input_batch.num_computed_tokens_cpu_tensor[:num_reqs].to(
-                       device="cuda", non_blocking=True))
+        with torch.inference_mode():  # as GPUModelRunner.execute_model runs it
+            correction(runner.num_computed_tokens,
+                       runner.num_accepted_tokens.gpu[:num_reqs],
+                       runner.prev_positions.gpu[:num_reqs], prev.clone(),
+                       runner.prev_num_draft_tokens.gpu,
+                       runner.input_batch.num_computed_tokens_cpu_tensor[
+                           :num_reqs].to(device="cuda", non_blocking=True))
         gather = runner.prev_positions.gpu[:num_reqs]
         want = counts[gather] + K + 1
         assert torch.equal(runner.num_computed_tokens[:num_reqs], want)

@@ -258,12 +258,12 @@ def test_the_kernels_warm_up_without_a_trace(device, monkeypatch, cfg):
     proposer._tuning = DraftTuning.from_env(device)  # a GPU's: the Triton argmax
     proposer.use_local_argmax_reduction = proposer.use_heterogeneous_vocab = False
     # vLLM's spec-decode kernels, as a step launches them: the next-token
-    # preparation for 1 and K + 1 tokens sampled a row, the input
+    # preparation for 1 to K + 1 tokens sampled a row, the input
     # preparation, the copy of a step's inputs (the draft-model pathway's)
     # for every block of tokens.
     from vllm.v1.spec_decode import llm_base_proposer
 
-    from vllm_specextend.compat.kernels import INPUT_COPY_BLOCKS
+    from vllm_specextend.compat.warmup import INPUT_COPY_BLOCKS
 
     launches = []
 
@@ -298,8 +298,8 @@ def test_the_kernels_warm_up_without_a_trace(device, monkeypatch, cfg):
     proposer.is_masked_token_mask = torch.zeros_like(proposer.is_rejected_token_mask)
     before = proposer.retriever.query_buf.clone()
     proposer.warm_up_kernels()
-    assert launches == [(names[0], (1,), 1), (names[0], (1,), 4),
-                        (names[1], (1,), None)] + [
+    assert launches == [(names[0], (1,), b) for b in (1, 2, 4, 4)] + [
+        (names[1], (1,), None)] + [
         (names[2], (1, 1), b) for b in INPUT_COPY_BLOCKS]
     assert len(calls) == 1 and calls[0] in steps, (calls, steps)
     chunks = proposer.max_model_len // cfg.chunk_size + 1

@@ -136,12 +136,22 @@ def _runner(max_reqs: int = 64):
 
 
 def _batch_change_step(fn, runner, num_reqs: int, prev_reqs: int) -> None:
-    """The correction as ``_prepare_inputs`` calls it in a step."""
-    fn(runner.num_computed_tokens, runner.num_accepted_tokens.gpu[:num_reqs],
-       runner.prev_positions.gpu[:num_reqs],
-       torch.ones(prev_reqs, dtype=torch.int32),  # the step before's counts
-       runner.prev_num_draft_tokens.gpu,
-       runner.input_batch.num_computed_tokens_cpu_tensor[:num_reqs].to("cpu"))
+    """The correction as ``_prepare_inputs`` calls it in a step: the runner's
+    buffers (made outside inference mode) sliced, the step's fresh tensors,
+    inside ``torch.inference_mode`` as ``execute_model`` runs."""
+    with torch.inference_mode():
+        fn(runner.num_computed_tokens, runner.num_accepted_tokens.gpu[:num_reqs],
+           runner.prev_positions.gpu[:num_reqs],
+           torch.ones(prev_reqs, dtype=torch.int32),  # the step before's counts
+           runner.prev_num_draft_tokens.gpu,
+           runner.input_batch.num_computed_tokens_cpu_tensor[:num_reqs].to("cpu"))
+
+
+def _own_copy(fn):
+    """``fn`` with a code object of its own: Dynamo keeps compiled graphs on
+    the code object, so a copy starts with none (no global reset)."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
+                              fn.__defaults__, fn.__closure__)
 
 
 def test_the_batch_change_correction_compiles_at_warm_up_for_every_step():
@@ -149,36 +159,32 @@ def test_the_batch_change_correction_compiles_at_warm_up_for_every_step():
     # torch.compile(dynamic=True), which specialises sizes of 1: a server
     # compiled it again inside its first step with two requests. Dynamo's
     # guards are the same with any backend: a counting one stands in for
-    # inductor here.
+    # inductor here. Steps run in inference mode: a warm-up outside it would
+    # compile graphs no step reuses.
     from torch._dynamo.testing import CompileCounter
     from vllm.v1.spec_decode import utils
 
     correction = utils.update_num_computed_tokens_for_batch_change
     original = correction._torchdynamo_orig_callable
-    torch._dynamo.reset()
-    try:
-        counter = CompileCounter()
-        fn = torch.compile(original, dynamic=True, backend=counter)
-        runner = _runner()
-        state = [runner.num_computed_tokens, runner.num_accepted_tokens.gpu,
-                 runner.prev_positions.gpu, runner.prev_num_draft_tokens.gpu]
-        before = [t.clone() for t in state]
-        assert compat.warm_up_batch_change(runner, fn) == len(
-            compat.kernels.BATCH_CHANGE_SIZES) == counter.frame_count == 4
-        assert all(torch.equal(a, b) for a, b in zip(state, before))  # copies
-        for num_reqs, prev_reqs in [(1, 1), (2, 1), (3, 2), (16, 1), (1, 16),
-                                    (17, 33), (48, 47), (2, 2), (64, 64)]:
-            _batch_change_step(fn, runner, num_reqs, prev_reqs)
-        assert counter.frame_count == 4
-        # Without the warm-up: a second compile when two requests first meet.
-        torch._dynamo.reset()
-        cold = CompileCounter()
-        fn = torch.compile(original, dynamic=True, backend=cold)
-        _batch_change_step(fn, runner, 1, 1)
-        _batch_change_step(fn, runner, 2, 1)
-        assert cold.frame_count == 2
-    finally:
-        torch._dynamo.reset()
+    counter = CompileCounter()
+    fn = torch.compile(_own_copy(original), dynamic=True, backend=counter)
+    runner = _runner()
+    state = [runner.num_computed_tokens, runner.num_accepted_tokens.gpu,
+             runner.prev_positions.gpu, runner.prev_num_draft_tokens.gpu]
+    before = [t.clone() for t in state]
+    assert compat.warm_up_batch_change(runner, fn) == len(
+        compat.warmup.BATCH_CHANGE_SIZES) == counter.frame_count == 4
+    assert all(torch.equal(a, b) for a, b in zip(state, before))  # copies
+    for num_reqs, prev_reqs in [(1, 1), (2, 1), (3, 2), (16, 1), (1, 16),
+                                (17, 33), (48, 47), (2, 2), (64, 64)]:
+        _batch_change_step(fn, runner, num_reqs, prev_reqs)
+    assert counter.frame_count == 4
+    # Without the warm-up: a second compile when two requests first meet.
+    cold = CompileCounter()
+    fn = torch.compile(_own_copy(original), dynamic=True, backend=cold)
+    _batch_change_step(fn, runner, 1, 1)
+    _batch_change_step(fn, runner, 2, 1)
+    assert cold.frame_count == 2
     # Synchronous scheduling (vLLM's CPU platform) never runs it.
     runner.use_async_spec_decode = False
     assert compat.warm_up_batch_change(runner, fn) == 0

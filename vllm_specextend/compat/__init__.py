@@ -126,7 +126,7 @@ from vllm_specextend.compat.layers import (
     rotary_embeddings,
     target_attention,
 )
-from vllm_specextend.compat.kernels import (
+from vllm_specextend.compat.warmup import (
     warm_up_batch_change,
     warm_up_input_copies,
     warm_up_spec_decode_kernels,

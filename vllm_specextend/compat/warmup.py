@@ -1,20 +1,21 @@
-"""vLLM's spec-decode Triton kernels compiled before a server's first request.
+"""vLLM's spec-decode kernels compiled before a server's first request.
 
 Each server compiled them inside its first requests (vLLM's JIT monitor,
-H200, 2026-11-30): the next-token preparation for a prompt's step (one token
-sampled a row) and for a decode step (K + 1), the input preparation, and the
-input copy for each block of tokens. And under async scheduling the runner's
-correction of its computed-token counts (``warm_up_batch_change``), which
-torch.compile compiles, out of sight of that monitor, when a step first
-holds two requests.
+H200, 2026-11-30): the next-token preparation for each width of sampled
+tokens (1 in a prompt's step, up to K + 1 in a decode step), the input
+preparation, and the input copy for each block of tokens; and under async
+scheduling the runner's correction of its computed-token counts
+(``warm_up_batch_change``), which torch.compile compiles out of that
+monitor's sight.
+
 vLLM 0.26 picks ``copy_and_expand_eagle_inputs_kernel``'s ``BLOCK_SIZE_TOKENS``
 from each step's longest query (``LLMBaseProposer.set_inputs_first_pass``:
 ``min(256, next_power_of_2(max_query_len + new slots))``), so a server
 compiled it anew inside a request the first time a step's longest query fell
 in each power of two: a decode step, a prompt chunk, a prompt's short tail.
-Its other step-dependent arguments are not specialised under the plugin
+Its counts and sliced inputs are not specialised under the plugin
 (``patches.STEP_SHAPE_SPECIALISATION``), so one launch per block compiles
-everything a step can ask for.
+what such steps use.
 """
 
 from __future__ import annotations
@@ -30,18 +31,20 @@ plus at least one new slot, at most 256 a block."""
 
 def warm_up_spec_decode_kernels(proposer) -> int:
     """Launch vLLM's spec-decode kernels as a step does, one request each:
-    ``eagle_prepare_next_token_padded_kernel`` for one and for K + 1 tokens
-    sampled a row, ``eagle_prepare_inputs_padded_kernel``, the input copy
-    for every block (``warm_up_input_copies``) and, under async scheduling,
-    the runner's correction of computed tokens (``warm_up_batch_change``);
-    returns how many launches.
-    On vLLM's CPU platform these names hold C++ ops: the same launches,
+    ``eagle_prepare_next_token_padded_kernel`` for every width of sampled
+    tokens (1 to K + 1: the batch's longest draft plus one, a draft cut short
+    near a request's end included), ``eagle_prepare_inputs_padded_kernel``,
+    the input copy for every block (``warm_up_input_copies``) and, under
+    async scheduling, the runner's correction of computed tokens
+    (``warm_up_batch_change``); returns how many launches and calls. On
+    vLLM's CPU platform the kernels' names hold C++ ops: the same launches,
     nothing compiled."""
     module = importlib.import_module("vllm.v1.spec_decode.llm_base_proposer")
     i32 = dict(dtype=torch.int32, device=proposer.device)
     vocab_size = proposer.runner.input_batch.vocab_size
     num_spec = proposer.num_speculative_tokens
-    for sampled in (1, num_spec + 1):  # a prompt's step, a decode step
+    widths = range(1, num_spec + 2)
+    for sampled in widths:
         tokens = torch.full((1, sampled), -1, **i32)  # [1, sampled]
         module.eagle_prepare_next_token_padded_kernel[(1,)](
             tokens,
@@ -60,9 +63,8 @@ def warm_up_spec_decode_kernels(proposer) -> int:
         torch.empty(1, **i32),  # rejected tokens
         1,
     )
-    runner = getattr(proposer, "runner", None)
-    batch_change = 0 if runner is None else warm_up_batch_change(runner)
-    return 3 + warm_up_input_copies(proposer) + batch_change
+    return (len(widths) + 1 + warm_up_input_copies(proposer)
+            + warm_up_batch_change(proposer.runner))
 
 
 def warm_up_input_copies(proposer) -> int:
@@ -114,14 +116,16 @@ def warm_up_batch_change(runner, fn=None) -> int:
     """Compile vLLM 0.26's ``update_num_computed_tokens_for_batch_change``
     (``v1/spec_decode/utils.py``, run by ``GPUModelRunner._prepare_inputs``
     under async speculative decoding) for every ``BATCH_CHANGE_SIZES`` pair
-    before a server's first request; returns how many calls. Each runs on
-    copies of the runner's buffers, sliced as the runner slices them, so the
-    compiled graphs' guards are the steps' and no state changes. Without it
-    a speculative server compiles the correction again inside its first step
-    with two requests, after one (most likely the ~1.6 s without a token out
-    that H200 serve runs showed then, 2026-11-30; vLLM's issue 39790 names
-    the first-call cost), and for each pair first met. ``fn``: a stand-in
-    for vLLM's (tests)."""
+    before a server's first request; returns how many calls. Each runs as a
+    step's does: on copies of the runner's buffers made outside inference
+    mode (as the runner's own were), sliced, with a step's fresh tensors,
+    inside ``torch.inference_mode`` (as ``execute_model`` runs), since
+    Dynamo's guards check grad mode and which tensors are inference tensors.
+    So no state changes, and steps reuse these graphs. Without it a
+    speculative server compiles the correction again inside its first step
+    with two requests after one, and for each pair first met; vLLM's issue
+    39790 reports the first-call cost. ``fn``: a stand-in for vLLM's
+    (tests)."""
     if not getattr(runner, "use_async_spec_decode", False):
         return 0
     if fn is None:
@@ -129,16 +133,20 @@ def warm_up_batch_change(runner, fn=None) -> int:
         fn = utils.update_num_computed_tokens_for_batch_change
     device = runner.num_computed_tokens.device
     for num_reqs, prev_reqs in BATCH_CHANGE_SIZES:
+        computed = runner.num_computed_tokens.clone()  # [max_num_reqs]
+        accepted = runner.num_accepted_tokens.gpu.clone()  # [max_num_reqs]
+        drafts = runner.prev_num_draft_tokens.gpu.clone()  # [max_num_reqs]
         # Rows 0..num_reqs-1 were rows of the step before, some new (-1).
         prev = runner.prev_positions.gpu.clone()  # [max_num_reqs] int64
         prev[:num_reqs] = torch.arange(num_reqs, device=device) % (prev_reqs + 1) - 1
-        fn(
-            runner.num_computed_tokens.clone(),  # [max_num_reqs]
-            runner.num_accepted_tokens.gpu.clone()[:num_reqs],  # [num_reqs]
-            prev[:num_reqs],  # [num_reqs]
-            torch.ones(prev_reqs, dtype=torch.int32, device=device),  # [prev_reqs]
-            runner.prev_num_draft_tokens.gpu.clone(),  # [max_num_reqs]
-            runner.input_batch.num_computed_tokens_cpu_tensor[:num_reqs].to(
-                device=device),  # [num_reqs]
-        )
+        with torch.inference_mode():
+            fn(
+                computed,
+                accepted[:num_reqs],  # [num_reqs]
+                prev[:num_reqs],  # [num_reqs]
+                torch.ones(prev_reqs, dtype=torch.int32, device=device),
+                drafts,
+                runner.input_batch.num_computed_tokens_cpu_tensor[:num_reqs].to(
+                    device=device),  # [num_reqs]
+            )
     return len(BATCH_CHANGE_SIZES)
