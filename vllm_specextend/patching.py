@@ -166,6 +166,18 @@ class PatchRegistry:
                 self.undo(record.patch, owner)
         self._applied = [r for r in self._applied if not r.patch.undoable]
 
+    def undo_since(self, before: list[tuple[Patch, Any]]) -> list[Patch]:
+        """Undo, latest first, the undoable patches applied since ``before``
+        (an ``applied()`` snapshot); returns them. Tests leave the registry
+        as they found it so."""
+        undone = []
+        for patch, owner in reversed(self.applied()):
+            new = not any(p is patch and o is owner for p, o in before)
+            if new and patch.undoable:
+                self.undo(patch, owner)
+                undone.append(patch)
+        return undone
+
     def applied(self) -> list[tuple[Patch, Any]]:
         """(patch, owner) for each patch applied to a live owner, in order."""
         self._prune()

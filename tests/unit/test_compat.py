@@ -34,12 +34,9 @@ def undo_new_patches(tmp_path):
         before = compat.REGISTRY.applied()
         yield
     metrics.uninstall_collector()
-    for patch, owner in reversed(compat.REGISTRY.applied()):
-        new = not any(p is patch and o is owner for p, o in before)
-        if new and patch.undoable:
-            compat.REGISTRY.undo(patch, owner)
-            if patch in (patches.ENGINE_ARGS_CLI, patches.ENGINE_ARGS_CONFIG):
-                plugin._registered = False
+    undone = compat.REGISTRY.undo_since(before)
+    if any(p in (patches.ENGINE_ARGS_CLI, patches.ENGINE_ARGS_CONFIG) for p in undone):
+        plugin._registered = False
 
 
 # --- (a) only compat imports vLLM ---------------------------------------------------

@@ -206,6 +206,24 @@ def test_mapping_items():
     assert env == {"FLAG": "1"}
 
 
+def test_undo_since_a_snapshot_undoes_only_what_came_after():
+    big = Patch(name="Holder.cache", target="a holder", why="test",
+                attrs=("cache",), replace=lambda owner: {"cache": 1},
+                undoable=False)
+    reg = _registry(GREET, MAKE, big)
+    reg.apply(GREET, Base, "kept")
+    before = reg.applied()
+    holder = Child()
+    holder.cache = 0
+    reg.apply(MAKE, Base)
+    reg.apply(GREET, Child, "new")
+    reg.apply(big, holder)
+    assert reg.undo_since(before) == [GREET, MAKE]  # latest first
+    assert reg.applied() == [(GREET, Base), (big, holder)]
+    assert Child().greet() == ("kept", "base") and Base.make(1) == 2
+    reg.undo_all()
+
+
 def test_a_patch_that_keeps_no_original_cannot_be_undone():
     big = Patch(name="Holder.cache", target="a holder", why="test",
                 attrs=("cache",), replace=lambda owner: {"cache": torch.ones(3)},

@@ -20,9 +20,7 @@ tl = pytest.importorskip("triton.language")
 def undo_new_patches():
     before = compat.REGISTRY.applied()
     yield
-    for patch, owner in reversed(compat.REGISTRY.applied()):
-        if not any(p is patch and o is owner for p, o in before):
-            compat.REGISTRY.undo(patch, owner)
+    compat.REGISTRY.undo_since(before)
 
 
 @triton.jit
