@@ -33,6 +33,12 @@ class VllmCpuAlias(metadata.DistributionFinder):
         return None
 
     @classmethod
+    def invalidate_caches(cls):
+        # The class itself sits on sys.meta_path: importlib.invalidate_caches()
+        # calls this unbound (the base's instance method raised TypeError there).
+        return None
+
+    @classmethod
     def find_distributions(cls, context=None):
         context = context or metadata.DistributionFinder.Context()
         name = (context.name or "").replace("-", "_").lower()

@@ -90,6 +90,18 @@ def test_dist_alias_pth_only_imports_alias():
     assert pth == ["import vllm_specextend._dist_alias"]
 
 
+def test_dist_alias_keeps_invalidate_caches_working():
+    # The alias sits on sys.meta_path as a class; importlib.invalidate_caches()
+    # (pytest's syspath_prepend among its callers) calls every finder's unbound.
+    import importlib
+
+    import vllm_specextend._dist_alias as alias
+
+    alias.install()
+    assert alias.VllmCpuAlias in sys.meta_path
+    importlib.invalidate_caches()
+
+
 # --- (b) pins agree --------------------------------------------------------------------
 
 
