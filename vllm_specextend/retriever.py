@@ -25,8 +25,10 @@ from vllm_specextend.config import SpecExtendConfig
 from vllm_specextend.metrics import SpecExtendStats
 from vllm_specextend.planner import BatchLens, ScoreRequest
 from vllm_specextend.scoring import block_lse
-from vllm_specextend.selection import chunk_mass, num_candidates, select_chunks
+from vllm_specextend.selection import (chunk_mass, followed_mass, num_candidates,
+                                       select_chunks)
 from vllm_specextend.staging import HostStaging
+from vllm_specextend.tuning import pool_follow
 from vllm_specextend.state import SelectionState
 
 
@@ -43,6 +45,9 @@ class Retriever:
         self.tp_size = 1
         self._key_order: torch.Tensor | None = None
         self.pools = None  # prompt_pool.PromptPools, with draft_prompt_pool
+        # Chunks after each top chunk that its pool takes along (``followed_mass``;
+        # ``tuning.pool_follow``, an experiment's switch).
+        self.pool_follow = pool_follow()
 
     def attach(self, layer, max_num_tokens: int, dtype: torch.dtype,
                tp_size: int) -> None:
@@ -112,7 +117,8 @@ class Retriever:
         if pool is None or not pool.any():
             return
         (at,) = self.staging.to_device(np.flatnonzero(pool))  # no sync: staging.py
-        chunks = select_chunks(mass[at], lo_d[at], hi_d[at], self.pools.pool)
+        chunks = select_chunks(followed_mass(mass[at], self.pool_follow), lo_d[at],
+                               hi_d[at], self.pools.pool)
         if self.tp_size > 1:
             chunks = compat.tp_broadcast(chunks.contiguous())
         window_chunk = hi_d[at]

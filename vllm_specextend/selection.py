@@ -86,6 +86,19 @@ def select_chunks(
     return torch.sort(key, dim=1).values.to(torch.int32)
 
 
+def followed_mass(mass: torch.Tensor, follow: int) -> torch.Tensor:
+    """Each chunk scored by the most mass among itself and the ``follow``
+    chunks before it, [R, C] fp32, ties broken by its own mass: a pool chosen
+    by it holds the runs of text after the chunks the target attends to most,
+    which an answer that copies its input reads next (the function body after
+    its name, the paragraph after its opening). ``follow`` 0: ``mass``."""
+    if follow <= 0:
+        return mass
+    padded = torch.nn.functional.pad(mass, (follow, 0), value=-1.0)
+    spread = torch.nn.functional.max_pool1d(padded[:, None, :], follow + 1, stride=1)
+    return spread[:, 0, :] + mass * 1e-3
+
+
 def held_chunks(
     num_chunks: int,
     sink_chunks: int,

@@ -277,3 +277,40 @@ def test_held_chunks_are_the_blocks_a_view_reads(seed):
         view_len = prefix + num_blocks - int(window_chunk[r]) * bpc
         read = set((idx[r, :view_len] // bpc).tolist())
         assert read == set(torch.nonzero(held[r]).flatten().tolist())
+
+
+def test_followed_mass_pools_the_text_after_the_top_chunks():
+    from vllm_specextend.selection import followed_mass
+
+    mass = torch.zeros(1, 20)
+    mass[0, 3] = 0.5  # a function's name, say: its body follows
+    mass[0, 12] = 0.3
+    mass[0, 17] = 0.01
+    assert torch.equal(followed_mass(mass, 0), mass)
+    chosen = select_chunks(followed_mass(mass, 2), torch.tensor([1]),
+                           torch.tensor([20]), 6)
+    assert chosen.tolist() == [[3, 4, 5, 12, 13, 14]]
+    # Without it the pool holds the three chunks with any mass and then ties.
+    plain = select_chunks(mass, torch.tensor([1]), torch.tensor([20]), 3)
+    assert plain.tolist() == [[3, 12, 17]]
+
+
+def test_followed_mass_keeps_each_chunks_own_order_within_a_run():
+    from vllm_specextend.selection import followed_mass
+
+    mass = torch.tensor([[0.0, 0.4, 0.2, 0.0, 0.0]])
+    spread = followed_mass(mass, 3)
+    # Every chunk after chunk 1 inherits its mass; its own breaks the tie.
+    assert spread[0, 1] > spread[0, 2] > spread[0, 3] >= spread[0, 4] > spread[0, 0]
+
+
+def test_pool_follow_switch(monkeypatch):
+    from vllm_specextend.tuning import pool_follow
+
+    monkeypatch.delenv("SPECEXTEND_POOL_FOLLOW", raising=False)
+    assert pool_follow() == 0
+    monkeypatch.setenv("SPECEXTEND_POOL_FOLLOW", "15")
+    assert pool_follow() == 15
+    monkeypatch.setenv("SPECEXTEND_POOL_FOLLOW", "x")
+    with pytest.raises(ValueError, match="SPECEXTEND_POOL_FOLLOW"):
+        pool_follow()

@@ -1,0 +1,21 @@
+#!/bin/bash
+# The grid's loop (host.sh grid starts it detached): one run.py per mode, one
+# after another, into DIR/<mode>_k<K>.json and .log.
+#   bash benchmarks/realpair/grid.sh DIR CASES TARGET DRAFT "MODE[:K] ..." "CELL ..."
+set -uo pipefail
+dir=$1 cases=$2 target=$3 draft=$4 modes=$5 cells=$6
+mkdir -p "$dir"
+for m in $modes; do
+  mode=${m%%:*} k=4
+  [ "$mode" != "$m" ] && k=${m#*:}
+  name=${mode}_k$k
+  echo "== $name $(date +%T)"
+  # shellcheck disable=SC2086  # cells: one word each
+  timeout 900 python3 -m benchmarks.realpair.run --cases "$cases" --target "$target" \
+    --draft "$draft" --mode "$mode" --k "$k" --cells $cells \
+    --out "$dir/$name.json" > "$dir/$name.log" 2>&1
+  echo "rc=$? $(date +%T)"
+  grep -E "^$mode k=" "$dir/$name.log"
+  grep -m3 -E 'Error|Traceback' "$dir/$name.log"
+done
+echo done

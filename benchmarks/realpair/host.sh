@@ -1,0 +1,39 @@
+#!/bin/bash
+# On the offline GPU host: the real pair from the pieces prepare.sh made, then
+# the grid, one engine per mode, modes one after another. From the repository
+# root, after ../shared/gpu/host-setup.sh installed vLLM into /root/vsite.
+#
+#   bash benchmarks/realpair/host.sh stage DIR     move a carried piece folder
+#                                                  (.gpu/pair/tNN) to /root/pair/stage
+#   bash benchmarks/realpair/host.sh build         plugin wheel + gguf installed;
+#                                                  join, check, convert -> /root/pair
+#   bash benchmarks/realpair/host.sh grid TAG "MODE[:K] ..." "CELL ..."
+#        detached (setsid): one run.py a mode into /root/pair/out/TAG/, then
+#        TAG.tgz there; `status TAG` prints its log and packs what is done
+#        into $OUT. CELL: group:context:batch (tasks.py, run.py).
+set -uo pipefail
+export PYTHONPATH=$PWD:/root/vsite PYTHONUNBUFFERED=1
+P=/root/pair
+mkdir -p $P/stage $P/out
+case "${1:-}" in
+  stage)
+    mv "$2"/* $P/stage/ && ls $P/stage | wc -l ;;
+  build)
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
+      --target /root/vsite .gpu/wheel/*.whl 2>&1 | grep -v WARNING
+    tar -C /root/vsite -xzf .gpu/pair/kit/gguf_pkg.tgz
+    cp .gpu/pair/manifest.json $P/stage/ && cp .gpu/pair/kit/cases.jsonl.gz $P/
+    t0=$(date +%s)
+    python3 -m benchmarks.models.qwen_pair join $P/stage $P \
+      && rm -rf $P/stage && echo "pair built in $(( $(date +%s) - t0 )) s" ;;
+  grid)
+    # SPECEXTEND_COMMIT: the tree prepare.sh packed (benchmarks/gpu/host_run.sh).
+    SPECEXTEND_COMMIT=$(cut -d' ' -f1 .gpu/wheel/COMMIT 2>/dev/null) \
+      setsid bash benchmarks/realpair/grid.sh $P/out/$2 $P/cases.jsonl.gz \
+      $P/qwen25coder-1.5b-instruct $P/qwen25coder-0.5b-instruct "$3" "$4" > $P/out/$2.log 2>&1 < /dev/null &
+    echo "started $2" ;;
+  status)
+    cat $P/out/$2.log
+    tar -C $P/out -czf "$OUT/$2.tgz" "$2" "$2.log" ;;
+  *) sed -n 2,15p "$0" >&2; exit 2 ;;
+esac

