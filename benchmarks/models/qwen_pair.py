@@ -20,6 +20,7 @@ CLI::
     python -m benchmarks.models.qwen_pair build OUT [--source DIR] [--role draft]
     python -m benchmarks.models.qwen_pair split OUT DEST [--part-mib 46]
     python -m benchmarks.models.qwen_pair join STAGE OUT [--no-convert]
+    python -m benchmarks.models.qwen_pair convert GGUF OUT    # one checked GGUF
 """
 
 from __future__ import annotations
@@ -383,6 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out")
     p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     p.add_argument("--no-convert", action="store_true")
+    p = sub.add_parser("convert", help="convert one checked GGUF to an HF checkpoint")
+    p.add_argument("gguf")
+    p.add_argument("out")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     args = parser.parse_args(argv)
 
     try:
@@ -402,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise PairError(f"no {args.out}/gguf/<role>.gguf: run build first")
             manifest = split_for_transfer(files, args.dest, args.part_mib << 20)
             print(manifest)  # noqa: T201
+        elif args.cmd == "convert":
+            print(_timed(f"converted {args.gguf}", convert, args.gguf, args.out,  # noqa: T201
+                         args.dtype))
         else:
             for role, gguf in join_transferred(args.stage, args.out).items():
                 if not args.no_convert:
