@@ -157,13 +157,70 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+VLLM_METHODS = ("draft_model", "ngram", "ngram_gpu", "suffix")
+CELL_NAMES = {"copy": "copies its input", "other": "explains or summarises"}
+START, END = "<!-- realpair:start -->", "<!-- realpair:end -->"
+
+
+def headline(rows: list[dict]) -> str:
+    """The README's real-weight table: per cell of the newest run folder,
+    the plugin's defaults and the fastest of vLLM's own methods (each at its
+    better k), end to end as a multiple of plain decoding (higher is better),
+    with accepted lengths; each cell linked to its file."""
+    newest = max(r["file"].rsplit("/", 1)[0] for r in rows)
+    rows = [r for r in rows if r["file"].startswith(newest + "/")]
+    device = rows[0]["device"]
+    out = [f"Real weights: Qwen2.5-Coder-1.5B-Instruct drafted by its 0.5B, greedy, "
+           f"K=4, fresh prompts, {rows[0]['prompts']} a cell, end to end "
+           f"(prefill included) as a multiple of plain decoding: higher is better "
+           f"({device}, vLLM {rows[0]['vllm']}).",
+           "",
+           "| the answer | prompt | batch | `--spec-extend` | best of vLLM's own | "
+           "accepted length: plugin / `draft_model` |",
+           "|---|---|---|---|---|---|"]
+    cells = sorted({(r["task"], r["context"], r["batch"]) for r in rows})
+    for task, context, batch in cells:
+        cell = [r for r in rows if (r["task"], r["context"], r["batch"]) == (task, context, batch)]
+        by = {(r["mode"], r["k"]): r for r in cell}
+        plain, plugin = by.get(("plain", None)), by.get(("spec_extend", 4))
+        if plain is None or plugin is None:
+            continue
+        vllm = [r for r in cell if r["mode"] in VLLM_METHODS]
+        best = max(vllm, key=lambda r: r["e2e_tok_s"], default=None)
+        draft = by.get(("draft_model", 4))
+
+        def x(r):
+            return f"[{r['e2e_tok_s'] / plain['e2e_tok_s']:.2f}×]({r['file']})"
+        out.append(
+            f"| {CELL_NAMES.get(task, task)} | {context // 1024}K | {batch} | {x(plugin)} | "
+            + (f"{x(best)} `{best['mode']}` K={best['k']}" if best else "not run")
+            + f" | {plugin['acc_len']:.2f} / "
+            + (f"{draft['acc_len']:.2f} |" if draft else "not run |"))
+    return "\n".join(out)
+
+
+def write(path: Path, text: str) -> None:
+    """``text`` between ``START`` and ``END`` in ``path``."""
+    doc = path.read_text()
+    head, _, rest = doc.partition(START)
+    _, found, tail = rest.partition(END)
+    if not found:
+        raise SystemExit(f"{path} has no {START} ... {END} block")
+    path.write_text(f"{head}{START}\n{text}\n{END}{tail}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", type=Path, default=RESULTS)
     ap.add_argument("--table", action="store_true")
+    ap.add_argument("--write", type=Path, nargs="*", default=[],
+                    help="files whose realpair block gets the headline (README.md) "
+                         "or, for docs/*.md, the whole table")
     args = ap.parse_args(argv)
     rows = summary(args.root)
     (args.root / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
+    for path in args.write:
+        write(path, table(rows) if path.parent.name == "docs" else headline(rows))
     if args.table:
         print(table(rows))
     return 0

@@ -97,3 +97,16 @@ def test_engine_kwargs_per_mode():
         engine_kwargs("spec_extend_other", "T", "D", 4)
     with pytest.raises(ValueError, match="unknown mode"):
         engine_kwargs("medusa", "T", "D", 4)
+
+
+def test_headline_and_write(results, tmp_path):
+    rows = summarize.summary(results)
+    text = summarize.headline(rows)
+    line = next(x for x in text.splitlines() if x.startswith("| copies"))
+    assert "| 16K | 1 | [1.50×](" in line
+    assert "not run" in line  # no vLLM method in this folder
+    doc = tmp_path / "README.md"
+    doc.write_text(f"a\n{summarize.START}\nold\n{summarize.END}\nb\n")
+    summarize.write(doc, text)
+    assert doc.read_text().startswith(f"a\n{summarize.START}\nReal weights")
+    assert doc.read_text().endswith(f"{summarize.END}\nb\n")
