@@ -1,0 +1,42 @@
+"""CI's skip check (.ci/skips.py): only a missing GPU may skip a test."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / ".ci" / "skips.py"
+
+
+def _skips():
+    spec = importlib.util.spec_from_file_location("ci_skips", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _junit(tmp_path, *reasons):
+    cases = "".join(
+        f'<testcase classname="tests.x" name="t{i}"><skipped message="{r}"/></testcase>'
+        for i, r in enumerate(reasons))
+    path = tmp_path / "junit.xml"
+    path.write_text(f'<testsuites><testsuite name="pytest">{cases}'
+                    '<testcase classname="tests.x" name="ran"/></testsuite></testsuites>')
+    return str(path)
+
+
+def test_gpu_skips_pass(tmp_path):
+    skips = _skips()
+    path = _junit(tmp_path, "needs a CUDA GPU", "Triton kernel needs CUDA", "needs 2 GPUs")
+    assert skips.unexpected(path) == []
+    assert skips.main(["skips.py", path]) == 0
+
+
+def test_missing_data_fails(tmp_path, capsys):
+    skips = _skips()
+    path = _junit(tmp_path, "needs CUDA",
+                  "long-context data not found under ../shared/data")
+    assert skips.main(["skips.py", path]) == 1
+    out = capsys.readouterr().out
+    assert "tests.x::t1: long-context data not found" in out
+    assert "1 tests skipped" in out
