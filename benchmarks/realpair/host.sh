@@ -19,6 +19,9 @@ case "${1:-}" in
   stage)
     mv "$2"/* $P/stage/ && ls $P/stage | wc -l ;;
   build)
+    # vLLM's install may still run, detached, from the call that staged its last part.
+    for _ in $(seq 300); do [ -f /root/vsite/.done ] && break; sleep 1; done
+    [ -f /root/vsite/.done ] || { echo "vLLM is not installed in /root/vsite" >&2; exit 2; }
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
       --target /root/vsite .gpu/wheel/*.whl 2>&1 | grep -v WARNING
     tar -C /root/vsite -xzf .gpu/pair/kit/gguf_pkg.tgz
