@@ -15,6 +15,12 @@ for m in $modes; do
     --draft "$draft" --mode "$mode" --k "$k" --cells $cells \
     --out "$dir/$name.json" > "$dir/$name.log" 2>&1
   echo "rc=$? $(date +%T)"
+  # No process may hold the GPU when the next engine starts (vLLM's start-up
+  # memory check would refuse it).
+  for _ in $(seq 60); do
+    [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader)" ] && break
+    sleep 1
+  done
   grep -E "^$mode k=" "$dir/$name.log"
   grep -m3 -E 'Error|Traceback' "$dir/$name.log"
 done

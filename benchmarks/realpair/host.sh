@@ -8,9 +8,11 @@
 #   bash benchmarks/realpair/host.sh build         plugin wheel + gguf installed;
 #                                                  join, check, convert -> /root/pair
 #   bash benchmarks/realpair/host.sh grid TAG "MODE[:K] ..." "CELL ..."
-#        detached (setsid): one run.py a mode into /root/pair/out/TAG/, then
-#        TAG.tgz there; `status TAG` prints its log and packs what is done
-#        into $OUT. CELL: group:context:batch (tasks.py, run.py).
+#        detached (setsid): one run.py a mode into /root/pair/out/TAG/;
+#        `status TAG` prints its log and packs what is done into $OUT/TAG.tgz,
+#        `wait TAG [SECS]` the same once it is done or SECS (540) passed: chain
+#        these calls, since the host goes back 30 s after a call returns.
+#        CELL: group:context:batch (tasks.py, run.py).
 set -uo pipefail
 export PYTHONPATH=$PWD:/root/vsite PYTHONUNBUFFERED=1
 P=/root/pair
@@ -46,6 +48,13 @@ case "${1:-}" in
       $P/qwen25coder-1.5b-instruct $P/qwen25coder-0.5b-instruct "$3" "$4" > $P/out/$2.log 2>&1 < /dev/null &
     echo "started $2" ;;
   status)
+    cat $P/out/$2.log
+    tar -C $P/out -czf "$OUT/$2.tgz" "$2" "$2.log" ;;
+  wait)
+    # A call that holds the machine while the detached grid runs (the host goes
+    # back 30 s after a call returns): until it prints "done" or SECS pass.
+    end=$((SECONDS + ${3:-540}))
+    while [ $SECONDS -lt $end ] && ! grep -q '^done' $P/out/$2.log; do sleep 5; done
     cat $P/out/$2.log
     tar -C $P/out -czf "$OUT/$2.tgz" "$2" "$2.log" ;;
   *) sed -n 2,15p "$0" >&2; exit 2 ;;

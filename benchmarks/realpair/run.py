@@ -143,7 +143,8 @@ def select(cases: list[tasks.Case], cells: list[str]) -> list[tuple[str, int, li
     """``group:context:batch`` cells (``*`` any) -> (group, batch, cases)."""
     chosen = []
     for cell in cells:
-        group, context, batch = (cell.split(":") + ["*", "1"])[:3]
+        parts = cell.split(":")
+        group, context, batch = parts + ["*", "*", "1"][len(parts):]
         picked = [c for c in cases
                   if group in ("*", c.group) and context in ("*", str(c.context))]
         if not picked:
@@ -209,8 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result) + "\n")
-    # The engine's processes end with this one (``os._exit``: vLLM's
-    # shutdown of a multiprocess engine can hang a benchmark's exit).
+    # vLLM's engine process is not a daemon and outlives this one unless shut
+    # down (it would hold the GPU's memory from the next mode's engine): a
+    # bounded shutdown, then ``os._exit`` past any hang in the rest of it.
+    llm.llm_engine.engine_core.shutdown(timeout=10)
     sys.stdout.flush()
     os._exit(0)
 
