@@ -98,7 +98,7 @@ def _request_times(output) -> dict:
 
 
 def run_batch(llm, cases: list[tasks.Case], busy: GpuBusy, speculative: bool,
-              call: int) -> list[dict]:
+              call: int, batch: int) -> list[dict]:
     """One ``generate`` over ``cases`` (the run's ``call``-th); a record per case."""
     from vllm import SamplingParams
 
@@ -117,7 +117,7 @@ def run_batch(llm, cases: list[tasks.Case], busy: GpuBusy, speculative: bool,
         records.append({
             "id": case.id, "group": case.group, "kind": case.kind,
             "context": case.context, "prompt_tokens": case.prompt_tokens,
-            "batch": len(cases), "call": call, "output_ids": ids, "output_tokens": len(ids),
+            "batch": batch, "call": call, "output_ids": ids, "output_tokens": len(ids),
             "answer": text, "right": tasks.check(case, text),
             "finish_reason": out.outputs[0].finish_reason,
             "e2e_s": e2e, **_request_times(out),
@@ -151,6 +151,23 @@ def select(cases: list[tasks.Case], cells: list[str]) -> list[tuple[str, int, li
             raise SystemExit(f"cell {cell!r} matches no case")
         chosen.append((cell, int(batch), picked))
     return chosen
+
+
+def write_result(args, header: dict, kwargs: dict, start_s: float, speculative: bool,
+                 records: list[dict]) -> None:
+    result = {
+        "meta": run_metadata(args, engine_start_s=start_s, engine_kwargs=kwargs,
+                             plugin_env=plugin_env(),
+                             cases_sha256=header.get("sha256"),
+                             cases_header=header),
+        "mode": args.mode, "k": args.k if speculative else None,
+        "records": [{k: v for k, v in r.items() if k != "batch_window"}
+                    for r in records],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result) + "\n")
+    tmp.replace(args.out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "would not be fresh")
             for i in range(0, len(picked), batch):
                 records += run_batch(llm, picked[i:i + batch], busy, speculative,
-                                     call=len({r['call'] for r in records}))
+                                     call=len({r['call'] for r in records}), batch=batch)
             done = [r for r in records if r["batch"] == batch and r["id"] in
                     {c.id for c in picked}]
             tok = sum(r["output_tokens"] for r in done)
@@ -198,18 +215,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.mode} k={args.k} {cell}: {len(done)} prompts, {tok} tokens, "
                   f"{tok / sum(calls.values()):.1f} tok/s end to end, "
                   f"{sum(r['right'] is True for r in done)} right", flush=True)
-    for r in records:
-        r.pop("batch_window")
-    result = {
-        "meta": run_metadata(args, engine_start_s=start_s, engine_kwargs=kwargs,
-                             plugin_env=plugin_env(),
-                             cases_sha256=header.get("sha256"),
-                             cases_header=header),
-        "mode": args.mode, "k": args.k if speculative else None,
-        "records": records,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result) + "\n")
+            # After every cell: a mode cut short keeps the cells it finished.
+            write_result(args, header, kwargs, start_s, speculative, records)
     # vLLM's engine process is not a daemon and outlives this one unless shut
     # down (it would hold the GPU's memory from the next mode's engine): a
     # bounded shutdown, then ``os._exit`` past any hang in the rest of it.

@@ -47,3 +47,17 @@ def test_missing_data_fails(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "tests.x::t1: long-context data not found" in out
     assert "1 tests skipped" in out
+
+
+def test_a_gpu_path_does_not_excuse_a_skip(tmp_path):
+    skips = _skips()
+    path = tmp_path / "j.xml"
+    path.write_text(
+        '<testsuites><testsuite>'
+        '<testcase classname="" name="tests.kernels.test_x_gpu">'
+        "<skipped message=\"collection skipped\">('/work/tests/kernels/test_x_gpu.py', 9, "
+        "'Skipped: could not import kubernetes_validate')</skipped></testcase>"
+        '<testcase classname="tests.x" name="xf"><skipped type="pytest.xfail" message="later"/>'
+        "</testcase></testsuite></testsuites>")
+    assert [r for _, r in skips.unexpected(str(path))] == [
+        "could not import kubernetes_validate"]
