@@ -156,6 +156,40 @@ def find_smollm2_gguf() -> Path:
     return ggufs[0]
 
 
+def from_gguf(gguf: Path, config_cls, model_cls, tdtype, may_miss=(), check=None):
+    """A GGUF dequantized by transformers into a fresh ``model_cls`` in
+    ``tdtype`` (``save_pretrained`` refuses a GGUF-quantized model): returns
+    ``(tokenizer, model, config)``. ``check(cfg)``: the source config as a
+    dict, before the model is built (raise to refuse it); a weight the fresh
+    model lacks is an error unless named in ``may_miss``, as is one it does
+    not know."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = Path(gguf)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                               dtype=torch.float32)
+    cfg = src.config.to_dict()
+    for key in ("quantization_config", "_name_or_path", "_model_name_or_path",
+                "transformers_version", "architectures", "dtype", "torch_dtype"):
+        cfg.pop(key, None)
+    if check is not None:
+        check(cfg)
+    config = config_cls(**cfg)
+    config.architectures = [model_cls.__name__]
+    config.dtype = tdtype
+    model = model_cls(config)
+    sd = {k: v.detach().to(torch.float32) for k, v in src.state_dict().items()}
+    del src
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    missing = [k for k in missing if k not in may_miss]
+    if missing or unexpected:
+        raise RuntimeError(f"{gguf}: state dict mismatch: missing={missing} "
+                           f"unexpected={unexpected}")
+    return tokenizer, model.to(tdtype).eval(), config
+
+
 def build_smollm2(out_dir: str | os.PathLike, dtype: str = "bfloat16") -> Path:
     """Convert the SmolLM2-135M-Instruct GGUF (Q4_1) into an HF Llama checkpoint.
 
@@ -170,41 +204,13 @@ def build_smollm2(out_dir: str | os.PathLike, dtype: str = "bfloat16") -> Path:
     if is_built(out):
         return out
 
-    import torch
-    from transformers import (
-        AutoModelForCausalLM,
-        AutoTokenizer,
-        GenerationConfig,
-        LlamaConfig,
-        LlamaForCausalLM,
-    )
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     tdtype = _torch_dtype(dtype)
     gguf = find_smollm2_gguf()
-    src_dir, gguf_name = str(gguf.parent), gguf.name
-
-    tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=gguf_name)
-    src = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=gguf_name,
-                                               dtype=torch.float32)
-
-    cfg = src.config.to_dict()
-    for key in ("quantization_config", "_name_or_path", "_model_name_or_path",
-                "transformers_version", "architectures", "dtype", "torch_dtype"):
-        cfg.pop(key, None)
-    config = LlamaConfig(**cfg)
-    config.architectures = ["LlamaForCausalLM"]
-    config.dtype = tdtype
-
-    model = LlamaForCausalLM(config)
-    sd = {k: v.detach().to(torch.float32) for k, v in src.state_dict().items()}
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    # lm_head.weight is tied to embed_tokens; anything else is an error.
-    missing = [k for k in missing if k != "lm_head.weight"]
-    if missing or unexpected:
-        raise RuntimeError(
-            f"state dict mismatch: missing={missing} unexpected={unexpected}"
-        )
-    model = model.to(tdtype).eval()
+    # lm_head.weight is tied to embed_tokens: the GGUF has none.
+    tokenizer, model, config = from_gguf(gguf, LlamaConfig, LlamaForCausalLM, tdtype,
+                                         may_miss=("lm_head.weight",))
 
     gen = GenerationConfig(bos_token_id=config.bos_token_id,
                            eos_token_id=config.eos_token_id,
@@ -215,7 +221,7 @@ def build_smollm2(out_dir: str | os.PathLike, dtype: str = "bfloat16") -> Path:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         gen.save_pretrained(tmp)
-    del src, model
+    del model
     return out
 
 

@@ -39,7 +39,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.models.builders import _AtomicDir, _torch_dtype, is_built
+from benchmarks.models.builders import _AtomicDir, _torch_dtype, from_gguf, is_built
 
 TARGET_NAME = "qwen25coder-1.5b-instruct"
 DRAFT_NAME = "qwen25coder-0.5b-instruct"
@@ -230,35 +230,24 @@ def convert(gguf: str | os.PathLike, out_dir: str | os.PathLike,
     out, gguf = Path(out_dir), Path(gguf)
     if is_built(out):
         return out
-    import torch
-    from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
-                              Qwen2Config, Qwen2ForCausalLM)
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    def check(cfg: dict) -> None:
+        if cfg.get("max_position_embeddings") != MAX_POSITIONS:
+            raise PairError(f"{gguf}: context length {cfg.get('max_position_embeddings')}, "
+                            f"expected {MAX_POSITIONS}: not the expected GGUF")
+        if cfg.get("tie_word_embeddings"):
+            raise PairError(f"{gguf}: lm_head tied to the embedding; expected its own "
+                            "output.weight: not the expected GGUF")
 
     tdtype = _torch_dtype(dtype)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                               dtype=torch.float32)
-    cfg = src.config.to_dict()
-    for key in ("quantization_config", "_name_or_path", "_model_name_or_path",
-                "transformers_version", "architectures", "dtype", "torch_dtype"):
-        cfg.pop(key, None)
-    if cfg.get("max_position_embeddings") != MAX_POSITIONS:
-        raise PairError(f"{gguf}: context length {cfg.get('max_position_embeddings')}, "
-                        f"expected {MAX_POSITIONS}: not the expected GGUF")
-    if cfg.get("tie_word_embeddings"):
-        raise PairError(f"{gguf}: lm_head tied to the embedding; expected its own "
-                        "output.weight: not the expected GGUF")
-    config = Qwen2Config(**cfg)
-    config.architectures = ["Qwen2ForCausalLM"]
-    config.dtype = tdtype
-
-    model = Qwen2ForCausalLM(config)
-    sd = {k: v.detach().to(torch.float32) for k, v in src.state_dict().items()}
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    if missing or unexpected or "lm_head.weight" not in sd:
-        raise PairError(f"{gguf}: state dict mismatch: missing={missing} "
-                        f"unexpected={unexpected}")
-    model = model.to(tdtype).eval()
+    try:
+        tokenizer, model, config = from_gguf(gguf, Qwen2Config, Qwen2ForCausalLM,
+                                             tdtype, check=check)
+    except RuntimeError as e:
+        if isinstance(e, PairError):
+            raise
+        raise PairError(str(e)) from e
 
     vocab = tokenizer.get_vocab()
     if not tokenizer.chat_template or any(t not in vocab for t in _EOS_TOKENS):
@@ -272,7 +261,7 @@ def convert(gguf: str | os.PathLike, out_dir: str | os.PathLike,
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         gen.save_pretrained(tmp)
-    del src, model
+    del model
     return out
 
 
