@@ -190,6 +190,17 @@ def from_gguf(gguf: Path, config_cls, model_cls, tdtype, may_miss=(), check=None
     return tokenizer, model.to(tdtype).eval(), config
 
 
+def save_checkpoint(out: Path, model, tokenizer, gen) -> Path:
+    """``model`` (safetensors), its tokenizer and generation config ``gen``
+    into ``out``, all or nothing (``_AtomicDir``)."""
+    model.generation_config = gen
+    with _AtomicDir(out) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        gen.save_pretrained(tmp)
+    return out
+
+
 def build_smollm2(out_dir: str | os.PathLike, dtype: str = "bfloat16") -> Path:
     """Convert the SmolLM2-135M-Instruct GGUF (Q4_1) into an HF Llama checkpoint.
 
@@ -215,14 +226,7 @@ def build_smollm2(out_dir: str | os.PathLike, dtype: str = "bfloat16") -> Path:
     gen = GenerationConfig(bos_token_id=config.bos_token_id,
                            eos_token_id=config.eos_token_id,
                            pad_token_id=config.pad_token_id)
-    model.generation_config = gen
-
-    with _AtomicDir(out) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        gen.save_pretrained(tmp)
-    del model
-    return out
+    return save_checkpoint(out, model, tokenizer, gen)
 
 
 # --------------------------------------------------------------------------- #

@@ -39,7 +39,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.models.builders import _AtomicDir, _torch_dtype, from_gguf, is_built
+from benchmarks.models.builders import _torch_dtype, from_gguf, is_built, save_checkpoint
 
 TARGET_NAME = "qwen25coder-1.5b-instruct"
 DRAFT_NAME = "qwen25coder-0.5b-instruct"
@@ -256,13 +256,7 @@ def convert(gguf: str | os.PathLike, out_dir: str | os.PathLike,
     pad = eos[1] if tokenizer.pad_token_id is None else tokenizer.pad_token_id
     gen = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=eos,
                            pad_token_id=pad)
-    model.generation_config = gen
-    with _AtomicDir(out) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        gen.save_pretrained(tmp)
-    del model
-    return out
+    return save_checkpoint(out, model, tokenizer, gen)
 
 
 def _timed(label: str, fn, *args):
