@@ -233,3 +233,25 @@ def test_score_layer_past_the_target_is_one_clean_error(tiny_target, tiny_draft)
 
     with pytest.raises(SpecExtendConfigError, match="outside the target's"):
         make_llm(tiny_target, tiny_draft, {**CMR, "score_layer": 99})
+
+
+def test_a_pool_that_follows_its_top_chunks_stays_lossless(tiny_target, tiny_draft,
+                                                          prompts, plain_outputs,
+                                                          monkeypatch):
+    # SPECEXTEND_POOL_FOLLOW=3 (tuning.pool_follow): each top chunk brings the
+    # three after it (selection.followed_mass), so the pools come in runs.
+    monkeypatch.setenv("SPECEXTEND_POOL_FOLLOW", "3")
+    llm = make_llm(tiny_target, tiny_draft, {**CMR, "draft_prompt_pool": "auto"})
+    outputs = generate(llm, prompts)
+    proposer = drafter(llm)
+    counts = stats(proposer)
+    pools = [proposer.pools.chunks[s].tolist() for s in range(len(proposer.pools.pooled))
+             if proposer.pools.pooled[s]]
+    shutdown(llm)
+
+    assert outputs == plain_outputs
+    assert counts["pooled_prompt_passes"] == 4 and pools
+    for pool in pools:
+        held = set(pool)
+        after_another = sum(c - 1 in held for c in pool)
+        assert after_another >= len(pool) // 2, pool
