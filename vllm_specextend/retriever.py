@@ -28,8 +28,8 @@ from vllm_specextend.scoring import block_lse
 from vllm_specextend.selection import (chunk_mass, followed_mass, num_candidates,
                                        select_chunks)
 from vllm_specextend.staging import HostStaging
-from vllm_specextend.tuning import pool_follow
 from vllm_specextend.state import SelectionState
+from vllm_specextend.tuning import pool_follow
 
 
 class Retriever:
