@@ -47,6 +47,30 @@ def _strip_header(text: str) -> str:
     return text.strip()
 
 
+def doc_key(text: str) -> str:
+    """What tells documents apart: a document repeated (prefix-truncated) in
+    several size buckets starts the same."""
+    return text[:300]
+
+
+def rows(dataset: str):
+    """``(text, row)`` of every row of ``dataset``'s files, longest file first,
+    ``text`` the row's document with its header stripped."""
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown dataset {dataset!r}; choose from {DATASETS}")
+    files = sorted((data_dir() / dataset).glob(f"{dataset}_*.jsonl"),
+                   key=_size_key, reverse=True)
+    if not files:
+        raise FileNotFoundError(f"no {dataset}_*.jsonl under {data_dir() / dataset}")
+    for f in files:
+        with open(f, encoding="utf-8") as fh:
+            for line in fh:
+                line = line.strip()
+                if line:
+                    row = json.loads(line)
+                    yield _strip_header(row["text"]), row
+
+
 @functools.cache
 def load_texts(dataset: str = "pg19") -> tuple[str, ...]:
     """All documents of ``dataset``, longest file first, header stripped.
@@ -54,25 +78,13 @@ def load_texts(dataset: str = "pg19") -> tuple[str, ...]:
     Within each file the row order is kept; a document that appears (as a
     prefix-truncated copy) in several size buckets is kept once, longest copy.
     """
-    if dataset not in DATASETS:
-        raise ValueError(f"unknown dataset {dataset!r}; choose from {DATASETS}")
-    files = sorted((data_dir() / dataset).glob(f"{dataset}_*.jsonl"),
-                   key=_size_key, reverse=True)
-    if not files:
-        raise FileNotFoundError(f"no {dataset}_*.jsonl under {data_dir() / dataset}")
     docs: list[str] = []
     seen: set[str] = set()
-    for f in files:
-        with open(f, encoding="utf-8") as fh:
-            for line in fh:
-                line = line.strip()
-                if not line:
-                    continue
-                text = _strip_header(json.loads(line)["text"])
-                key = text[:300]
-                if text and key not in seen:
-                    seen.add(key)
-                    docs.append(text)
+    for text, _ in rows(dataset):
+        key = doc_key(text)
+        if text and key not in seen:
+            seen.add(key)
+            docs.append(text)
     return tuple(docs)
 
 

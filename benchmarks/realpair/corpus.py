@@ -25,7 +25,6 @@ import ast
 import bisect
 import builtins
 import functools
-import json
 import keyword
 import os
 import re
@@ -282,23 +281,15 @@ def block(source: str, index: int, code_dir: str) -> CodeFile | ProseDoc | None:
 def reference(index: int) -> str | None:
     """GovReport document ``index``'s reference summary (None if it has none)."""
     doc = documents("govreport")[index]
-    return _answers(str(text_data.data_dir())).get(_key(doc))
-
-
-def _key(text: str) -> str:
-    return text[:300]  # as ``benchmarks.prompts.load_texts`` tells documents apart
+    return _answers(str(text_data.data_dir())).get(text_data.doc_key(doc))
 
 
 @functools.cache
 def _answers(data_dir: str) -> dict[str, str]:
-    files = sorted((Path(data_dir) / "govreport").glob("govreport_*.jsonl"),
-                   key=text_data._size_key, reverse=True)
+    """Reference summaries by document (``data_dir``: the cache's key)."""
     found: dict[str, str] = {}
-    for path in files:
-        with open(path, encoding="utf-8") as fh:
-            for line in filter(str.strip, fh):
-                row = json.loads(line)
-                key = _key(text_data._strip_header(row["text"]))
-                if row.get("answer") and key not in found:
-                    found[key] = row["answer"].strip()
+    for text, row in text_data.rows("govreport"):
+        key = text_data.doc_key(text)
+        if row.get("answer") and key not in found:
+            found[key] = row["answer"].strip()
     return found
