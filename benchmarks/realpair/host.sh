@@ -37,7 +37,7 @@ case "${1:-}" in
       $P/qwen25coder-0.5b-instruct > $P/convert_draft.log 2>&1 &
     python3 -m benchmarks.models.qwen_pair convert $P/gguf/target.gguf \
       $P/qwen25coder-1.5b-instruct > $P/convert_target.log 2>&1
-    wait $! ; wait
+    wait
     tail -n 2 $P/convert_*.log
     [ -f $P/qwen25coder-0.5b-instruct/config.json ] && [ -f $P/qwen25coder-1.5b-instruct/config.json ] \
       && echo "pair built in $(( $(date +%s) - t0 )) s" ;;
@@ -47,14 +47,13 @@ case "${1:-}" in
       setsid bash benchmarks/realpair/grid.sh $P/out/$2 $P/cases.jsonl.gz \
       $P/qwen25coder-1.5b-instruct $P/qwen25coder-0.5b-instruct "$3" "$4" > $P/out/$2.log 2>&1 < /dev/null &
     echo "started $2" ;;
-  status)
-    cat $P/out/$2.log
-    tar -C $P/out -czf "$OUT/$2.tgz" "$2" "$2.log" ;;
-  wait)
-    # A call that holds the machine while the detached grid runs (the host goes
-    # back 30 s after a call returns): until it prints "done" or SECS pass.
+  status|wait)
+    # wait: a call that holds the machine while the detached grid runs (the host
+    # goes back 30 s after a call returns), until it prints "done" or SECS pass.
     end=$((SECONDS + ${3:-540}))
-    while [ $SECONDS -lt $end ] && ! grep -q '^done' $P/out/$2.log; do sleep 5; done
+    while [ "$1" = wait ] && [ $SECONDS -lt $end ] && ! grep -q '^done' $P/out/$2.log; do
+      sleep 5
+    done
     cat $P/out/$2.log
     tar -C $P/out -czf "$OUT/$2.tgz" "$2" "$2.log" ;;
   *) sed -n 2,15p "$0" >&2; exit 2 ;;

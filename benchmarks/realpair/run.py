@@ -46,6 +46,7 @@ from pathlib import Path
 
 from benchmarks.harness.gpu_busy import GpuBusy
 from benchmarks.harness.meta import plugin_env, run_metadata
+from benchmarks.harness.modes import Speculation, engine_settings
 from benchmarks.longinput.acceptance import counter_delta, spec_counters
 from benchmarks.realpair import tasks
 
@@ -67,24 +68,23 @@ process before the engine starts (its processes inherit them)."""
 def engine_kwargs(mode: str, target: str, draft: str, k: int,
                   spec_extend: dict | None = None) -> dict:
     """``LLM`` keyword arguments of ``mode``: vLLM's defaults plus stats and
-    the mode's speculation."""
+    the mode's speculation (``harness.modes.engine_settings`` for plain,
+    ``draft_model`` and the plugin's modes; prompt lookup here)."""
     kwargs: dict = {"model": target, "disable_log_stats": False}
-    if mode == "plain":
-        return kwargs
     if mode in ("ngram", "ngram_gpu", "suffix"):
         kwargs["speculative_config"] = {"method": mode, "num_speculative_tokens": k}
         return kwargs
-    if mode != "draft_model" and not mode.startswith("spec_extend"):
+    if mode not in ("plain", "draft_model") and not mode.startswith("spec_extend"):
         raise ValueError(f"unknown mode {mode!r}; choose from {MODES} or spec_extend_<name>")
-    kwargs["speculative_config"] = {"method": "draft_model", "model": draft,
-                                    "num_speculative_tokens": k}
+    config = None
     if mode.startswith("spec_extend"):
         config = PLUGIN_CONFIGS.get(mode)
         if config is None and spec_extend is None:
             raise ValueError(f"mode {mode} needs --spec-extend JSON")
-        kwargs["additional_config"] = {"spec_extend": {**(config or {}),
-                                                       **(spec_extend or {})}}
-    return kwargs
+        config = {**(config or {}), **(spec_extend or {})}
+        mode = "spec_extend"
+    spec = Speculation(draft=draft, num_spec_tokens=k, spec_extend=config or {})
+    return {**kwargs, **engine_settings(mode, spec)}
 
 
 def _request_times(output) -> dict:
@@ -121,7 +121,6 @@ def run_batch(llm, cases: list[tasks.Case], busy: GpuBusy, speculative: bool,
             "answer": text, "right": tasks.check(case, text),
             "finish_reason": out.outputs[0].finish_reason,
             "e2e_s": e2e, **_request_times(out),
-            "batch_window": [m0, m1],
             "gpu_busy": busy.share([(m0, m1)]),
             "spec": None if delta is None else {k: delta[k] for k in
                                                  ("drafts", "draft_tokens",
@@ -161,8 +160,7 @@ def write_result(args, header: dict, kwargs: dict, start_s: float, speculative: 
                              cases_sha256=header.get("sha256"),
                              cases_header=header),
         "mode": args.mode, "k": args.k if speculative else None,
-        "records": [{k: v for k, v in r.items() if k != "batch_window"}
-                    for r in records],
+        "records": records,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
@@ -199,17 +197,18 @@ def main(argv: list[str] | None = None) -> int:
     start_s = time.perf_counter() - t0
     speculative = "speculative_config" in kwargs
     warm_up(llm, cells[0][2][0])
-    records = []
+    records, call = [], 0
     with GpuBusy() as busy:
         for cell, batch, picked in cells:
             if not llm.reset_prefix_cache():
                 raise SystemExit("vLLM did not empty its prefix cache: prompts "
                                  "would not be fresh")
+            done = []
             for i in range(0, len(picked), batch):
-                records += run_batch(llm, picked[i:i + batch], busy, speculative,
-                                     call=len({r['call'] for r in records}), batch=batch)
-            done = [r for r in records if r["batch"] == batch and r["id"] in
-                    {c.id for c in picked}]
+                done += run_batch(llm, picked[i:i + batch], busy, speculative,
+                                  call=call, batch=batch)
+                call += 1
+            records += done
             tok = sum(r["output_tokens"] for r in done)
             calls = {r["call"]: r["e2e_s"] for r in done}
             print(f"{args.mode} k={args.k} {cell}: {len(done)} prompts, {tok} tokens, "

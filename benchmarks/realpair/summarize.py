@@ -36,7 +36,6 @@ from pathlib import Path
 from benchmarks.harness.meta import REPO_ROOT, device
 
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "realpair"
-KEY = ("mode", "k", "task", "context", "batch")
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
