@@ -165,7 +165,7 @@ def headline(rows: list[dict]) -> str:
     """The README's real-weight table: per cell of the newest run folder,
     the plugin's defaults and the fastest of vLLM's own methods (each at its
     better k), end to end as a multiple of plain decoding (higher is better),
-    with accepted lengths; each cell linked to its file."""
+    with accepted lengths and the GPU busy share; each cell linked to its file."""
     newest = max(r["file"].rsplit("/", 1)[0] for r in rows)
     rows = [r for r in rows if r["file"].startswith(newest + "/")]
     device = rows[0]["device"]
@@ -189,7 +189,8 @@ def headline(rows: list[dict]) -> str:
         draft = by.get(("draft_model", 4))
 
         def x(r):
-            return f"[{r['e2e_tok_s'] / plain['e2e_tok_s']:.2f}×]({r['file']})"
+            busy = "" if r["gpu_busy"] is None else f" · GPU busy {r['gpu_busy']:.2f}"
+            return f"[{r['e2e_tok_s'] / plain['e2e_tok_s']:.2f}×]({r['file']}){busy}"
         out.append(
             f"| {CELL_NAMES.get(task, task)} | {context // 1024}K | {batch} | {x(plugin)} | "
             + (f"{x(best)} `{best['mode']}` K={best['k']}" if best else "not run")

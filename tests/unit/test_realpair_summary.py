@@ -104,6 +104,7 @@ def test_headline_and_write(results, tmp_path):
     text = summarize.headline(rows)
     line = next(x for x in text.splitlines() if x.startswith("| copies"))
     assert "| 16K | 1 | [1.50×](" in line
+    assert "spec_extend_k4.json) · GPU busy 0.90 |" in line
     assert "not run" in line  # no vLLM method in this folder
     doc = tmp_path / "README.md"
     doc.write_text(f"a\n{summarize.START}\nold\n{summarize.END}\nb\n")
