@@ -1,8 +1,11 @@
 #!/bin/bash
 # The grid's loop (host.sh grid starts it detached): one run.py per mode, one
-# after another, into DIR/<mode>_k<K>.json and .log.
-#   bash benchmarks/realpair/grid.sh DIR CASES TARGET DRAFT "MODE[:K] ..." "CELL ..."
+# after another, into DIR/<mode>_k<K>.json and .log; with --profile, one
+# profile.py a mode instead (CELL: one group:context), into DIR/profile_*.json.
+#   bash benchmarks/realpair/grid.sh [--profile] DIR CASES TARGET DRAFT "MODE[:K] ..." "CELL ..."
 set -uo pipefail
+profile=0
+[ "${1:-}" = --profile ] && { profile=1; shift; }
 dir=$1 cases=$2 target=$3 draft=$4 modes=$5 cells=$6
 mkdir -p "$dir"
 for m in $modes; do
@@ -10,10 +13,16 @@ for m in $modes; do
   [ "$mode" != "$m" ] && k=${m#*:}
   name=${mode}_k$k
   echo "== $name $(date +%T)"
-  # shellcheck disable=SC2086  # cells: one word each
-  timeout 900 python3 -m benchmarks.realpair.run --cases "$cases" --target "$target" \
-    --draft "$draft" --mode "$mode" --k "$k" --cells $cells \
-    --out "$dir/$name.json" > "$dir/$name.log" 2>&1
+  if [ $profile = 1 ]; then
+    timeout 900 python3 -m benchmarks.realpair.profile --cases "$cases" --target "$target" \
+      --draft "$draft" --mode "$mode" --k "$k" --cell "$cells" \
+      --out-dir "$dir" > "$dir/$name.log" 2>&1
+  else
+    # shellcheck disable=SC2086  # cells: one word each
+    timeout 900 python3 -m benchmarks.realpair.run --cases "$cases" --target "$target" \
+      --draft "$draft" --mode "$mode" --k "$k" --cells $cells \
+      --out "$dir/$name.json" > "$dir/$name.log" 2>&1
+  fi
   echo "rc=$? $(date +%T)"
   # No process may hold the GPU when the next engine starts (vLLM's start-up
   # memory check would refuse it).

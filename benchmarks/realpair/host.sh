@@ -13,6 +13,10 @@
 #        `wait TAG [SECS]` the same once it is done or SECS (540) passed: chain
 #        these calls, since the host goes back 30 s after a call returns.
 #        CELL: group:context:batch (tasks.py, run.py).
+#   bash benchmarks/realpair/host.sh profile TAG "MODE[:K] ..." group:context
+#        the same, detached: a step profile a mode (profile.py), into
+#        /root/pair/out/TAG/ (trace_*.json stay there: status packs only
+#        the summaries and logs).
 set -uo pipefail
 export PYTHONPATH=$PWD:/root/vsite PYTHONUNBUFFERED=1
 P=/root/pair
@@ -41,10 +45,11 @@ case "${1:-}" in
     tail -n 2 $P/convert_*.log
     [ -f $P/qwen25coder-0.5b-instruct/config.json ] && [ -f $P/qwen25coder-1.5b-instruct/config.json ] \
       && echo "pair built in $(( $(date +%s) - t0 )) s" ;;
-  grid)
+  grid|profile)
     # SPECEXTEND_COMMIT: the tree prepare.sh packed (benchmarks/gpu/host_run.sh).
+    flag=; [ "$1" = profile ] && flag=--profile
     SPECEXTEND_COMMIT=$(cut -d' ' -f1 .gpu/wheel/COMMIT 2>/dev/null) \
-      setsid bash benchmarks/realpair/grid.sh $P/out/$2 $P/cases.jsonl.gz \
+      setsid bash benchmarks/realpair/grid.sh $flag $P/out/$2 $P/cases.jsonl.gz \
       $P/qwen25coder-1.5b-instruct $P/qwen25coder-0.5b-instruct "$3" "$4" > $P/out/$2.log 2>&1 < /dev/null &
     echo "started $2" ;;
   status|wait)
@@ -55,6 +60,6 @@ case "${1:-}" in
       sleep 5
     done
     cat $P/out/$2.log
-    tar -C $P/out -czf "$OUT/$2.tgz" "$2" "$2.log" ;;
-  *) sed -n 2,15p "$0" >&2; exit 2 ;;
+    tar -C $P/out -czf "$OUT/$2.tgz" --exclude='trace_*' "$2" "$2.log" ;;
+  *) sed -n 2,19p "$0" >&2; exit 2 ;;
 esac

@@ -87,7 +87,7 @@ def engine_kwargs(mode: str, target: str, draft: str, k: int,
     return {**kwargs, **engine_settings(mode, spec)}
 
 
-def _request_times(output) -> dict:
+def request_times(output) -> dict:
     """First-token latency and decode seconds of one ``RequestOutput``."""
     m = output.metrics
     if m is None:
@@ -120,7 +120,7 @@ def run_batch(llm, cases: list[tasks.Case], busy: GpuBusy, speculative: bool,
             "batch": batch, "call": call, "output_ids": ids, "output_tokens": len(ids),
             "answer": text, "right": tasks.check(case, text),
             "finish_reason": out.outputs[0].finish_reason,
-            "e2e_s": e2e, **_request_times(out),
+            "e2e_s": e2e, **request_times(out),
             "gpu_busy": busy.share([(m0, m1)]),
             "spec": None if delta is None else {k: delta[k] for k in
                                                  ("drafts", "draft_tokens",

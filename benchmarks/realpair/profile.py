@@ -1,0 +1,135 @@
+"""Where a real-pair decode step's time goes: a few of a cell's prompts under
+``torch.profiler``, one mode.
+
+The real-weight grid (``run.py``) says how fast each mode is; this says why:
+per verification step, the GPU ms of the target's forward, the drafter
+(vLLM's ``gpu_model_runner: draft`` scope: the plugin's retrieval, view and
+captured routine, or vLLM's draft model or prompt lookup), sampling and the
+rest, beside the wall ms of a step: the gap between them is the host.
+
+An in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the profiler
+sees the engine's kernels, and ``VLLM_CUSTOM_SCOPES_FOR_PROFILING=1`` for
+vLLM's runner scopes) with ``run.engine_kwargs`` for the mode, warmed up as
+``run.py`` warms up, the prefix cache emptied, then ``--prompts`` of the
+cell's fresh prompts, one ``generate`` each, profiled together. Each prompt's
+prefill is in the trace too: the scopes' figures are medians over their
+spans, which decode steps outnumber (``profile_step.scope_spans``). For
+profiling only (the profiler slows the host): no speed claim.
+
+    python -m benchmarks.realpair.profile --cases CASES --target DIR \\
+        --draft DIR --mode spec_extend_full_pass --cell copy:16384 --out-dir OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from benchmarks.gpu.profile_step import (kernel_ms_by_category, runner_scopes,
+                                         scope_kernels, scope_spans)
+from benchmarks.realpair import run, tasks
+
+STEP_SCOPES = ("model forward", "draft", "sample", "bookkeep")
+"""vLLM 0.26's runner scopes of a step, the ones ``step_profile`` reports."""
+
+
+def step_profile(spans: dict[str, dict], wall_ms_per_step: float) -> dict:
+    """A decode step's breakdown from ``scope_spans``: each step scope's
+    median GPU busy ms, their sum, and the wall ms a decode step took (first
+    token to last, over the steps); ``host_ms`` is the wall
+    time in which none of them kept the GPU busy (launches, scheduling, the
+    plugin's and vLLM's Python), never below 0."""
+    parts = {name: round(spans[name]["median_busy_ms"], 3)
+             for name in STEP_SCOPES if name in spans}
+    gpu = sum(parts.values())
+    return {"gpu_ms": parts, "gpu_ms_sum": round(gpu, 3),
+            "wall_ms": round(wall_ms_per_step, 3),
+            "host_ms": round(max(0.0, wall_ms_per_step - gpu), 3)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", required=True, type=Path)
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--draft", default=None)
+    ap.add_argument("--mode", required=True)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--spec-extend", default=None, help="plugin config JSON")
+    ap.add_argument("--cell", default="copy:16384", help="group:context")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--out-dir", required=True, type=Path)
+    ap.add_argument("--engine-args", default=None,
+                    help="more LLM keyword arguments as JSON (CPU tests only)")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"
+    os.environ.update(run.PLUGIN_ENV.get(args.mode, {}))
+
+    import torch
+    from vllm import LLM
+
+    from benchmarks.harness.meta import run_metadata
+    from benchmarks.longinput.acceptance import counter_delta, spec_counters
+
+    spec_extend = json.loads(args.spec_extend) if args.spec_extend else None
+    kwargs = run.engine_kwargs(args.mode, args.target, args.draft, args.k, spec_extend)
+    kwargs.update(json.loads(args.engine_args) if args.engine_args else {})
+    header, cases = tasks.load_cases(args.cases)
+    (_, _, picked), = run.select(cases, [f"{args.cell}:1"])
+    picked = picked[:args.prompts]
+    llm = LLM(**kwargs)
+    run.warm_up(llm, picked[0])
+    llm.reset_prefix_cache()
+    from vllm import SamplingParams
+
+    counts = spec_counters(llm) if "speculative_config" in kwargs else None
+    tokens, decode_s = 0, 0.0
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for case in picked:
+            out, = llm.generate([{"prompt_token_ids": case.prompt_ids}],
+                                SamplingParams(temperature=0.0, max_tokens=case.max_tokens),
+                                use_tqdm=False)
+            tokens += len(out.outputs[0].token_ids)
+            decode_s += run.request_times(out)["decode_s"] or 0.0
+        wall = time.perf_counter() - start
+    spec = counter_delta(counts, spec_counters(llm)) if counts is not None else None
+    # Decode steps: a verification a draft; plain decoding, a step a token
+    # after each prompt's first (its prefill's).
+    steps = spec["drafts"] if spec and spec["drafts"] else tokens - len(picked)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    name = f"{args.mode}_k{args.k}_{args.cell.replace(':', '_')}"
+    trace = args.out_dir / f"trace_{name}.json"
+    prof.export_chrome_trace(str(trace))
+    events = json.loads(trace.read_text())["traceEvents"]
+    spans = scope_spans(events)
+    by_cat = kernel_ms_by_category(events)
+    summary = {
+        "meta": run_metadata(args, engine_kwargs=kwargs, cases_sha256=header.get("sha256")),
+        "mode": args.mode, "k": args.k, "cell": args.cell,
+        "prompts": [c.id for c in picked], "tokens": tokens, "steps": steps,
+        "acc_len": round(1 + spec["accepted_tokens"] / spec["drafts"], 3)
+        if spec and spec["drafts"] else None,
+        "wall_s": wall, "decode_s": decode_s,
+        # Prefill included: the whole profiled stretch's kernels per step.
+        "gpu_ms_per_step_by_category": {k: v / steps for k, v in sorted(by_cat.items())},
+        "step": step_profile(spans, 1000 * decode_s / steps),
+        "scope_spans": spans,
+        "scope_kernels": scope_kernels(events),
+        "runner_scopes": runner_scopes(prof.key_averages()),
+    }
+    (args.out_dir / f"profile_{name}.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps({k: summary[k] for k in ("mode", "k", "cell", "steps", "acc_len",
+                                             "step")}, indent=1))  # noqa: T201
+    llm.llm_engine.engine_core.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

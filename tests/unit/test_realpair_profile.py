@@ -1,0 +1,27 @@
+"""The real-pair step profile's breakdown (benchmarks.realpair.profile)."""
+
+from __future__ import annotations
+
+from benchmarks.realpair.profile import step_profile
+
+
+def _spans(**busy):
+    return {name.replace("_", " "): {"calls": 10, "median_span_ms": ms * 1.2,
+                                     "median_busy_ms": ms}
+            for name, ms in busy.items()}
+
+
+def test_step_profile_sums_the_step_scopes_and_leaves_the_rest_to_the_host():
+    spans = _spans(model_forward=2.5, draft=4.0, sample=0.2, bookkeep=0.1,
+                   preprocess=9.0)  # not a step scope: left out
+    step = step_profile(spans, wall_ms_per_step=8.5)
+    assert step["gpu_ms"] == {"model forward": 2.5, "draft": 4.0, "sample": 0.2,
+                              "bookkeep": 0.1}
+    assert step["gpu_ms_sum"] == 6.8
+    assert step["host_ms"] == 1.7
+
+
+def test_step_profile_of_plain_decoding_has_no_draft_and_no_negative_host():
+    step = step_profile(_spans(model_forward=3.0, sample=0.3), wall_ms_per_step=3.1)
+    assert "draft" not in step["gpu_ms"]
+    assert step["host_ms"] == 0.0
