@@ -18,8 +18,10 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
 * ``spec_extend``: ``draft_model`` plus ``--spec-extend`` with the plugin's
   defaults: what a user gets.
 * ``spec_extend_window``: policy ``streaming`` (sinks + a recent window of the
-  same budget), ``spec_extend_full_pass``: ``draft_prompt_pool: null``.
-* variants: ``spec_extend_pool256`` (a pool twice the default's 4 × top_k),
+  same budget), ``spec_extend_full_pass``: ``draft_prompt_pool: null`` (the
+  default since 2026-12-06: ``spec_extend`` ran ``"auto"`` before),
+  ``spec_extend_pool``: ``"auto"``.
+* variants: ``spec_extend_pool256`` (a pool twice ``"auto"``'s 4 × top_k),
   ``spec_extend_prefill_window`` (the full pass, each chunk reading the sinks
   and the 2,048 tokens before it: ``draft_prefill_window``, which turns the
   pool off), ``spec_extend_follow15`` (the default pool, chosen as the top
@@ -56,6 +58,7 @@ PLUGIN_CONFIGS = {
     "spec_extend": {},
     "spec_extend_window": {"policy": "streaming"},
     "spec_extend_full_pass": {"draft_prompt_pool": None},
+    "spec_extend_pool": {"draft_prompt_pool": "auto"},
     "spec_extend_pool256": {"draft_prompt_pool": 256},
     "spec_extend_prefill_window": {"draft_prefill_window": 2048},
     "spec_extend_follow15": {},

@@ -159,29 +159,38 @@ def table(rows: list[dict]) -> str:
 VLLM_METHODS = ("draft_model", "ngram", "ngram_gpu", "suffix")
 CELL_NAMES = {"copy": "copies its input", "other": "explains or summarises"}
 START, END = "<!-- realpair:start -->", "<!-- realpair:end -->"
+DEFAULTS_AS = {"20261206T0542Z_h100_grid": "spec_extend_full_pass"}
+"""Run folders measured before ``draft_prompt_pool``'s default became the
+full pass (``null``, 2026-12-06): their mode with today's defaults. Their
+``spec_extend`` ran ``"auto"``; a folder not named here has ``spec_extend``
+at today's defaults."""
 
 
 def headline(rows: list[dict]) -> str:
     """The README's real-weight table: per cell of the newest run folder,
-    the plugin's defaults and the fastest of vLLM's own methods (each at its
+    the plugin's defaults (``DEFAULTS_AS``) and the fastest of vLLM's own methods (each at its
     better k), end to end as a multiple of plain decoding (higher is better),
     with accepted lengths and the GPU busy share; each cell linked to its file."""
     newest = max(r["file"].rsplit("/", 1)[0] for r in rows)
     rows = [r for r in rows if r["file"].startswith(newest + "/")]
+    defaults = DEFAULTS_AS.get(newest.rsplit("/", 1)[-1], "spec_extend")
     device = rows[0]["device"]
     out = [f"Real weights: Qwen2.5-Coder-1.5B-Instruct drafted by its 0.5B, greedy, "
            f"K=4, fresh prompts, {rows[0]['prompts']} a cell, end to end "
            f"(prefill included) as a multiple of plain decoding: higher is better "
-           f"({device}, vLLM {rows[0]['vllm']}).",
+           f"({device}, vLLM {rows[0]['vllm']})."
+           + ("" if defaults == "spec_extend" else
+              f" `--spec-extend`: today's defaults, run as `{defaults}` here."),
            "",
            "| the answer | prompt | batch | `--spec-extend` | best of vLLM's own | "
            "accepted length: plugin / `draft_model` |",
            "|---|---|---|---|---|---|"]
     cells = sorted({(r["task"], r["context"], r["batch"]) for r in rows})
+    refs: dict[str, str] = {}
     for task, context, batch in cells:
         cell = [r for r in rows if (r["task"], r["context"], r["batch"]) == (task, context, batch)]
         by = {(r["mode"], r["k"]): r for r in cell}
-        plain, plugin = by.get(("plain", None)), by.get(("spec_extend", 4))
+        plain, plugin = by.get(("plain", None)), by.get((defaults, 4))
         if plain is None or plugin is None:
             continue
         vllm = [r for r in cell if r["mode"] in VLLM_METHODS]
@@ -190,12 +199,15 @@ def headline(rows: list[dict]) -> str:
 
         def x(r):
             busy = "" if r["gpu_busy"] is None else f" · GPU busy {r['gpu_busy']:.2f}"
-            return f"[{r['e2e_tok_s'] / plain['e2e_tok_s']:.2f}×]({r['file']}){busy}"
+            ref = refs.setdefault(r["file"], f"r{len(refs) + 1}")
+            return f"[{r['e2e_tok_s'] / plain['e2e_tok_s']:.2f}×][{ref}]{busy}"
         out.append(
             f"| {CELL_NAMES.get(task, task)} | {context // 1024}K | {batch} | {x(plugin)} | "
             + (f"{x(best)} `{best['mode']}` K={best['k']}" if best else "not run")
             + f" | {plugin['acc_len']:.2f} / "
             + (f"{draft['acc_len']:.2f} |" if draft else "not run |"))
+    # Files as reference links below the table: its lines stay short.
+    out += [""] + [f"[{ref}]: {file}" for file, ref in refs.items()]
     return "\n".join(out)
 
 

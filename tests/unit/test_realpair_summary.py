@@ -103,11 +103,30 @@ def test_headline_and_write(results, tmp_path):
     rows = summarize.summary(results)
     text = summarize.headline(rows)
     line = next(x for x in text.splitlines() if x.startswith("| copies"))
-    assert "| 16K | 1 | [1.50×](" in line
-    assert "spec_extend_k4.json) · GPU busy 0.90 |" in line
+    assert "| 16K | 1 | [1.50×][r1] · GPU busy 0.90 |" in line
+    assert "\n[r1]: benchmarks/results/realpair/20261206T0300Z_h200/spec_extend_k4.json" in text
     assert "not run" in line  # no vLLM method in this folder
     doc = tmp_path / "README.md"
     doc.write_text(f"a\n{summarize.START}\nold\n{summarize.END}\nb\n")
     summarize.write(doc, text)
     assert doc.read_text().startswith(f"a\n{summarize.START}\nReal weights")
     assert doc.read_text().endswith(f"{summarize.END}\nb\n")
+
+
+def test_headline_takes_the_mode_run_at_todays_defaults(results, monkeypatch):
+    # A folder measured before draft_prompt_pool's default changed: its
+    # spec_extend ran the old default, spec_extend_full_pass today's.
+    folder = next(p for p in results.iterdir() if p.is_dir())
+    _write(folder, "spec_extend_full_pass", 4, [
+        _record("a", 0, [1, 2, 3, 4], 0.5, 10.0, 10.2,
+                spec={"drafts": 1, "draft_tokens": 4, "accepted_tokens": 3}),
+        _record("b", 1, [5, 6, 7, 8, 9], 0.5, 20.0, 20.2,
+                spec={"drafts": 1, "draft_tokens": 4, "accepted_tokens": 4}),
+    ])
+    rows = summarize.summary(results)
+    assert "spec_extend_k4.json" in summarize.headline(rows)
+    monkeypatch.setitem(summarize.DEFAULTS_AS, folder.name, "spec_extend_full_pass")
+    text = summarize.headline(rows)
+    assert "spec_extend_full_pass_k4.json" in text and "spec_extend_k4.json" not in text
+    line = next(x for x in text.splitlines() if x.startswith("| copies"))
+    assert "[3.00×][r1]" in line  # 9 tokens in 1.0 s against plain's 3.0
