@@ -41,24 +41,29 @@ import torch
 from typing_extensions import override
 
 from vllm_specextend import compat
-from vllm_specextend.compactor import Compactor
 from vllm_specextend.config import SpecExtendConfig
-from vllm_specextend.deferral import PrefillDeferral
-from vllm_specextend.draft_capture import DraftCapture
-from vllm_specextend.draft_vocab import vocab_rows
-from vllm_specextend.host_step import HostStep
-from vllm_specextend.kept_passes import KeptPasses
-from vllm_specextend.metrics import SpecExtendStats, StatsReporter
-from vllm_specextend.planner import BatchLens
-from vllm_specextend.prompt_pool import FirstPassPositions, fit, substitute, tails
-from vllm_specextend.reconfigure import Reconfigurable
-from vllm_specextend.replicated import ReplicatedDraft
-from vllm_specextend.retriever import Retriever
-from vllm_specextend.self_draft import TargetAsDraft
-from vllm_specextend.settings import Settings
-from vllm_specextend.staging import HostStaging
-from vllm_specextend.tuning import DraftTuning
-from vllm_specextend.view import View
+from vllm_specextend.drafting.compactor import Compactor
+from vllm_specextend.drafting.deferral import PrefillDeferral
+from vllm_specextend.drafting.draft_capture import DraftCapture
+from vllm_specextend.drafting.draft_vocab import vocab_rows
+from vllm_specextend.drafting.host_step import HostStep
+from vllm_specextend.drafting.kept_passes import KeptPasses
+from vllm_specextend.drafting.prompt_pool import (
+    FirstPassPositions,
+    fit,
+    substitute,
+    tails,
+)
+from vllm_specextend.drafting.reconfigure import Reconfigurable
+from vllm_specextend.drafting.replicated import ReplicatedDraft
+from vllm_specextend.drafting.self_draft import TargetAsDraft
+from vllm_specextend.drafting.tuning import DraftTuning
+from vllm_specextend.drafting.view import View
+from vllm_specextend.retrieval.planner import BatchLens
+from vllm_specextend.retrieval.retriever import Retriever
+from vllm_specextend.retrieval.staging import HostStaging
+from vllm_specextend.serving.metrics import SpecExtendStats, StatsReporter
+from vllm_specextend.serving.settings import Settings
 
 logger = compat.logger
 

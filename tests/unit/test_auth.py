@@ -1,4 +1,4 @@
-"""vllm_specextend/auth.py on a small Starlette app (no server, no model), its
+"""vllm_specextend/serving/auth.py on a small Starlette app (no server, no model), its
 parse-time check on ``--middleware``, and the vLLM fact it exists for: vLLM
 0.26's own key check guards only some prefixes. ``tests/server/test_serve.py``
 runs it in a real ``vllm serve``."""
@@ -16,14 +16,14 @@ from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 from vllm_specextend import compat
-from vllm_specextend.auth import (
+from vllm_specextend.serving.auth import (
     KEY_ENV,
     MIN_KEY_CHARS,
     OPEN_PATHS_ENV,
     ApiKeyMiddleware,
     check_key,
 )
-from vllm_specextend.cli import MIDDLEWARE, add_spec_extend_args
+from vllm_specextend.serving.cli import MIDDLEWARE, add_spec_extend_args
 
 KEY = "0123456789abcdef" * 4
 

@@ -13,8 +13,8 @@ import types
 import pytest
 import torch
 
-from vllm_specextend import metrics
-from vllm_specextend.metrics import (
+from vllm_specextend.serving import metrics
+from vllm_specextend.serving.metrics import (
     COUNTERS,
     DIR_PREFIX,
     GAUGES,
@@ -306,7 +306,7 @@ def test_own_dir_removed_by_its_maker_only(unset_env):
     parent's directory alone; the parent removes it at its own exit."""
     script = (
         "import os, sys\n"
-        "from vllm_specextend import metrics\n"
+        "from vllm_specextend.serving import metrics\n"
         "path = metrics.ensure_metrics_dir()\n"
         "child = os.fork()\n"
         "if child == 0:\n"
@@ -584,9 +584,9 @@ def test_collector_empty_dir(tmp_path):
 def _proposer_with_batch(live, interval_s):
     import torch
 
-    from vllm_specextend.deferral import PrefillDeferral
+    from vllm_specextend.drafting.deferral import PrefillDeferral
     from vllm_specextend.proposer import SpecExtendProposer
-    from vllm_specextend.state import SelectionState
+    from vllm_specextend.retrieval.state import SelectionState
 
     proposer = object.__new__(SpecExtendProposer)  # no engine: only the bookkeeping
     proposer.deferral = PrefillDeferral()

@@ -92,7 +92,7 @@ def _checking_key(action_cls: type) -> type:
             if values == MIDDLEWARE:
                 # Imported here: it loads vLLM's API-server module, which a
                 # parser without this middleware has no need for.
-                from vllm_specextend.auth import KEY_ENV, check_key
+                from vllm_specextend.serving.auth import KEY_ENV, check_key
 
                 try:
                     check_key(os.environ.get(KEY_ENV))

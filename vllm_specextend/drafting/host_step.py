@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from vllm_specextend import compat
-from vllm_specextend.planner import BatchLens
-from vllm_specextend.prompt_pool import PoolRows
-from vllm_specextend.view import View, ViewBuilder, ViewParams
+from vllm_specextend.drafting.prompt_pool import PoolRows
+from vllm_specextend.drafting.view import View, ViewBuilder, ViewParams
+from vllm_specextend.retrieval.planner import BatchLens
 
 
 @dataclass
