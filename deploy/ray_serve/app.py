@@ -118,7 +118,7 @@ def llm_config_kwargs(
         },
         "additional_config": {"spec_extend": spec_extend},
         "tensor_parallel_size": tensor_parallel_size,
-        # The plugin refuses pipeline parallelism (config.py).
+        # The plugin refuses pipeline parallelism (config/engine.py).
         "pipeline_parallel_size": 1,
     }
     if max_model_len is not None:

@@ -1,7 +1,8 @@
 """No import cycle among the project's modules (issue #47).
 
 The graph holds the imports a module runs when it is imported: those at its
-top level, in a top-level ``if`` or ``try``. An import inside a function runs
+top level, in a top-level ``if`` (not ``if TYPE_CHECKING:``, which never
+runs) or ``try``. An import inside a function runs
 when the function is called, which is how a module reaches vLLM's heavy or
 platform-bound parts late; it makes no cycle at import time.
 """
@@ -30,12 +31,20 @@ def _top_level_imports(tree: ast.Module):
     for node in tree.body:
         body = [node]
         if isinstance(node, ast.If):
+            if _type_checking_only(node):
+                continue  # never runs: names for annotations only
             body = node.body + node.orelse
         elif isinstance(node, ast.Try):
             body = node.body + [n for h in node.handlers for n in h.body]
         for inner in body:
             if isinstance(inner, (ast.Import, ast.ImportFrom)):
                 yield inner
+
+
+def _type_checking_only(node: ast.If) -> bool:
+    test = node.test
+    name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", None)
+    return name == "TYPE_CHECKING" and not node.orelse
 
 
 def _imported(name: str, path: Path, node, modules) -> set[str]:
