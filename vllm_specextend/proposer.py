@@ -62,8 +62,9 @@ from vllm_specextend.drafting.view import View
 from vllm_specextend.retrieval.planner import BatchLens
 from vllm_specextend.retrieval.retriever import Retriever
 from vllm_specextend.retrieval.staging import HostStaging
-from vllm_specextend.serving.metrics import SpecExtendStats, StatsReporter
+from vllm_specextend.serving.metrics import StatsReporter
 from vllm_specextend.serving.settings import Settings
+from vllm_specextend.serving.stats import SpecExtendStats
 
 logger = compat.logger
 

@@ -172,7 +172,7 @@ def worker_state(llm) -> list[dict]:
 
 def stats_delta(before: dict, after: dict) -> dict:
     """Counter growth between two ``stats`` snapshots (gauges left out)."""
-    from vllm_specextend.serving.metrics import GAUGES
+    from vllm_specextend.serving.stats import GAUGES
 
     return {k: after[k] - before[k] for k in after if k not in GAUGES}
 

@@ -34,7 +34,8 @@ import yaml
 from benchmarks import prompts as prompt_data
 from benchmarks.harness.server import free_port, tail
 from vllm_specextend.config import SpecExtendConfig
-from vllm_specextend.serving.metrics import METRICS_DIR_ENV, SnapshotCollector
+from vllm_specextend.serving.metrics import SnapshotCollector
+from vllm_specextend.serving.snapshots import METRICS_DIR_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 RAY_APP = REPO / "deploy" / "ray_serve" / "app.py"

@@ -17,7 +17,7 @@ from warm_cli import WarmCli
 
 from benchmarks.harness.server import free_port
 from vllm_specextend.serving.auth import KEY_ENV
-from vllm_specextend.serving.metrics import METRICS_DIR_ENV
+from vllm_specextend.serving.snapshots import METRICS_DIR_ENV
 
 pytestmark = pytest.mark.server
 

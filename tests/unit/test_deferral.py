@@ -75,7 +75,7 @@ def test_copies_of_vllms_metadata_share_no_tensor():
 
 def _proposer_with_passes(n, fail_at=None):
     from vllm_specextend.proposer import SpecExtendProposer
-    from vllm_specextend.serving.metrics import SpecExtendStats
+    from vllm_specextend.serving.stats import SpecExtendStats
 
     proposer = object.__new__(SpecExtendProposer)  # no engine: the pass loop only
     proposer.deferral, proposer.stats = PrefillDeferral(), SpecExtendStats()

@@ -42,7 +42,7 @@ def _proposer(device, layer, runner, cfg=CFG):
     from vllm_specextend.proposer import SpecExtendProposer
     from vllm_specextend.retrieval.retriever import Retriever
     from vllm_specextend.retrieval.staging import HostStaging
-    from vllm_specextend.serving.metrics import SpecExtendStats
+    from vllm_specextend.serving.stats import SpecExtendStats
 
     proposer = object.__new__(SpecExtendProposer)  # no engine: the plugin's step
     proposer.vllm_config = types.SimpleNamespace(

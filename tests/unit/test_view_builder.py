@@ -19,7 +19,7 @@ from vllm_specextend.drafting.view import (
 from vllm_specextend.retrieval.scoring import gather_keys
 from vllm_specextend.retrieval.staging import HostStaging
 from vllm_specextend.retrieval.state import SelectionState
-from vllm_specextend.serving.metrics import SpecExtendStats
+from vllm_specextend.serving.stats import SpecExtendStats
 
 BS = 16
 CFG = SpecExtendConfig(chunk_size=32, top_k=3, sink_tokens=32, recent_tokens=64,

@@ -33,7 +33,7 @@ from vllm_specextend.drafting.scratch import copy_shifted, scratch_nbytes
 from vllm_specextend.drafting.view import compacted_view
 from vllm_specextend.retrieval.staging import HostStaging
 from vllm_specextend.retrieval.state import SelectionState
-from vllm_specextend.serving.metrics import SpecExtendStats
+from vllm_specextend.serving.stats import SpecExtendStats
 
 
 class Compactor:
