@@ -17,7 +17,7 @@ import torch
 
 import vllm_specextend
 from vllm_specextend import compat, plugin
-from vllm_specextend.compat import patches
+from vllm_specextend.compat import model_patches, patches
 from vllm_specextend.config import SpecExtendConfig, SpecExtendConfigError
 from vllm_specextend.serving import metrics
 
@@ -577,8 +577,8 @@ def test_early_output_copy_waits_for_sampling_once_per_step(monkeypatch):
         def record(self):
             order.append(("record", self))
 
-    monkeypatch.setattr(patches.torch.cuda, "Event", Event)
-    monkeypatch.setattr(patches, "_AfterSampling",
+    monkeypatch.setattr(model_patches.torch.cuda, "Event", Event)
+    monkeypatch.setattr(model_patches, "_AfterSampling",
                         lambda stream, event: ("after", stream, event))
     runner = _FakeRunner()
     compat.copy_outputs_after_sampling(runner)

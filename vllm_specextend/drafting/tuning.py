@@ -42,7 +42,7 @@ class DraftTuning:
       plans vLLM's bound, so a count of its own turns AOT off.
     - ``SPECEXTEND_EARLY_OUTPUT_COPY``: ``1`` (default) lets the runner's
       async output copy wait for sampling only, not for the drafter queued
-      after it (``compat.patches.EARLY_OUTPUT_COPY``; issue #22's time to
+      after it (``compat.model_patches.EARLY_OUTPUT_COPY``; issue #22's time to
       first token, with ``deferral.py``); ``0`` for vLLM's copy.
     """
 
