@@ -1,4 +1,4 @@
-"""The name deployments give ``--middleware``: ``vllm_specextend.auth.ApiKeyMiddleware``.
+"""The name deployments pass: ``--middleware vllm_specextend.auth.ApiKeyMiddleware``.
 
 The middleware lives in ``serving.auth``; this module keeps the path that the
 README, the Docker image, compose, the Kubernetes Deployment and users' own

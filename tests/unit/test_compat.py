@@ -74,8 +74,9 @@ def test_import_scanner_detects_vllm_imports(tmp_path):
 def test_only_compat_imports_vllm():
     modules = sorted(PKG_DIR.rglob("*.py"))
     names = {str(p.relative_to(PKG_DIR)) for p in modules}
-    assert {"compat/__init__.py", "_dist_alias.py", "config/keys.py", "drafting/view.py",
-            "patching.py", "serving/settings.py", "worker/gpu.py"} <= names
+    assert {"compat/__init__.py", "_dist_alias.py", "config/keys.py",
+            "drafting/view.py", "patching.py", "serving/settings.py",
+            "worker/gpu.py"} <= names
     compat_dir = PKG_DIR / "compat"
     offenders = []
     for path in modules:
