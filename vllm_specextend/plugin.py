@@ -18,7 +18,7 @@ def on_cli_parser(parser) -> None:
     """Each parser vLLM builds from ``EngineArgs``: our flags, and config
     errors found later, when the engine config resolves, reported in one line
     as argparse reports the parser's own errors."""
-    from vllm_specextend import cli
+    from vllm_specextend.serving import cli
 
     cli.add_spec_extend_args(parser)
     cli.report_config_errors_briefly()
@@ -28,7 +28,9 @@ def on_engine_args(args) -> None:
     """Before each engine config resolves: what ``--spec-extend`` implies for
     vLLM's own arguments (the speculative config of ``self_draft``, async
     scheduling, the all-reduce fusion on hosts without NVLink multicast)."""
-    from vllm_specextend import allreduce_fusion, scheduling, self_draft
+    from vllm_specextend.compat import allreduce_fusion
+    from vllm_specextend.drafting import self_draft
+    from vllm_specextend.serving import scheduling
 
     self_draft.speculative_config_for(args)
     scheduling.async_by_default(args)
@@ -38,8 +40,9 @@ def on_engine_args(args) -> None:
 def on_engine_config(vllm_config) -> None:
     """With ``spec_extend`` set: validate it against the resolved engine, pick
     our worker and the V1 runner, and export its /metrics series."""
-    from vllm_specextend import compat, metrics
-    from vllm_specextend.settings import Settings, enabled
+    from vllm_specextend import compat
+    from vllm_specextend.serving import metrics
+    from vllm_specextend.serving.settings import Settings, enabled
 
     if not enabled(vllm_config):
         return

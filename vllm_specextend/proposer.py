@@ -16,6 +16,12 @@ metadata funnel, ``_greedy_sample``, the graph mode); the work is done by:
 * ``draft_capture.DraftCapture``: the captured draft routine (``draft_graph``);
 * ``kept_passes.KeptPasses``: draft passes over prompt chunks kept for later
   (``deferral``);
+* ``pooled_passes.PooledPasses``: the passes of steps that end a pooled
+  prompt (``prompt_pool``);
+* ``worker_hooks.WorkerHooks``: what the plugin's worker calls (scratch,
+  warm-up, capture, finished requests, the counters' report);
+* ``separate_draft.SeparateDraft`` / ``self_draft.TargetAsDraft``: a draft
+  of its own, or the target drafting for itself;
 * ``reconfigure.Reconfigurable``: the parts that hold the config;
 * ``compactor.Compactor``: scratch copies for compacted positions;
 * ``draft_vocab``, ``tuning.DraftTuning``: the greedy token's vocabulary cut,
@@ -33,37 +39,38 @@ caching, preemption and later full-context steps remain exact.
 
 from __future__ import annotations
 
-import dataclasses
 from types import SimpleNamespace
 
-import numpy as np
 import torch
 from typing_extensions import override
 
 from vllm_specextend import compat
-from vllm_specextend.compactor import Compactor
 from vllm_specextend.config import SpecExtendConfig
-from vllm_specextend.deferral import PrefillDeferral
-from vllm_specextend.draft_capture import DraftCapture
-from vllm_specextend.draft_vocab import vocab_rows
-from vllm_specextend.host_step import HostStep
-from vllm_specextend.kept_passes import KeptPasses
-from vllm_specextend.metrics import SpecExtendStats, StatsReporter
-from vllm_specextend.planner import BatchLens
-from vllm_specextend.prompt_pool import FirstPassPositions, fit, substitute, tails
-from vllm_specextend.reconfigure import Reconfigurable
-from vllm_specextend.replicated import ReplicatedDraft
-from vllm_specextend.retriever import Retriever
-from vllm_specextend.self_draft import TargetAsDraft
-from vllm_specextend.settings import Settings
-from vllm_specextend.staging import HostStaging
-from vllm_specextend.tuning import DraftTuning
-from vllm_specextend.view import View
+from vllm_specextend.drafting.compactor import Compactor
+from vllm_specextend.drafting.deferral import PrefillDeferral
+from vllm_specextend.drafting.draft_capture import DraftCapture
+from vllm_specextend.drafting.draft_vocab import vocab_rows
+from vllm_specextend.drafting.host_step import HostStep
+from vllm_specextend.drafting.kept_passes import KeptPasses
+from vllm_specextend.drafting.pooled_passes import PooledPasses
+from vllm_specextend.drafting.prompt_pool import FirstPassPositions
+from vllm_specextend.drafting.reconfigure import Reconfigurable
+from vllm_specextend.drafting.replicated import ReplicatedDraft
+from vllm_specextend.drafting.self_draft import TargetAsDraft
+from vllm_specextend.drafting.separate_draft import SeparateDraft
+from vllm_specextend.drafting.tuning import DraftTuning
+from vllm_specextend.drafting.view import View
+from vllm_specextend.drafting.worker_hooks import WorkerHooks
+from vllm_specextend.retrieval.retriever import Retriever
+from vllm_specextend.retrieval.staging import HostStaging
+from vllm_specextend.serving.metrics import StatsReporter
+from vllm_specextend.serving.settings import Settings
+from vllm_specextend.serving.stats import SpecExtendStats
 
 logger = compat.logger
 
 
-class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
+class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses, PooledPasses, WorkerHooks):
     _graphable = False
     """The draft routine can be captured (``capture_graphs``): a separate
     draft's (a draft model, an EAGLE head); a target drafting for itself
@@ -129,32 +136,6 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
             if self.cfg.defer_prefill_draft and self._deferral_blocker:
                 logger.info("SpecExtend: draft passes over prompt chunks run in "
                             "their own step (%s).", self._deferral_blocker)
-
-    def scratch_bytes(self) -> int:
-        """Draft KV bytes of the compaction scratch; 0 without compaction."""
-        if self.compactor is None:
-            return 0
-        return self.compactor.scratch_bytes(self._draft_attn_layer_names)
-
-    def add_scratch_blocks(self) -> None:
-        """After the KV cache exists: scratch blocks for compacted positions."""
-        if self.compactor is not None:
-            self.compactor.add_blocks(
-                self.runner, self._draft_attn_layer_names, self.block_size
-            )
-
-    def on_requests_done(self, req_ids) -> None:
-        """Finished, aborted or preempted: their selection is stale, and
-        passes kept for them run now, before their blocks are handed out."""
-        if self.deferral.holds_any(req_ids):
-            self._run_kept_passes()
-        if getattr(self, "pools", None) is not None:
-            held = [self.state.slot_of(r) for r in req_ids]
-            self.pools.reset(np.array([s for s in held if s is not None], dtype=np.int64))
-        self.state.release(req_ids)
-        # Once the batch empties no draft step follows: publish now, or /metrics
-        # would miss the last requests' counts until the next request.
-        self._report(force=compat.live_req_ids(self.runner) <= set(req_ids))
 
     @override
     def propose(
@@ -248,130 +229,6 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
             self._view = self._first_view = self._first_pass = None
             self._report()
 
-    def _pooled_inputs(self, step, first: int, token_ids, positions,
-                       token_indices_to_sample, cad, next_token_ids):
-        """The draft inputs of ``cad``'s rows (batch rows ``first`` on: a cut
-        step's drafting part) with the pooled rows' queries replaced by their
-        pooled passes (``prompt_pool.substitute``), and the view of the first
-        forward. Rows whose pass would overflow the drafter's buffers run it
-        first, each alone (``_pre_pass``), and keep their window's part."""
-        pool = step.pool
-        query_lens = np.diff(cad.query_start_loc_cpu[: cad.num_reqs + 1].numpy())
-        pool.full = fit(pool.shifted(first), cad.num_actual_tokens, query_lens,
-                        cad.num_reqs, self.max_num_tokens)
-        prompt_ids = self._pool_prompt_ids(pool, token_ids, cad, first)
-        alone = np.flatnonzero(~pool.full)
-        if alone.size:
-            self.stats.pooled_passes_alone += int(alone.size)
-            self._pre_passes(step, alone.tolist(), first, prompt_ids, token_ids,
-                             positions, cad, next_token_ids)
-        first_view = None
-        if pool.full.any():
-            full = pool.take(pool.full)
-            first_view = self.view_builder.pooled_pass(
-                step.params, full, step.slots_dev, step.block_table
-            ).rows(first, first + cad.num_reqs)
-        *inputs, self._first_pass = substitute(
-            pool.shifted(first), prompt_ids, token_ids, positions,
-            token_indices_to_sample, cad, self.block_size, self.extra_slots_per_request)
-        return (*inputs, first_view)
-
-    def _drafts_as_decode(self, step, cad, num_speculative_tokens,
-                          mm_embed_inputs) -> bool:
-        """Whether a step that ends pooled prompts drafts as a decode step
-        (``prompt_pool.tails``): a draft model (no target hidden states), and
-        every other row decodes with K + 1 verified tokens
-        (``POOLED_DECODE_STEPS``)."""
-        if (not POOLED_DECODE_STEPS or self.pass_hidden_states_to_model
-                or mm_embed_inputs is not None
-                or num_speculative_tokens == 0 or not step.drafting.all()):
-            return False
-        query_lens = np.diff(cad.query_start_loc_cpu[: cad.num_reqs + 1].numpy())
-        pooled = np.zeros(cad.num_reqs, dtype=bool)
-        pooled[step.pool.rows] = True
-        k1 = num_speculative_tokens + 1
-        return bool((query_lens[~pooled] == k1).all()
-                    and (query_lens[pooled] >= k1).all())
-
-    def _pass_then_tails(self, step, num_speculative_tokens, token_ids, positions,
-                         token_indices_to_sample, cad, next_token_ids, num_rejected):
-        """Each pooled row's pass alone (``_pre_pass``), then the step's inputs
-        cut to every row's last K + 1 tokens and its rejected counts (a pooled
-        row rejects none; vLLM passes None where no row had drafts)."""
-        self._pre_passes(step, range(step.pool.rows.size), 0,
-                         self._pool_prompt_ids(step.pool, token_ids, cad, 0),
-                         token_ids, positions, cad, next_token_ids)
-        if num_rejected is None:
-            num_rejected = torch.zeros(cad.num_reqs, dtype=torch.int32,
-                                       device=token_ids.device)
-        self.stats.pooled_decode_steps += 1
-        return (*tails(token_ids, positions, token_indices_to_sample, cad,
-                       num_speculative_tokens + 1), num_rejected)
-
-    def _pool_prompt_ids(self, pool, token_ids, cad, first: int) -> list[torch.Tensor]:
-        """Each pooled row's token ids up to its ``seq``, on the device: those
-        before this step from the runner's host copy, its query's from
-        ``token_ids`` (the step's, ``cad``'s rows counted from batch row
-        ``first``). A prompt's last token can be scheduled with draft tokens
-        past the prompt's end; the host copy holds placeholders (-1) there,
-        the step's tokens the real ids (the CPU soak's engine death, CI runs
-        62 and 63, 2026-11-29)."""
-        qsl = cad.query_start_loc_cpu
-        ids = []
-        for row, q_start in zip(pool.rows.tolist(), pool.q_start.tolist(), strict=True):
-            r = row - first
-            query = token_ids[int(qsl[r]): int(qsl[r + 1])].to(torch.int64)
-            ids.append(torch.cat([self._prompt_ids(row, int(q_start)), query]))
-        return ids
-
-    def _pre_passes(self, step, which, first, prompt_ids, token_ids, positions, cad,
-                    next_token_ids) -> None:
-        """The passes of pooled rows ``which`` (indices into ``step.pool``),
-        each alone (``_pre_pass``), through one view in which every pooled
-        row reads its pool."""
-        pool = step.pool
-        every = dataclasses.replace(pool, full=np.ones(pool.rows.size, dtype=bool))
-        view = self.view_builder.pooled_pass(step.params, every, step.slots_dev,
-                                             step.block_table)
-        for i in which:
-            self._pre_pass(view, pool, i, first, prompt_ids[i], token_ids, positions,
-                           cad, next_token_ids)
-
-    def _pre_pass(self, view, pool, i, first, prompt_ids, token_ids, positions,
-                  cad, next_token_ids) -> None:
-        """Pooled row ``i``'s pass alone, as a kept pass runs (K = 0), before
-        the step's own forwards; ``view``: the batch's view with every pooled
-        row reading its pool."""
-        row = int(pool.rows[i]) - first
-        one = cad
-        if row > 0:
-            _, one = compat.split_rows(one, self.runner, row)
-        if one.num_reqs > 1:
-            one, _ = compat.split_rows(one, self.runner, 1)
-        qsl = cad.query_start_loc_cpu
-        tokens = slice(int(qsl[row]), int(qsl[row + 1]))
-        alone = dataclasses.replace(pool.take([i]).shifted(int(pool.rows[i])),
-                                    full=np.ones(1, dtype=bool))
-        token_ids, positions, _, one, self._first_pass = substitute(
-            alone, [prompt_ids], token_ids[tokens], positions[tokens], None, one,
-            self.block_size, self.extra_slots_per_request)
-        saved = self._view
-        self._view, self._first_view = None, view.rows(row + first, row + first + 1)
-        try:
-            self._first_pass_only(token_ids, positions,
-                                  next_token_ids[row:row + 1], one)
-        finally:
-            self._view = saved
-            self._first_view = self._first_pass = None
-
-    def _prompt_ids(self, row: int, seq: int) -> torch.Tensor:
-        """Batch row ``row``'s first ``seq`` token ids, on the device."""
-        ids = torch.from_numpy(compat.row_token_ids(self.runner, row, seq)
-                               .astype(np.int64))
-        if self.device.type == "cuda":
-            ids = ids.pin_memory().to(self.device, non_blocking=True)
-        return ids
-
     @override
     def build_per_group_and_layer_attn_metadata(
         self, common_attn_metadata, draft_index: int = 0
@@ -434,32 +291,6 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
             num_tokens, use_cudagraphs=use_cudagraphs
         )
 
-    def capture_graphs(self) -> None:
-        """After vLLM's own capture (the worker's warm-up): the captured draft
-        routine (``DraftCapture.capture_graphs``)."""
-        self.capture.capture_graphs()
-
-    def warm_up_kernels(self) -> None:
-        """The plugin's Triton kernels compiled before vLLM's warm-up (the KV
-        cache in place), not inside a server's first request, where vLLM's
-        JIT monitor found them (~1-3 s on an H200): the scoring kernel, the
-        greedy draft argmax where it is Triton's, and vLLM's spec-decode
-        kernels (``compat.warm_up_spec_decode_kernels``: the preparation of
-        a step's next tokens and inputs, their copy into the draft's buffers
-        for every block of tokens, and under async scheduling the runner's
-        torch.compiled batch-change correction). Each through the calls a
-        step makes, so each compiles the specialisation steps use. The sample
-        and vLLM's kernels run on every device and rank alike (the sample's
-        logits are gathered across tensor-parallel ranks), so the CPU engine
-        tests run them too (not the correction: vLLM's CPU platform has no
-        async scheduling)."""
-        if self.cfg.policy == "cmr":  # the one policy that scores
-            self.retriever.warm_up(self._max_chunks(self.cfg))
-        hidden = torch.zeros(1, self.draft_model_config.get_hidden_size(),
-                             dtype=self.dtype, device=self.device)  # [1, H]
-        self._greedy_sample(hidden)
-        compat.warm_up_spec_decode_kernels(self)
-
     def _greedy_propose(self, num_speculative_tokens, token_ids, positions,
                         hidden_states, next_token_ids, token_indices_to_sample,
                         cad, num_rejected_tokens_gpu=None) -> torch.Tensor:
@@ -471,49 +302,11 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses):
             num_rejected_tokens_gpu=num_rejected_tokens_gpu,
         )
 
-    def _report(self, force: bool = False) -> None:
-        # The sweep is a backstop, not a per-step cost: run it when reporting.
-        if self.reporter is not None and (force or self.reporter.due()):
-            self.state.sweep(compat.live_req_ids(self.runner))
-            self.stats.tracked_requests = len(self.state)
-            self.stats.request_slots = self.state.num_slots_held
-            self.reporter.maybe_report(force=True)
-
-
-POOLED_DECODE_STEPS = True
-"""Whether a step that ends pooled prompts, any other rows decoding, drafts
-as a decode step (``_drafts_as_decode``; 3edf47b). It was off for some hours: in
-two CI runs (2026-11-29) the CPU soak's server died in this path's pre-pass,
-an input id out of the draft's vocabulary at its embedding (``benchmarks/
-results/ci/20261129T1549Z_cpu_ci62_soak_engine_death.txt``): draft-token
-placeholders read as a pooled row's ids. Fixed in ``_pool_prompt_ids``
-(5bed24a; its test: ``test_a_pooled_rows_ids_never_read_draft_placeholders``);
-on again in b612bb7, whose clean CI runs 67 and 68 ran the soak with it and
-passed (``benchmarks/results/ci/20261128T1004Z_cpu_clean_ci_runs.txt``).
-Off, such steps draft through ``_pooled_inputs``."""
 
 _GREEDY = SimpleNamespace(all_greedy=True)
 """Sampling metadata of a propose the plugin runs itself: vLLM reads only
 ``all_greedy`` from it when drafts are sampled greedily (the captured routine
 replays only then: ``KeptPasses._drafts_greedily``)."""
-
-
-class SeparateDraft:
-    """The drafter has weights and KV of its own (a draft model, an EAGLE
-    head); the SpecExtend mixin's hooks for it. ``self_draft.TargetAsDraft``
-    is the other kind."""
-
-    def _scoring_excludes(self) -> set[str]:
-        """Attention layers that are not the target's: the draft's own."""
-        return self._draft_attn_layer_names
-
-    def _drafting_rows(self, lens: BatchLens) -> np.ndarray:
-        """Rows whose draft forwards may read through their selection: those
-        past prefill. A row that finishes its prompt this step drafts over it
-        in full, as the draft's own KV of the prompt is written by this pass
-        (with ``draft_prefill_window``: through the chunk's window, as every
-        prompt chunk, ``ViewBuilder.params``)."""
-        return lens.decoding
 
 
 class SpecExtendProposer(ReplicatedDraft, SpecExtendMixin, SeparateDraft,

@@ -21,7 +21,7 @@ import time
 import torch
 
 from benchmarks.harness.meta import run_metadata
-from vllm_specextend.scratch import copy_shifted
+from vllm_specextend.drafting.scratch import copy_shifted
 
 # (name, layers, kv heads, head size): the tiny test draft, the 2-layer 68M
 # draft and Llama-3.2-1B.

@@ -1,4 +1,4 @@
-"""Benchmark the Triton per-KV-block LSE kernel (vllm_specextend.scoring_triton).
+"""Benchmark the Triton per-KV-block LSE kernel (retrieval/scoring_triton.py).
 
 For each (batch, ctx) it builds a random paged KV cache (every row holds ctx tokens in
 randomly permuted cache blocks), checks block_lse_triton against an fp32 torch reference
@@ -19,7 +19,7 @@ import torch
 import triton
 
 from benchmarks.harness.meta import run_metadata
-from vllm_specextend import scoring_triton
+from vllm_specextend.retrieval import scoring_triton
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 

@@ -172,7 +172,7 @@ def worker_state(llm) -> list[dict]:
 
 def stats_delta(before: dict, after: dict) -> dict:
     """Counter growth between two ``stats`` snapshots (gauges left out)."""
-    from vllm_specextend.metrics import GAUGES
+    from vllm_specextend.serving.stats import GAUGES
 
     return {k: after[k] - before[k] for k in after if k not in GAUGES}
 
@@ -286,7 +286,7 @@ class WorkingSetProbe:
         import numpy as np
         import torch
 
-        from vllm_specextend.selection import held_chunks
+        from vllm_specextend.retrieval.selection import held_chunks
 
         rows_np = np.flatnonzero(step.drafting)
         if not rows_np.size:

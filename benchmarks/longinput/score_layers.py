@@ -28,8 +28,8 @@ import torch
 
 from benchmarks.harness.meta import run_metadata
 from benchmarks.longinput import inputs, needle
-from vllm_specextend import selection
 from vllm_specextend.config import SpecExtendConfig
+from vllm_specextend.retrieval import selection
 
 
 def chunk_mass(query: torch.Tensor, keys: torch.Tensor, chunk: int,

@@ -64,7 +64,7 @@ PLUGIN_CONFIGS = {
     "spec_extend_follow15": {},
 }
 PLUGIN_ENV = {"spec_extend_follow15": {"SPECEXTEND_POOL_FOLLOW": "15"}}
-"""A variant's tuning switches (``vllm_specextend.tuning``), set in this
+"""A variant's tuning switches (``vllm_specextend.drafting.tuning``), set in this
 process before the engine starts (its processes inherit them)."""
 
 

@@ -29,7 +29,7 @@ API key: the builder reads the key from the environment variable named by
 ``api_key_env`` (``VLLM_API_KEY``, as ``vllm serve`` does) where the
 application is built (``serve run MODULE:FUNCTION``: the driver; a config
 file: the build task Serve runs on the cluster), checks it
-(``vllm_specextend.auth.check_key``) and refuses to build without one unless
+(``vllm_specextend.serving.auth.check_key``) and refuses to build without one unless
 ``require_api_key=false``. Ray Serve LLM has no key of its own, so the ingress
 is assembled as Ray's ``build_openai_app`` assembles it, on a FastAPI app that
 carries ``vllm_specextend.auth.ApiKeyMiddleware`` with that key: every path
@@ -118,7 +118,7 @@ def llm_config_kwargs(
         },
         "additional_config": {"spec_extend": spec_extend},
         "tensor_parallel_size": tensor_parallel_size,
-        # The plugin refuses pipeline parallelism (config.py).
+        # The plugin refuses pipeline parallelism (config/engine.py).
         "pipeline_parallel_size": 1,
     }
     if max_model_len is not None:
@@ -154,7 +154,7 @@ def api_key_from_env(api_key_env: str = "VLLM_API_KEY",
                      require_api_key: bool | str = True) -> str | None:
     """The key the OpenAI routes require, from ``api_key_env``; None only when
     ``require_api_key`` is false. No Ray needed (vLLM is: ``auth``)."""
-    from vllm_specextend.auth import check_key
+    from vllm_specextend.serving.auth import check_key
 
     key = os.environ.get(api_key_env) or None
     if key is None and _flag("require_api_key", require_api_key):
@@ -206,7 +206,7 @@ def _guarded_openai_app(llm_config, key: str):
     from ray.serve.llm.ingress import OpenAiIngress, make_fastapi_ingress
     # The key on every path but /health and /metrics (vLLM's own middleware
     # guards only /v1, /v2 and /inference).
-    from vllm_specextend.auth import ApiKeyMiddleware
+    from vllm_specextend.serving.auth import ApiKeyMiddleware
 
     app = ingress_app()
     app.add_middleware(ApiKeyMiddleware, api_key=key)

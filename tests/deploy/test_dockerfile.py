@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_specextend.cli import MIDDLEWARE
+from vllm_specextend.serving.cli import MIDDLEWARE
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "docker" / "Dockerfile"
@@ -57,7 +57,7 @@ def test_dockerfile_installs_plugin():
 
 def test_image_needs_nothing_but_the_package_for_the_api_key():
     """The middleware the deployments name is the installed package's
-    (``vllm_specextend.auth``): the image copies nothing of deploy/ and sets
+    (``vllm_specextend.serving.auth``): the image copies nothing of deploy/ and sets
     no PYTHONPATH; the manifests and compose name the same path
     (test_manifests.py)."""
     text = DOCKERFILE.read_text()

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_specextend.auth import ApiKeyMiddleware
-from vllm_specextend.cli import MIDDLEWARE
 from vllm_specextend.config import SpecExtendConfig
+from vllm_specextend.serving.auth import ApiKeyMiddleware
+from vllm_specextend.serving.cli import MIDDLEWARE
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
@@ -120,8 +120,8 @@ def test_api_key_comes_from_the_secret():
     assert not ref.get("optional"), "the pod must not start without a key"
     # vLLM's own check leaves /invocations open: the middleware guards it too.
     args = _container(_one("Deployment"))["args"]
-    # The installed package's (vllm_specextend.auth): `vllm serve` checks the key
-    # when it parses this flag.
+    # The installed package's (vllm_specextend.serving.auth): `vllm serve`
+    # checks the key when it parses this flag.
     assert args[args.index("--middleware") + 1] == MIDDLEWARE
     # The example's placeholder would not start a server (fail closed).
     with pytest.raises(ValueError, match="too short"):

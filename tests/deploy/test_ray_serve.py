@@ -34,7 +34,8 @@ import yaml
 from benchmarks import prompts as prompt_data
 from benchmarks.harness.server import free_port, tail
 from vllm_specextend.config import SpecExtendConfig
-from vllm_specextend.metrics import METRICS_DIR_ENV, SnapshotCollector
+from vllm_specextend.serving.metrics import SnapshotCollector
+from vllm_specextend.serving.snapshots import METRICS_DIR_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 RAY_APP = REPO / "deploy" / "ray_serve" / "app.py"
@@ -148,7 +149,7 @@ def test_ray_app_with_a_key_guards_the_openai_routes(monkeypatch, request):
     # 2 loaded cores). Its outcome is test_ray_serve_matches_plain_decoding's.
     with contextlib.suppress(Exception):
         background.result(request, "ray")
-    from vllm_specextend.auth import ApiKeyMiddleware
+    from vllm_specextend.serving.auth import ApiKeyMiddleware
 
     monkeypatch.setenv("VLLM_API_KEY", API_KEY)
     app = _ray_app().build_app(accelerator="cpu", replicas=1)

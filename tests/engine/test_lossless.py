@@ -238,7 +238,7 @@ def test_score_layer_past_the_target_is_one_clean_error(tiny_target, tiny_draft)
 def test_a_pool_that_follows_its_top_chunks_stays_lossless(tiny_target, tiny_draft,
                                                           prompts, plain_outputs,
                                                           monkeypatch):
-    # SPECEXTEND_POOL_FOLLOW=3 (tuning.pool_follow): each top chunk brings the
+    # SPECEXTEND_POOL_FOLLOW=3 (selection.pool_follow): each top chunk brings the
     # three after it (selection.followed_mass), so the pools come in runs.
     monkeypatch.setenv("SPECEXTEND_POOL_FOLLOW", "3")
     llm = make_llm(tiny_target, tiny_draft, {**CMR, "draft_prompt_pool": "auto"})

@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
 @pytest.mark.parametrize("rows, vocab", [(1, 128256), (5, 128256), (32, 32000),
                                          (3, 1000), (2, 64), (4, 65)])
 def test_matches_torch(rows, vocab, dtype):
-    from vllm_specextend.argmax_triton import argmax_triton
+    from vllm_specextend.drafting.argmax_triton import argmax_triton
 
     gen = torch.Generator(device="cuda").manual_seed(rows * vocab)
     for _ in range(5):  # fresh inputs each time
@@ -24,7 +24,7 @@ def test_matches_torch(rows, vocab, dtype):
 
 
 def test_ties_go_to_the_first_index():
-    from vllm_specextend.argmax_triton import argmax_triton
+    from vllm_specextend.drafting.argmax_triton import argmax_triton
 
     logits = torch.zeros(4, 128256, device="cuda", dtype=torch.bfloat16)
     logits[0, [7, 90000]] = 3.0  # across parts
@@ -36,7 +36,7 @@ def test_ties_go_to_the_first_index():
 
 
 def test_strided_rows():
-    from vllm_specextend.argmax_triton import argmax_triton
+    from vllm_specextend.drafting.argmax_triton import argmax_triton
 
     wide = torch.randn(6, 4096, device="cuda")
     view = wide[::2, :3000]  # last dim contiguous, row stride 8192

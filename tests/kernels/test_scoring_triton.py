@@ -16,8 +16,8 @@ GARBAGE_COLS = 3  # table columns past num_blocks, never valid
 @pytest.fixture(scope="module")
 def impls():
     # Imported lazily so collection works without CUDA/Triton.
-    from vllm_specextend.scoring import block_lse_torch
-    from vllm_specextend.scoring_triton import block_lse_triton
+    from vllm_specextend.retrieval.scoring import block_lse_torch
+    from vllm_specextend.retrieval.scoring_triton import block_lse_triton
     return block_lse_triton, block_lse_torch
 
 

@@ -26,8 +26,8 @@ from waiting import wait_for
 
 from benchmarks.harness.server import scrape
 from benchmarks.harness.server import serve as start_server
-from vllm_specextend.auth import KEY_ENV
-from vllm_specextend.metrics import METRICS_DIR_ENV
+from vllm_specextend.serving.auth import KEY_ENV
+from vllm_specextend.serving.snapshots import METRICS_DIR_ENV
 
 pytestmark = pytest.mark.server
 

@@ -16,8 +16,8 @@ from cpu_serve import COMMON, ENV, MIDDLEWARE, spec_args
 from warm_cli import WarmCli
 
 from benchmarks.harness.server import free_port
-from vllm_specextend.auth import KEY_ENV
-from vllm_specextend.metrics import METRICS_DIR_ENV
+from vllm_specextend.serving.auth import KEY_ENV
+from vllm_specextend.serving.snapshots import METRICS_DIR_ENV
 
 pytestmark = pytest.mark.server
 

@@ -20,7 +20,7 @@ import pytest
 from cpu_serve import ENV, SPEC_EXTEND, common
 
 from benchmarks.serve import soak
-from vllm_specextend.metrics import METRICS_DIR_ENV
+from vllm_specextend.serving.snapshots import METRICS_DIR_ENV
 
 pytestmark = pytest.mark.server
 

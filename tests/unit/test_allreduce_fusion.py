@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from vllm_specextend.allreduce_fusion import fusion_off_without_multicast
+from vllm_specextend.compat.allreduce_fusion import fusion_off_without_multicast
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0"}
 

@@ -1,4 +1,4 @@
-"""vllm_specextend/auth.py on a small Starlette app (no server, no model), its
+"""vllm_specextend/serving/auth.py on a small Starlette app (no server, no model), its
 parse-time check on ``--middleware``, and the vLLM fact it exists for: vLLM
 0.26's own key check guards only some prefixes. ``tests/server/test_serve.py``
 runs it in a real ``vllm serve``."""
@@ -16,14 +16,18 @@ from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 from vllm_specextend import compat
-from vllm_specextend.auth import (
+from vllm_specextend.serving.auth import (
     KEY_ENV,
     MIN_KEY_CHARS,
     OPEN_PATHS_ENV,
     ApiKeyMiddleware,
     check_key,
 )
-from vllm_specextend.cli import MIDDLEWARE, add_spec_extend_args
+from vllm_specextend.serving.cli import (
+    MIDDLEWARE,
+    MIDDLEWARE_NAMES,
+    add_spec_extend_args,
+)
 
 KEY = "0123456789abcdef" * 4
 
@@ -144,8 +148,9 @@ def test_vllm_key_guards_only_these_prefixes():
 # --- the parse-time check of `vllm serve --middleware` ---------------------------
 
 
-def test_cli_names_this_middleware():
-    module, name = MIDDLEWARE.rsplit(".", 1)
+@pytest.mark.parametrize("qualname", MIDDLEWARE_NAMES)
+def test_cli_names_this_middleware(qualname):
+    module, name = qualname.rsplit(".", 1)
     assert getattr(importlib.import_module(module), name) is ApiKeyMiddleware
 
 
@@ -159,14 +164,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+@pytest.mark.parametrize("qualname", MIDDLEWARE_NAMES)
 @pytest.mark.parametrize("key", [None, "k" * (MIN_KEY_CHARS - 1)])
-def test_middleware_flag_needs_the_key_at_parse_time(monkeypatch, key):
+def test_middleware_flag_needs_the_key_at_parse_time(monkeypatch, key, qualname):
     if key is None:
         monkeypatch.delenv(KEY_ENV, raising=False)
     else:
         monkeypatch.setenv(KEY_ENV, key)
     with pytest.raises(argparse.ArgumentError) as e:
-        _parser().parse_args(["--middleware", MIDDLEWARE])
+        _parser().parse_args(["--middleware", qualname])
     assert "openssl rand -hex 32" in str(e.value) and KEY_ENV in str(e.value)
     # Other middlewares are none of its business.
     args = _parser().parse_args(["--middleware", "my.Middleware"])

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from vllm_specextend.cli import SpecExtendAction, add_spec_extend_args
 from vllm_specextend.config import SpecExtendConfig
+from vllm_specextend.serving.cli import SpecExtendAction, add_spec_extend_args
 
 DEFAULTS = SpecExtendConfig().to_dict()
 
@@ -250,8 +250,8 @@ def test_help_for_the_group(vllm_parser, capsys, monkeypatch, keyword):
 
 
 def test_config_error_hook_prints_one_line(capsys, monkeypatch):
-    from vllm_specextend.cli import _brief
     from vllm_specextend.config import SpecExtendConfigError
+    from vllm_specextend.serving.cli import _brief
 
     passed = []
     hook = _brief(lambda *exc_info: passed.append(exc_info))
@@ -276,7 +276,7 @@ def test_uncaught_config_error_ends_the_process_in_one_line():
     import sys
 
     code = (
-        "from vllm_specextend import cli\n"
+        "from vllm_specextend.serving import cli\n"
         "from vllm_specextend.config import SpecExtendConfigError\n"
         "cli.report_config_errors_briefly()\n"
         "cli.report_config_errors_briefly()\n"
@@ -292,7 +292,7 @@ def test_uncaught_config_error_ends_the_process_in_one_line():
 def test_flag_help_names_every_config_key():
     import dataclasses
 
-    from vllm_specextend.cli import HELP
+    from vllm_specextend.serving.cli import HELP
 
     missing = [f.name for f in dataclasses.fields(SpecExtendConfig) if f.name not in HELP]
     assert not missing, f"--spec-extend's help does not name {missing}"

@@ -16,9 +16,10 @@ import pytest
 import torch
 
 import vllm_specextend
-from vllm_specextend import compat, metrics, plugin
-from vllm_specextend.compat import patches
+from vllm_specextend import compat, plugin
+from vllm_specextend.compat import model_patches, patches
 from vllm_specextend.config import SpecExtendConfig, SpecExtendConfigError
+from vllm_specextend.serving import metrics
 
 PKG_DIR = Path(vllm_specextend.__file__).resolve().parent
 REPO = PKG_DIR.parent
@@ -64,7 +65,7 @@ def test_import_scanner_detects_vllm_imports(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text(
         "import os\nimport vllm\nfrom vllm.config import X\n"
-        "from vllm_specextend import compat\nimport vllm_specextend.view\n"
+        "from vllm_specextend import compat\nimport vllm_specextend.drafting.view\n"
         "def f():\n    import vllm.envs as e\n"
     )
     assert len(_vllm_imports(probe)) == 3
@@ -73,8 +74,9 @@ def test_import_scanner_detects_vllm_imports(tmp_path):
 def test_only_compat_imports_vllm():
     modules = sorted(PKG_DIR.rglob("*.py"))
     names = {str(p.relative_to(PKG_DIR)) for p in modules}
-    assert {"compat/__init__.py", "_dist_alias.py", "config.py", "view.py",
-            "patching.py", "settings.py", "worker/gpu.py"} <= names
+    assert {"compat/__init__.py", "_dist_alias.py", "config/keys.py",
+            "drafting/view.py", "patching.py", "serving/settings.py",
+            "worker/gpu.py"} <= names
     compat_dir = PKG_DIR / "compat"
     offenders = []
     for path in modules:
@@ -447,7 +449,7 @@ def test_cpu_key_order_recovers_keys(head_size, block_size, dtype):
     cpu_attn = pytest.importorskip("vllm.v1.attention.backends.cpu_attn")
     from vllm.v1.attention.backend import AttentionType
 
-    from vllm_specextend.scoring import gather_keys
+    from vllm_specextend.retrieval.scoring import gather_keys
 
     # The impl's constructor wants a live vLLM config; set what do_kv_cache_update reads.
     impl = object.__new__(cpu_attn.CPUAttentionBackendImpl)
@@ -576,8 +578,8 @@ def test_early_output_copy_waits_for_sampling_once_per_step(monkeypatch):
         def record(self):
             order.append(("record", self))
 
-    monkeypatch.setattr(patches.torch.cuda, "Event", Event)
-    monkeypatch.setattr(patches, "_AfterSampling",
+    monkeypatch.setattr(model_patches.torch.cuda, "Event", Event)
+    monkeypatch.setattr(model_patches, "_AfterSampling",
                         lambda stream, event: ("after", stream, event))
     runner = _FakeRunner()
     compat.copy_outputs_after_sampling(runner)

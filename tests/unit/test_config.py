@@ -17,7 +17,7 @@ from vllm_specextend.config import (
     resolve_prompt_pool,
     validate_engine,
 )
-from vllm_specextend.settings import Settings
+from vllm_specextend.serving.settings import Settings
 
 VALID_KEYS = sorted(f.name for f in dataclasses.fields(SpecExtendConfig))
 

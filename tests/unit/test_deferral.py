@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_specextend.deferral import PrefillDeferral, copy_metadata
-from vllm_specextend.kept_passes import Cut
+from vllm_specextend.drafting.deferral import PrefillDeferral, copy_metadata
+from vllm_specextend.drafting.kept_passes import Cut
 
 
 @dataclass
@@ -74,8 +74,8 @@ def test_copies_of_vllms_metadata_share_no_tensor():
 
 
 def _proposer_with_passes(n, fail_at=None):
-    from vllm_specextend.metrics import SpecExtendStats
     from vllm_specextend.proposer import SpecExtendProposer
+    from vllm_specextend.serving.stats import SpecExtendStats
 
     proposer = object.__new__(SpecExtendProposer)  # no engine: the pass loop only
     proposer.deferral, proposer.stats = PrefillDeferral(), SpecExtendStats()
@@ -119,7 +119,7 @@ def test_a_kept_pass_reads_through_its_own_view_copy_and_only_it():
     """``draft_prefill_window``: a kept pass's view is copied with it (the
     staging buffers behind it are reused) and is in force while that pass,
     and no other, runs; the funnel applies it, not the kept metadata."""
-    from vllm_specextend.view import View
+    from vllm_specextend.drafting.view import View
 
     proposer, _ = _proposer_with_passes(0)
     offsets = torch.tensor([32, 0], dtype=torch.int32)

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from vllm_specextend.config import SpecExtendConfig
-from vllm_specextend.draft_graph import (
+from vllm_specextend.drafting.draft_graph import (
     DraftGraphs,
     DraftInputs,
     blocker,
     graph_view_tokens,
 )
-from vllm_specextend.view import build_view
+from vllm_specextend.drafting.view import build_view
 
 CPU = torch.device("cpu")
 K = 4
@@ -114,8 +114,8 @@ def test_fixed_width_view_is_the_full_views_prefix():
 
 
 def test_draft_tuning_defaults_switches_and_cpu(monkeypatch):
-    from vllm_specextend.argmax_triton import argmax_triton
-    from vllm_specextend.tuning import DraftTuning
+    from vllm_specextend.drafting.argmax_triton import argmax_triton
+    from vllm_specextend.drafting.tuning import DraftTuning
 
     cuda = torch.device("cuda")
     for name in ("DRAFT_ARGMAX", "DRAFT_ATTN_SPLITS", "DRAFT_AOT", "EARLY_OUTPUT_COPY"):
@@ -146,7 +146,7 @@ def test_draft_tuning_defaults_switches_and_cpu(monkeypatch):
     ("DRAFT_ARGMAX", "fast"), ("DRAFT_AOT", "yes"), ("DRAFT_ATTN_SPLITS", "0"),
     ("DRAFT_ATTN_SPLITS", "x"), ("EARLY_OUTPUT_COPY", "on")])
 def test_draft_tuning_refuses_unknown_values_by_name(monkeypatch, name, value):
-    from vllm_specextend.tuning import DraftTuning
+    from vllm_specextend.drafting.tuning import DraftTuning
 
     monkeypatch.setenv(f"SPECEXTEND_{name}", value)
     with pytest.raises(ValueError, match=f"SPECEXTEND_{name}={value!r}"):

@@ -13,16 +13,18 @@ import types
 import pytest
 import torch
 
-from vllm_specextend import metrics
-from vllm_specextend.metrics import (
-    COUNTERS,
+from vllm_specextend.serving import metrics, snapshots
+from vllm_specextend.serving import stats as stats_mod
+from vllm_specextend.serving.metrics import SnapshotCollector, StatsReporter
+from vllm_specextend.serving.snapshots import (
     DIR_PREFIX,
-    GAUGES,
     METRICS_DIR_ENV,
     PROMETHEUS_DIR_ENV,
-    SnapshotCollector,
+)
+from vllm_specextend.serving.stats import (
+    COUNTERS,
+    GAUGES,
     SpecExtendStats,
-    StatsReporter,
     format_line,
 )
 
@@ -36,7 +38,7 @@ def metrics_env(tmp_path, monkeypatch):
 @pytest.fixture(autouse=True)
 def fresh_warnings(monkeypatch):
     """Each test starts with no directory warned about in this process."""
-    monkeypatch.setattr(metrics, "_warned", set())
+    monkeypatch.setattr(snapshots, "_warned", set())
 
 
 @pytest.fixture
@@ -45,8 +47,8 @@ def unset_env(tmp_path, monkeypatch):
     # Empty counts as unset; setenv makes monkeypatch restore the variable.
     monkeypatch.setenv(METRICS_DIR_ENV, "")
     monkeypatch.setenv(PROMETHEUS_DIR_ENV, "")
-    monkeypatch.setattr(metrics.tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(metrics, "_own_dirs", {})
+    monkeypatch.setattr(snapshots.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(snapshots, "_own_dirs", {})
     return tmp_path
 
 
@@ -59,7 +61,7 @@ def _assert_private(path):
 
 def test_cpu_timers_accumulate(monkeypatch):
     clock = iter([10.0, 10.25, 20.0, 20.5])
-    monkeypatch.setattr(metrics.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(stats_mod.time, "perf_counter", lambda: next(clock))
     stats = SpecExtendStats()
     cpu = torch.device("cpu")
     t = stats.start_timer(cpu)
@@ -168,7 +170,7 @@ def test_a_failing_report_never_raises_into_the_step(metrics_env, monkeypatch):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(stats, "snapshot", broken)
-    monkeypatch.setattr(metrics, "_warned", set())
+    monkeypatch.setattr(snapshots, "_warned", set())
     rep.maybe_report(force=True)
     rep.maybe_report(force=True)
     assert len(warned) == 1 and "boom" in warned[0] and "goes on" in warned[0]
@@ -226,20 +228,20 @@ def test_format_line_zero_division_safe():
 
 
 def test_metrics_dir_from_env(metrics_env):
-    assert metrics.metrics_dir() == metrics_env
-    assert metrics.ensure_metrics_dir() == metrics_env
+    assert snapshots.metrics_dir() == metrics_env
+    assert snapshots.ensure_metrics_dir() == metrics_env
 
 
 def test_private_dir_made_when_unset(unset_env):
-    path = metrics.ensure_metrics_dir()
+    path = snapshots.ensure_metrics_dir()
     assert path.parent == unset_env and path.name.startswith(DIR_PREFIX)
     assert path.name != f"{DIR_PREFIX}{os.getpid()}", "not a predictable name"
     _assert_private(path)
     # Inherited by child processes through the environment, stable afterwards.
     assert os.environ[METRICS_DIR_ENV] == str(path)
-    assert metrics.ensure_metrics_dir() == path
+    assert snapshots.ensure_metrics_dir() == path
     assert list(unset_env.iterdir()) == [path]
-    metrics.remove_own_dirs()
+    snapshots.remove_own_dirs()
     assert not path.exists()
 
 
@@ -254,7 +256,7 @@ def test_predictable_old_path_is_not_used(unset_env, planted):
         old.symlink_to(theirs)
     else:
         old.mkdir(mode=0o777)
-    path = metrics.ensure_metrics_dir()
+    path = snapshots.ensure_metrics_dir()
     assert path != old
     stats = SpecExtendStats(retrievals=3)
     rep = StatsReporter(stats, 0.0, log=lambda _: None)
@@ -263,7 +265,7 @@ def test_predictable_old_path_is_not_used(unset_env, planted):
     assert json.loads(rep.path.read_text())["retrievals"] == 3
     assert SnapshotCollector(path).read()["retrievals"] == 3
     rep.close()
-    metrics.remove_own_dirs()
+    snapshots.remove_own_dirs()
     assert list(theirs.iterdir()) == [] and old.exists(), "theirs, untouched"
     if planted == "directory":
         assert list(old.iterdir()) == []
@@ -273,31 +275,31 @@ def test_private_dir_inside_vllm_multiproc_dir(unset_env, monkeypatch):
     prom = unset_env / "prometheus"
     prom.mkdir()
     monkeypatch.setenv(PROMETHEUS_DIR_ENV, str(prom))
-    path = metrics.ensure_metrics_dir()
+    path = snapshots.ensure_metrics_dir()
     assert path.parent == prom and path.name.startswith(DIR_PREFIX)
     _assert_private(path)
 
 
 def test_private_dir_in_tmp_when_multiproc_dir_is_missing(unset_env, monkeypatch):
     monkeypatch.setenv(PROMETHEUS_DIR_ENV, str(unset_env / "missing"))
-    path = metrics.ensure_metrics_dir()
+    path = snapshots.ensure_metrics_dir()
     assert path.parent == unset_env
     _assert_private(path)
 
 
 def test_own_dir_kept_while_another_writer_lives(unset_env):
     """Removed after the processes that write into it have exited."""
-    path = metrics.ensure_metrics_dir()
+    path = snapshots.ensure_metrics_dir()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     (path / f"worker-{dead.pid}.json").write_text("{}")
     live = path / f"worker-{os.getppid()}.json"  # a live process that is not us
     live.write_text("{}")
-    metrics.remove_own_dirs()
+    snapshots.remove_own_dirs()
     assert live.exists()
     live.unlink()
-    metrics._own_dirs[path] = os.getpid()
-    metrics.remove_own_dirs()
+    snapshots._own_dirs[path] = os.getpid()
+    snapshots.remove_own_dirs()
     assert not path.exists(), "a dead writer's snapshot does not keep it"
 
 
@@ -306,8 +308,8 @@ def test_own_dir_removed_by_its_maker_only(unset_env):
     parent's directory alone; the parent removes it at its own exit."""
     script = (
         "import os, sys\n"
-        "from vllm_specextend import metrics\n"
-        "path = metrics.ensure_metrics_dir()\n"
+        "from vllm_specextend.serving import snapshots\n"
+        "path = snapshots.ensure_metrics_dir()\n"
         "child = os.fork()\n"
         "if child == 0:\n"
         "    sys.exit(0)\n"
@@ -341,7 +343,7 @@ def _unsafe_dir(kind: str, tmp_path, monkeypatch):
             os.chown(path, 65534, 65534)
         else:  # cannot give it away: be someone else instead
             uid = os.geteuid()
-            monkeypatch.setattr(metrics.os, "geteuid", lambda: uid + 1)
+            monkeypatch.setattr(snapshots.os, "geteuid", lambda: uid + 1)
     return path, path
 
 
@@ -356,7 +358,7 @@ def test_named_dir_refused_once_engine_goes_on(kind, fix, tmp_path, monkeypatch)
     path, lands = _unsafe_dir(kind, tmp_path, monkeypatch)
     monkeypatch.setenv(METRICS_DIR_ENV, str(path))
     warned, lines = [], []
-    assert metrics.ensure_metrics_dir(warned.append) == path
+    assert snapshots.ensure_metrics_dir(warned.append) == path
     assert len(warned) == 1 and str(path) in warned[0] and fix in warned[0], warned
     stats = SpecExtendStats()
     rep = StatsReporter(stats, 0.0, lines.append, warn=warned.append)
@@ -549,7 +551,7 @@ def test_collector_sums_workers(metrics_env):
 
 def test_collector_with_reporters_end_to_end(metrics_env, monkeypatch):
     s1, s2 = SpecExtendStats(), SpecExtendStats()
-    monkeypatch.setattr(metrics, "_alive", lambda pid: pid in (111, 222))
+    monkeypatch.setattr(snapshots, "_alive", lambda pid: pid in (111, 222))
     monkeypatch.setattr(metrics.os, "getpid", lambda: 111)
     r1 = StatsReporter(s1, 0.0, lambda s: None)
     monkeypatch.setattr(metrics.os, "getpid", lambda: 222)
@@ -584,9 +586,9 @@ def test_collector_empty_dir(tmp_path):
 def _proposer_with_batch(live, interval_s):
     import torch
 
-    from vllm_specextend.deferral import PrefillDeferral
+    from vllm_specextend.drafting.deferral import PrefillDeferral
     from vllm_specextend.proposer import SpecExtendProposer
-    from vllm_specextend.state import SelectionState
+    from vllm_specextend.retrieval.state import SelectionState
 
     proposer = object.__new__(SpecExtendProposer)  # no engine: only the bookkeeping
     proposer.deferral = PrefillDeferral()
@@ -640,7 +642,7 @@ def test_requests_done_survives_a_removed_directory(tmp_path, monkeypatch):
 def test_series_carry_vllm_labels_per_engine(metrics_env, monkeypatch):
     """Labelled as ``vllm:spec_decode_*`` (model_name, engine); one series per
     engine, 0 for an engine whose workers have not published yet."""
-    monkeypatch.setattr(metrics, "_alive", lambda pid: True)
+    monkeypatch.setattr(snapshots, "_alive", lambda pid: True)
     for pid, engine, retrievals in ((11, 0, 2), (12, 0, 3), (13, 1, 7)):
         monkeypatch.setattr(metrics.os, "getpid", lambda pid=pid: pid)
         stats = SpecExtendStats(retrievals=retrievals)

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from vllm_specextend.config import SpecExtendConfig
-from vllm_specextend.planner import BatchLens, StepPlanner
-from vllm_specextend.selection import uses_view, window_start
-from vllm_specextend.state import SelectionState
+from vllm_specextend.retrieval.planner import BatchLens, StepPlanner
+from vllm_specextend.retrieval.selection import uses_view, window_start
+from vllm_specextend.retrieval.state import SelectionState
 
 
 class Reference:

@@ -7,8 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_specextend.prompt_pool import PoolRows, PromptPools, fit, substitute, tails
-from vllm_specextend.selection import select_chunks
+from vllm_specextend.drafting.prompt_pool import (
+    PoolRows,
+    PromptPools,
+    fit,
+    substitute,
+    tails,
+)
+from vllm_specextend.retrieval.selection import select_chunks
 
 
 def test_a_pool_allows_its_chunks_and_those_from_the_window_on():

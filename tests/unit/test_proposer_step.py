@@ -39,10 +39,10 @@ def _layer(device):
 
 
 def _proposer(device, layer, runner, cfg=CFG):
-    from vllm_specextend.metrics import SpecExtendStats
     from vllm_specextend.proposer import SpecExtendProposer
-    from vllm_specextend.retriever import Retriever
-    from vllm_specextend.staging import HostStaging
+    from vllm_specextend.retrieval.retriever import Retriever
+    from vllm_specextend.retrieval.staging import HostStaging
+    from vllm_specextend.serving.stats import SpecExtendStats
 
     proposer = object.__new__(SpecExtendProposer)  # no engine: the plugin's step
     proposer.vllm_config = types.SimpleNamespace(
@@ -170,7 +170,7 @@ def test_a_pooled_rows_ids_never_read_draft_placeholders(first):
     # starts at that batch row, so ``cad``'s rows count from it.
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
-    from vllm_specextend.prompt_pool import PoolRows
+    from vllm_specextend.drafting.prompt_pool import PoolRows
     from vllm_specextend.proposer import SpecExtendProposer
 
     rng = np.random.default_rng(1)
@@ -221,8 +221,8 @@ def test_the_kernels_warm_up_without_a_trace(device, monkeypatch, cfg):
     # nothing of it may stay: no counts, no state, the queries as they were.
     # The selection too (its torch kernels load on first launch), at the
     # config's k: the top-k chunks and, pooled, the pool's.
-    from vllm_specextend import retriever
-    from vllm_specextend.tuning import DraftTuning
+    from vllm_specextend.drafting.tuning import DraftTuning
+    from vllm_specextend.retrieval import retriever
 
     calls, picks = [], []
 

@@ -14,10 +14,10 @@ from vllm_specextend.config import SpecExtendConfig, SpecExtendConfigError
 
 def _proposer(compactor=None, method="draft_model", max_model_len=4096):
     from vllm_specextend.config import EngineFacts
-    from vllm_specextend.deferral import PrefillDeferral
+    from vllm_specextend.drafting.deferral import PrefillDeferral
     from vllm_specextend.proposer import SpecExtendProposer
-    from vllm_specextend.retriever import Retriever
-    from vllm_specextend.staging import HostStaging
+    from vllm_specextend.retrieval.retriever import Retriever
+    from vllm_specextend.retrieval.staging import HostStaging
 
     proposer = object.__new__(SpecExtendProposer)  # no engine: only the config logic
     proposer.vllm_config = types.SimpleNamespace(
@@ -69,7 +69,7 @@ def test_reconfigure_resolves_an_auto_pool_for_its_engine(max_model_len, pool):
 
 
 def test_reconfigure_refuses_a_budget_beyond_the_scratch_runs():
-    from vllm_specextend.compactor import Compactor
+    from vllm_specextend.drafting.compactor import Compactor
 
     compactor = object.__new__(Compactor)
     # sink 32 + top_k 2 * chunk 32 = 3 blocks of 32 per request.

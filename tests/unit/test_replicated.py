@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vllm_specextend import compat
-from vllm_specextend.replicated import ReplicatedDraft
+from vllm_specextend.drafting.replicated import ReplicatedDraft
 
 TARGET = types.SimpleNamespace(rank_in_group=0, world_size=2, name="target")
 DRAFT = types.SimpleNamespace(rank_in_group=0, world_size=1, name="draft")

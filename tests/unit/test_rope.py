@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_specextend.rope import exact_ropes, shift_keys
+from vllm_specextend.drafting.rope import exact_ropes, shift_keys
 
 HEAD = 32
 

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from vllm_specextend import scheduling
+from vllm_specextend.serving import scheduling
 
 
 def _args(spec_extend=True, async_scheduling=None, backend=None):

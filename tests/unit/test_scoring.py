@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from vllm_specextend.scoring import block_lse, block_lse_torch, gather_keys
-from vllm_specextend.selection import chunk_mass
+from vllm_specextend.retrieval.scoring import block_lse, block_lse_torch, gather_keys
+from vllm_specextend.retrieval.selection import chunk_mass
 
 
 def _cdiv(a: int, b: int) -> int:

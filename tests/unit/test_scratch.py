@@ -7,10 +7,10 @@ import types
 import pytest
 import torch
 
-from vllm_specextend.rope import shift_keys
-from vllm_specextend.scoring import gather_keys, page_keys, set_page_keys
-from vllm_specextend.scratch import copy_shifted, scratch_nbytes
-from vllm_specextend.view import compacted_view, prefix_shift, view_blocks
+from vllm_specextend.drafting.rope import shift_keys
+from vllm_specextend.drafting.scratch import copy_shifted, scratch_nbytes
+from vllm_specextend.drafting.view import compacted_view, prefix_shift, view_blocks
+from vllm_specextend.retrieval.scoring import gather_keys, page_keys, set_page_keys
 from vllm_specextend.worker.mixin import SpecExtendWorkerMixin
 
 H, BS, D = 2, 4, 8
@@ -113,8 +113,8 @@ def _spec(block_size, num_kv_heads, head_size, dtype):
 def _draft(spec, num_layers, max_num_seqs, compact=True, **cfg):
     """A proposer with only what ``scratch_bytes`` reads: the config, the
     draft's attention layers (each with ``spec``) and max_num_seqs."""
-    from vllm_specextend.compactor import Compactor
     from vllm_specextend.config import SpecExtendConfig
+    from vllm_specextend.drafting.compactor import Compactor
     from vllm_specextend.proposer import SpecExtendProposer
 
     names = {f"draft.layers.{i}.self_attn.attn" for i in range(num_layers)}
@@ -193,7 +193,7 @@ class _Worker(SpecExtendWorkerMixin, _Base):
 def _worker(available, scratch, one_request=None, monkeypatch=None):
     from vllm_specextend import compat
     from vllm_specextend.config import EngineFacts, SpecExtendConfig
-    from vllm_specextend.settings import Settings
+    from vllm_specextend.serving.settings import Settings
 
     worker = _Worker()
     worker.available = available

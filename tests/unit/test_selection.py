@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from vllm_specextend.config import SpecExtendConfig
-from vllm_specextend.selection import (
+from vllm_specextend.drafting.view import view_blocks
+from vllm_specextend.retrieval.selection import (
     chunk_mass,
     held_chunks,
     num_candidates,
@@ -14,7 +15,6 @@ from vllm_specextend.selection import (
     uses_view,
     window_start,
 )
-from vllm_specextend.view import view_blocks
 
 CONFIGS = [
     SpecExtendConfig(),
@@ -280,7 +280,7 @@ def test_held_chunks_are_the_blocks_a_view_reads(seed):
 
 
 def test_followed_mass_pools_the_text_after_the_top_chunks():
-    from vllm_specextend.selection import followed_mass
+    from vllm_specextend.retrieval.selection import followed_mass
 
     mass = torch.zeros(1, 20)
     mass[0, 3] = 0.5  # a function's name, say: its body follows
@@ -296,7 +296,7 @@ def test_followed_mass_pools_the_text_after_the_top_chunks():
 
 
 def test_followed_mass_keeps_each_chunks_own_order_within_a_run():
-    from vllm_specextend.selection import followed_mass
+    from vllm_specextend.retrieval.selection import followed_mass
 
     mass = torch.tensor([[0.0, 0.4, 0.2, 0.0, 0.0]])
     spread = followed_mass(mass, 3)
@@ -305,7 +305,7 @@ def test_followed_mass_keeps_each_chunks_own_order_within_a_run():
 
 
 def test_pool_follow_switch(monkeypatch):
-    from vllm_specextend.tuning import pool_follow
+    from vllm_specextend.retrieval.selection import pool_follow
 
     monkeypatch.delenv("SPECEXTEND_POOL_FOLLOW", raising=False)
     assert pool_follow() == 0

@@ -13,9 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_specextend.config import EngineFacts, SpecExtendConfig, SpecExtendConfigError
-from vllm_specextend.config import validate_engine
-from vllm_specextend.self_draft import (
+from vllm_specextend.config import (
+    EngineFacts,
+    SpecExtendConfig,
+    SpecExtendConfigError,
+    validate_engine,
+)
+from vllm_specextend.drafting.self_draft import (
     DEFAULT_NUM_SPECULATIVE_TOKENS,
     TargetAsDraft,
     speculative_config_for,

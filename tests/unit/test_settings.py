@@ -8,9 +8,9 @@ import types
 
 import pytest
 
-from vllm_specextend import settings as settings_mod
 from vllm_specextend.config import EngineFacts, SpecExtendConfig, SpecExtendConfigError
-from vllm_specextend.settings import Settings, enabled
+from vllm_specextend.serving import settings as settings_mod
+from vllm_specextend.serving.settings import Settings, enabled
 
 
 def _facts(**kw) -> EngineFacts:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_specextend.state import SelectionState
+from vllm_specextend.retrieval.state import SelectionState
 
 
 def _state(num_slots=4, top_k=3, live=None):

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from vllm_specextend.view import build_view, view_offsets
+from vllm_specextend.drafting.view import build_view, view_offsets
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -7,14 +7,19 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_specextend.compactor import Compactor
 from vllm_specextend.config import SpecExtendConfig
-from vllm_specextend.metrics import SpecExtendStats
-from vllm_specextend.rope import shift_keys
-from vllm_specextend.scoring import gather_keys
-from vllm_specextend.staging import HostStaging
-from vllm_specextend.state import SelectionState
-from vllm_specextend.view import ViewBuilder, build_view, compacted_view, prefix_shift
+from vllm_specextend.drafting.compactor import Compactor
+from vllm_specextend.drafting.rope import shift_keys
+from vllm_specextend.drafting.view import (
+    ViewBuilder,
+    build_view,
+    compacted_view,
+    prefix_shift,
+)
+from vllm_specextend.retrieval.scoring import gather_keys
+from vllm_specextend.retrieval.staging import HostStaging
+from vllm_specextend.retrieval.state import SelectionState
+from vllm_specextend.serving.stats import SpecExtendStats
 
 BS = 16
 CFG = SpecExtendConfig(chunk_size=32, top_k=3, sink_tokens=32, recent_tokens=64,

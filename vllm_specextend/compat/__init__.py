@@ -67,7 +67,10 @@ which says in full what it changes and why. Modules: ``symbols`` (the logger,
 vLLM classes loaded on first use), ``engine`` (engine-config reads),
 ``args`` (CLI parser reads), ``runner`` (batch reads), ``layers`` (attention
 and RoPE layers), ``kv`` (KV layout and scratch blocks), ``distributed``
-(TP group), ``patches``. Version-specific notes carry a ``vLLM 0.26:`` tag.
+(TP group), ``graphs`` (the captured routine's needs), ``warmup`` (kernels
+compiled early), ``patches`` (declared in ``startup_patches`` and
+``model_patches``) and ``allreduce_fusion`` (a vLLM compilation setting,
+imported by ``plugin`` only). Version-specific notes carry a ``vLLM 0.26:`` tag.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from each step's longest query (``LLMBaseProposer.set_inputs_first_pass``:
 compiled it anew inside a request the first time a step's longest query fell
 in each power of two: a decode step, a prompt chunk, a prompt's short tail.
 Its counts and sliced inputs are not specialised under the plugin
-(``patches.STEP_SHAPE_SPECIALISATION``), so one launch per block compiles
+(``model_patches.STEP_SHAPE_SPECIALISATION``), so one launch per block compiles
 what such steps use.
 """
 

@@ -18,7 +18,7 @@ from typing_extensions import override
 
 from vllm_specextend import compat
 from vllm_specextend.config import SpecExtendConfigError
-from vllm_specextend.settings import Settings
+from vllm_specextend.serving.settings import Settings
 
 logger = compat.logger
 

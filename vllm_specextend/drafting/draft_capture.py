@@ -15,15 +15,15 @@ import numpy as np
 import torch
 
 from vllm_specextend import compat
-from vllm_specextend.draft_graph import (
+from vllm_specextend.drafting.draft_graph import (
     MAX_GRAPH_BATCH,
     DraftGraphs,
     DraftInputs,
     blocker,
     graph_view_tokens,
 )
-from vllm_specextend.host_step import Step
-from vllm_specextend.view import View, view_blocks
+from vllm_specextend.drafting.host_step import Step
+from vllm_specextend.drafting.view import View, view_blocks
 
 logger = compat.logger
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllm_specextend.config import SpecExtendConfig
-from vllm_specextend.selection import uses_view, window_start
-from vllm_specextend.state import SelectionState
+from vllm_specextend.retrieval.selection import uses_view, window_start
+from vllm_specextend.retrieval.state import SelectionState
 
 
 @dataclass

@@ -22,14 +22,18 @@ import torch
 
 from vllm_specextend import compat
 from vllm_specextend.config import SpecExtendConfig
-from vllm_specextend.metrics import SpecExtendStats
-from vllm_specextend.planner import BatchLens, ScoreRequest
-from vllm_specextend.scoring import block_lse
-from vllm_specextend.selection import (chunk_mass, followed_mass, num_candidates,
-                                       select_chunks)
-from vllm_specextend.staging import HostStaging
-from vllm_specextend.state import SelectionState
-from vllm_specextend.tuning import pool_follow
+from vllm_specextend.retrieval.planner import BatchLens, ScoreRequest
+from vllm_specextend.retrieval.scoring import block_lse
+from vllm_specextend.retrieval.selection import (
+    chunk_mass,
+    followed_mass,
+    num_candidates,
+    pool_follow,
+    select_chunks,
+)
+from vllm_specextend.retrieval.staging import HostStaging
+from vllm_specextend.retrieval.state import SelectionState
+from vllm_specextend.serving.stats import SpecExtendStats
 
 
 class Retriever:
@@ -46,7 +50,7 @@ class Retriever:
         self._key_order: torch.Tensor | None = None
         self.pools = None  # prompt_pool.PromptPools, with draft_prompt_pool
         # Chunks after each top chunk that its pool takes along (``followed_mass``;
-        # ``tuning.pool_follow``, an experiment's switch).
+        # ``selection.pool_follow``, an experiment's switch).
         self.pool_follow = pool_follow()
 
     def attach(self, layer, max_num_tokens: int, dtype: torch.dtype,

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import torch
 
-from vllm_specextend.staging import HostStaging
+from vllm_specextend.retrieval.staging import HostStaging
 
 
 class SelectionState:

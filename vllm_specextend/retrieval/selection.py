@@ -12,6 +12,8 @@ Pure torch; no vLLM.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
@@ -126,3 +128,16 @@ def held_chunks(
         hits.scatter_(1, picked, True)
         held |= hits[:, :num_chunks]
     return held
+
+
+def pool_follow() -> int:
+    """``SPECEXTEND_POOL_FOLLOW=N``: a prompt pool (``draft_prompt_pool``)
+    chosen by ``followed_mass``, each top chunk with the ``N`` after
+    it (default 0: the top chunks alone). An experiment on copy tasks with
+    the real pair (``benchmarks/realpair``), read from the workers'
+    environment on any device."""
+    value = os.environ.get("SPECEXTEND_POOL_FOLLOW") or "0"
+    if not value.isdigit():
+        raise ValueError(f"SPECEXTEND_POOL_FOLLOW={value!r}: use a count of chunks "
+                         "(0, the default: the top chunks alone)")
+    return int(value)

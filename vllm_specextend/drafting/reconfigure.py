@@ -22,11 +22,11 @@ from vllm_specextend.config import (
     resolve_prompt_pool,
     score_layer_index,
 )
-from vllm_specextend.draft_vocab import vocab_rows
-from vllm_specextend.planner import StepPlanner
-from vllm_specextend.prompt_pool import PromptPools
-from vllm_specextend.state import SelectionState
-from vllm_specextend.view import ViewBuilder
+from vllm_specextend.drafting.draft_vocab import vocab_rows
+from vllm_specextend.drafting.prompt_pool import PromptPools
+from vllm_specextend.drafting.view import ViewBuilder
+from vllm_specextend.retrieval.planner import StepPlanner
+from vllm_specextend.retrieval.state import SelectionState
 
 
 class Reconfigurable:

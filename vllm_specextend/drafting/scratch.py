@@ -17,8 +17,8 @@ from collections.abc import Iterable
 
 import torch
 
-from vllm_specextend.rope import shift_keys
-from vllm_specextend.scoring import page_keys, set_page_keys
+from vllm_specextend.drafting.rope import shift_keys
+from vllm_specextend.retrieval.scoring import page_keys, set_page_keys
 
 
 def scratch_nbytes(

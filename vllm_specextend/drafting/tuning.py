@@ -42,7 +42,7 @@ class DraftTuning:
       plans vLLM's bound, so a count of its own turns AOT off.
     - ``SPECEXTEND_EARLY_OUTPUT_COPY``: ``1`` (default) lets the runner's
       async output copy wait for sampling only, not for the drafter queued
-      after it (``compat.patches.EARLY_OUTPUT_COPY``; issue #22's time to
+      after it (``compat.model_patches.EARLY_OUTPUT_COPY``; issue #22's time to
       first token, with ``deferral.py``); ``0`` for vLLM's copy.
     """
 
@@ -64,20 +64,8 @@ class DraftTuning:
                              "integer, or leave it unset for vLLM's split count")
         argmax = None
         if argmax_name == "triton":
-            from vllm_specextend.argmax_triton import argmax_triton as argmax
+            from vllm_specextend.drafting.argmax_triton import argmax_triton as argmax
         return cls(argmax=argmax, attn_splits=int(splits) if splits else None,
                    aot_schedule=aot == "1" and splits is None,
                    early_output_copy=early == "1")
 
-
-def pool_follow() -> int:
-    """``SPECEXTEND_POOL_FOLLOW=N``: a prompt pool (``draft_prompt_pool``)
-    chosen by ``selection.followed_mass``, each top chunk with the ``N`` after
-    it (default 0: the top chunks alone). An experiment on copy tasks with
-    the real pair (``benchmarks/realpair``), read from the workers'
-    environment on any device."""
-    value = os.environ.get("SPECEXTEND_POOL_FOLLOW") or "0"
-    if not value.isdigit():
-        raise ValueError(f"SPECEXTEND_POOL_FOLLOW={value!r}: use a count of chunks "
-                         "(0, the default: the top chunks alone)")
-    return int(value)

@@ -32,6 +32,8 @@ GROUP = "SpecExtend"
 # What `--middleware` names for auth.ApiKeyMiddleware (a string: importing auth
 # loads vLLM's API-server module; tests/unit/test_auth.py checks it resolves).
 MIDDLEWARE = "vllm_specextend.auth.ApiKeyMiddleware"
+# The same class by the module it lives in (serving.auth): checked alike.
+MIDDLEWARE_NAMES = (MIDDLEWARE, "vllm_specextend.serving.auth.ApiKeyMiddleware")
 # vLLM's plain --help lists each group's title and description on one line.
 GROUP_DESCRIPTION = (
     "Cross-model Retrieval for long-input speculative decoding (vllm-specextend "
@@ -89,10 +91,10 @@ def _checking_key(action_cls: type) -> type:
 
     class KeyCheckingAction(action_cls):
         def __call__(self, parser, namespace, values, option_string=None):
-            if values == MIDDLEWARE:
+            if values in MIDDLEWARE_NAMES:
                 # Imported here: it loads vLLM's API-server module, which a
                 # parser without this middleware has no need for.
-                from vllm_specextend.auth import KEY_ENV, check_key
+                from vllm_specextend.serving.auth import KEY_ENV, check_key
 
                 try:
                     check_key(os.environ.get(KEY_ENV))

@@ -5,7 +5,7 @@ For each request row r, query head h and logical KV block j it computes
     lse[r, h, j] = logsumexp_t( scale * <query[r, h, :], K[block_table[r, j], h // G, t, :]> )
 
 over the tokens t of block j with j * bs + t < ctx_lens[r] (-inf when the block holds no
-such token), in fp32, G = Hq // Hkv. Contract as ``vllm_specextend.scoring.block_lse_torch``:
+such token), in fp32, G = Hq // Hkv. Contract as ``scoring.block_lse_torch``:
 query [R, Hq, D] fp16/bf16/fp32, kv_cache [num_cache_blocks, Hkv, bs, 2*D] with arbitrary
 strides (key = [..., :D], value never read), block_table [R, >= num_blocks] int32,
 ctx_lens [R] int32; returns [R, Hq, num_blocks] float32.

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vllm_specextend.staging import copy_to
+from vllm_specextend.retrieval.staging import copy_to
 
 
 class PromptPools:

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from vllm_specextend import compat
-from vllm_specextend.planner import BatchLens
-from vllm_specextend.prompt_pool import PoolRows
-from vllm_specextend.view import View, ViewBuilder, ViewParams
+from vllm_specextend.drafting.prompt_pool import PoolRows
+from vllm_specextend.drafting.view import View, ViewBuilder, ViewParams
+from vllm_specextend.retrieval.planner import BatchLens
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Step:
 class HostStep:
     """Goes behind ``SpecExtendMixin`` (its base): the step over the
     proposer's ``planner``, ``retriever``, ``state``, ``staging`` and
-    ``stats``. ``_drafting_rows`` comes from ``proposer.SeparateDraft`` or
+    ``stats``. ``_drafting_rows`` comes from ``separate_draft.SeparateDraft`` or
     ``self_draft.TargetAsDraft``."""
 
     def _plan_view(self, cad, token_indices_to_sample, num_rejected) -> Step:

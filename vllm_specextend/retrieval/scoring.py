@@ -102,7 +102,7 @@ def block_lse(
 ) -> torch.Tensor:
     """Triton kernel on CUDA, the torch reference elsewhere (or for CPU pages)."""
     if query.is_cuda and key_order is None:
-        from vllm_specextend.scoring_triton import block_lse_triton
+        from vllm_specextend.retrieval.scoring_triton import block_lse_triton
 
         return block_lse_triton(
             query, kv_cache, block_table, ctx_lens, num_blocks, scale

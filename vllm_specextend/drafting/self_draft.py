@@ -83,7 +83,7 @@ def speculative_config_for(args) -> None:
 
 class TargetAsDraft:
     """Goes between the SpecExtend mixin and ``DraftModelProposer`` (the
-    counterpart of ``proposer.SeparateDraft``): the drafting loop's model,
+    counterpart of ``separate_draft.SeparateDraft``): the drafting loop's model,
     layers and first pass for a target drafting for itself."""
 
     _self_draft_rejected: torch.Tensor | None = None

@@ -17,6 +17,7 @@ from __future__ import annotations
 from vllm_specextend import compat
 from vllm_specextend.config import ADDITIONAL_CONFIG_KEY
 
+
 def async_by_default(args) -> bool:
     """Before vLLM resolves ``args`` (its ``EngineArgs``): ask for async
     scheduling where the user left it unset. Returns whether it did."""

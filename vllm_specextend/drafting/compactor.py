@@ -28,12 +28,12 @@ import torch
 
 from vllm_specextend import compat
 from vllm_specextend.config import SpecExtendConfig, SpecExtendConfigError
-from vllm_specextend.metrics import SpecExtendStats
-from vllm_specextend.rope import exact_ropes
-from vllm_specextend.scratch import copy_shifted, scratch_nbytes
-from vllm_specextend.staging import HostStaging
-from vllm_specextend.state import SelectionState
-from vllm_specextend.view import compacted_view
+from vllm_specextend.drafting.rope import exact_ropes
+from vllm_specextend.drafting.scratch import copy_shifted, scratch_nbytes
+from vllm_specextend.drafting.view import compacted_view
+from vllm_specextend.retrieval.staging import HostStaging
+from vllm_specextend.retrieval.state import SelectionState
+from vllm_specextend.serving.stats import SpecExtendStats
 
 
 class Compactor:

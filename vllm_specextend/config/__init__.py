@@ -1,0 +1,53 @@
+"""Configuration: the ``--spec-extend`` keys and what an engine must be to serve them.
+
+``keys`` holds :class:`SpecExtendConfig` (every key, its default and why),
+``values`` the values each key may take and the error that names a bad one,
+``engine`` the engine facts the plugin depends on and the checks of a resolved
+engine. All of it is re-exported here, so ``vllm_specextend.config.X`` names
+what it always named. Pure Python, no vLLM import: every room may import it.
+"""
+
+from vllm_specextend.config.engine import (
+    AUTO_POOL_PER_TOP_K,
+    METHODS,
+    EngineFacts,
+    compaction_on,
+    pooled_pass_tokens,
+    prompt_pool_refusal,
+    raise_if_prefill_window_unsupported,
+    raise_if_prompt_pool_unsupported,
+    replicated_draft,
+    resolve_prompt_pool,
+    validate_engine,
+)
+from vllm_specextend.config.keys import ADDITIONAL_CONFIG_KEY, SpecExtendConfig
+from vllm_specextend.config.values import (
+    DRAFT_GRAPH_MODES,
+    DRAFT_PLACEMENTS,
+    POLICIES,
+    SpecExtendConfigError,
+    check_values,
+    score_layer_index,
+)
+
+__all__ = [
+    "ADDITIONAL_CONFIG_KEY",
+    "AUTO_POOL_PER_TOP_K",
+    "DRAFT_GRAPH_MODES",
+    "DRAFT_PLACEMENTS",
+    "METHODS",
+    "POLICIES",
+    "EngineFacts",
+    "SpecExtendConfig",
+    "SpecExtendConfigError",
+    "check_values",
+    "compaction_on",
+    "pooled_pass_tokens",
+    "prompt_pool_refusal",
+    "raise_if_prefill_window_unsupported",
+    "raise_if_prompt_pool_unsupported",
+    "replicated_draft",
+    "resolve_prompt_pool",
+    "score_layer_index",
+    "validate_engine",
+]
