@@ -22,7 +22,8 @@ pytestmark = pytest.mark.engine
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODES = ["plain", "draft_model", "spec_extend", "self_draft"]
 CONTEXTS, BATCHES, RUNS, OUTPUT_LEN, K = [512, 1024], [1, 2], 2, 16, 3
-SPEC_EXTEND = {"top_k": 4, "recent_tokens": 64, "min_context": 256}
+SPEC_EXTEND = {"top_k": 4, "recent_tokens": 64, "min_context": 256,
+               "draft_prompt_pool": "auto"}  # the pool's resolution, recorded
 # Fits the head's 256 positions with K=3 (working set 206).
 EAGLE_SPEC_EXTEND = {"top_k": 2, "recent_tokens": 64, "retrieve_every": 2,
                      "min_context": 256}
@@ -130,8 +131,8 @@ def test_engines_say_what_they_changed(decode_run):
         assert engine["kv_cache_tokens"] > 0 and engine["startup_s"] > 0
         # The plugin's worker answers only in its modes.
         assert engine["plugin_active"] == (mode in ("spec_extend", "self_draft"))
-    # What draft_prompt_pool "auto" became: 4 x top_k for the draft model, the
-    # full pass for self_draft (no draft KV of its own).
+    # What draft_prompt_pool became: SPEC_EXTEND's "auto" is 4 x top_k for the
+    # draft model and the full pass for self_draft (no draft KV of its own).
     assert engines["spec_extend"]["draft_prompt_pool"] == 4 * SPEC_EXTEND["top_k"]
     assert engines["self_draft"]["draft_prompt_pool"] is None
 

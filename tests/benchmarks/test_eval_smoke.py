@@ -21,7 +21,7 @@ DATASETS = ["pg19", "govreport"]
 LENGTHS = [512, 1024]
 MODES = ["none", "draft_model", "streaming", "cmr"]
 # A small budget (32 sinks + 4 x 32 + 64 recent) so the view applies at 512.
-SPEC_EXTEND = '{"top_k": 4, "recent_tokens": 64}'
+SPEC_EXTEND = '{"top_k": 4, "recent_tokens": 64, "draft_prompt_pool": "auto"}'
 
 
 def harness(tmp_path, target, draft, *extra) -> dict:
@@ -68,7 +68,7 @@ def test_all_tasks_end_to_end(tiny_target, tiny_draft, long_prompts, tmp_path):
     assert all(r["replay_consistent"] for r in needle)
     assert len({r["output_hashes"][0] for r in needle}) == 1  # lossless here too
     # Each SpecExtend row says what the engine's pool became and whether this
-    # prompt's draft pass was pooled: cmr pools by default (16 chunks at
+    # prompt's draft pass was pooled: cmr pools with "auto" (16 chunks at
     # top_k 4, prompts from 672 tokens), streaming never; vLLM's own
     # draft_model has neither.
     by_mode = {r["mode"]: r for r in needle}

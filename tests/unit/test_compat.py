@@ -430,7 +430,8 @@ def test_a_target_with_positions_of_several_rows_pools_nothing(mrope, xdrope, ro
     cfg.model_config.uses_mrope, cfg.model_config.uses_xdrope_dim = mrope, xdrope
     facts = compat.engine_facts(cfg)
     assert facts["target_position_rows"] == rows
-    resolved, note = resolve_prompt_pool(SpecExtendConfig(), EngineFacts(**facts))
+    resolved, note = resolve_prompt_pool(SpecExtendConfig(draft_prompt_pool="auto"),
+                                         EngineFacts(**facts))
     if rows == 1:
         assert resolved.draft_prompt_pool == 128
     else:

@@ -481,7 +481,7 @@ def test_a_prompt_pool_applies_past_what_it_holds():
     assert SpecExtendConfig(draft_prompt_pool=32).pool_min_prompt == 2048  # min_context
     assert SpecExtendConfig(draft_prompt_pool=None).pool_min_prompt is None
     with pytest.raises(ValueError, match="resolve_prompt_pool"):
-        SpecExtendConfig().pool_min_prompt  # "auto", unresolved: a bug, not "never"
+        AUTO.pool_min_prompt  # unresolved: a bug, not "never"
 
 
 @pytest.mark.parametrize("policy, dtype, refused", [
@@ -506,7 +506,9 @@ def test_a_prompt_pool_must_fit_one_draft_forward():
         validate_engine(cfg, good_facts(max_num_batched_tokens=4096, num_speculative_tokens=4))
 
 
-# --- draft_prompt_pool "auto" (the default) ------------------------------------
+# --- draft_prompt_pool "auto" (the default until 2026-12-06) ---------------------
+
+AUTO = SpecExtendConfig(draft_prompt_pool="auto")
 
 LONG = dict(max_model_len=65536, draft_max_model_len=65536, num_speculative_tokens=4,
             max_num_batched_tokens=8192)
@@ -514,12 +516,20 @@ LONG = dict(max_model_len=65536, draft_max_model_len=65536, num_speculative_toke
 serve's 8,192-token budget on an H100 or H200."""
 
 
-def test_auto_is_the_default_and_pools_four_times_top_k():
-    assert SpecExtendConfig().draft_prompt_pool == "auto"
-    assert SpecExtendConfig.from_dict({"draft_prompt_pool": "auto"}).draft_prompt_pool == "auto"
-    validate_engine(SpecExtendConfig(), good_facts(**LONG))  # auto never fails
+def test_the_full_pass_is_the_default():
+    # The real pair's copy tasks: the pool cost a third of the accepted tokens.
+    assert SpecExtendConfig().draft_prompt_pool is None
+    assert SpecExtendConfig().pool_min_prompt is None
+    assert resolve_prompt_pool(SpecExtendConfig(), good_facts(**LONG)) == (
+        SpecExtendConfig(), None)
+
+
+def test_auto_pools_four_times_top_k():
+    assert SpecExtendConfig.from_dict({"draft_prompt_pool": "auto"}) == AUTO
+    validate_engine(AUTO, good_facts(**LONG))  # auto never fails
     for top_k, pool in ((32, 128), (16, 64)):
-        cfg, note = resolve_prompt_pool(SpecExtendConfig(top_k=top_k), good_facts(**LONG))
+        cfg, note = resolve_prompt_pool(SpecExtendConfig(top_k=top_k, draft_prompt_pool="auto"),
+                                        good_facts(**LONG))
         assert cfg.draft_prompt_pool == pool == AUTO_POOL_PER_TOP_K * top_k
         assert note == f"{pool} chunks for prompts from {cfg.pool_min_prompt} tokens"
         validate_engine(cfg, good_facts(**LONG))
@@ -547,14 +557,15 @@ def test_a_named_pool_is_left_as_it_is(value):
 def test_auto_steps_aside_where_the_engine_cannot_pool(cfg, facts, why):
     """Where a named pool is refused, "auto" is the full pass, and says why
     (not the named key's fix: a user who set nothing has nothing to unset)."""
-    cfg, note = resolve_prompt_pool(SpecExtendConfig(**cfg), good_facts(**{**LONG, **facts}))
+    cfg, note = resolve_prompt_pool(SpecExtendConfig(**{**cfg, "draft_prompt_pool": "auto"}),
+                                    good_facts(**{**LONG, **facts}))
     assert cfg.draft_prompt_pool is None
     assert note.startswith("the draft's full pass over every prompt (") and why in note
     assert "unset" not in note and "Raise" not in note and "Lower" not in note
 
 
 def test_settings_hold_the_resolved_pool():
-    settings = Settings.resolve(SpecExtendConfig(), good_facts(**LONG))
+    settings = Settings.resolve(AUTO, good_facts(**LONG))
     assert settings.config.draft_prompt_pool == 128
     assert settings.prompt_pool_note.startswith("128 chunks")
     named = Settings.resolve(SpecExtendConfig(draft_prompt_pool=None), good_facts(**LONG))

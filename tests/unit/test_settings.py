@@ -84,7 +84,11 @@ def test_from_vllm_without_spec_extend_uses_defaults():
     vllm_config = _VllmConfig()
     assert not enabled(vllm_config)
     resolved = Settings.from_vllm(vllm_config)
-    # The defaults, "auto" resolved: no 4K prompt is long enough to pool.
-    assert resolved.config == dataclasses.replace(SpecExtendConfig(), draft_prompt_pool=None)
-    assert "max_model_len=4096" in resolved.prompt_pool_note
+    # The defaults: the draft's full pass, nothing to resolve.
+    assert resolved.config == SpecExtendConfig()
+    assert resolved.prompt_pool_note is None
     assert enabled(_VllmConfig({}))
+    # "auto" resolved: no 4K prompt is long enough to pool.
+    pooled = Settings.from_vllm(_VllmConfig({"draft_prompt_pool": "auto"}))
+    assert pooled.config == SpecExtendConfig()
+    assert "max_model_len=4096" in pooled.prompt_pool_note

@@ -95,27 +95,30 @@ class SpecExtendConfig:
     ``cmr`` or ``streaming`` policy; a step whose K vLLM set to 0 drafts
     nothing and writes its chunk's draft KV in full."""
 
-    draft_prompt_pool: int | str | None = "auto"
-    """The draft computes its KV of a long prompt only where its views will
-    read it: the sinks, the ``draft_prompt_pool`` chunks the target's scoring
-    attention ranks top at the prompt's end, and the recent window, in one
-    pass at the step that ends the prompt (``prompt_pool.py``); its passes
-    over the prompt's earlier chunks are dropped, and every later selection
-    chooses among those chunks and the ones after the window's start. A 1B
-    draft's pass over a 32K prompt took ~230 ms on an H200, 16% of the first
-    token's time at batch 1 and +19% for the last first token of eight
-    (issue #45); a pool of 128 chunks is ~4.4K tokens. Lossless either way
-    (the target verifies every draft); the draft's acceptance may change
-    (its pooled KV saw only the pool: 1.001 of the full pass's accepted
-    tokens, 0.991-1.012, over 40 real-weight prompts at the share 128 chunks
-    hold of 32K; docs/evaluation.md). ``"auto"`` (the default):
-    ``AUTO_POOL_PER_TOP_K`` × ``top_k`` chunks (128 at the default top_k)
-    where this engine can pool, else the full pass, logged at start with the
-    reason (``resolve_prompt_pool``). None: the draft's full pass over every
-    prompt, as vLLM's. A number needs a draft model at its own positions
-    under ``cmr`` (not with compacted positions, ``draft_prefill_window`` or
-    ``self_draft``), at least ``top_k``. Prompts shorter than
-    ``pool_min_prompt`` pass in full."""
+    draft_prompt_pool: int | str | None = None
+    """None (the default): the draft's full pass over every prompt, as
+    vLLM's. A number N or ``"auto"`` (``AUTO_POOL_PER_TOP_K`` × ``top_k``
+    chunks, 128 at the default top_k, where this engine can pool, else the
+    full pass, logged at start with the reason: ``resolve_prompt_pool``): the
+    draft computes its KV of a long prompt only where its views will read
+    it: the sinks, the N chunks the target's scoring attention ranks top at
+    the prompt's end, and the recent window, in one pass at the step that
+    ends the prompt (``drafting/prompt_pool.py``); its passes over the
+    prompt's earlier chunks are dropped, and every later selection chooses
+    among those chunks and the ones after the window's start. A 1B draft's
+    pass over a 32K prompt took ~230 ms on an H200, 16% of the first token's
+    time at batch 1 and +19% for the last first token of eight (issue #45).
+    Lossless either way (the target verifies every draft), but the draft's
+    acceptance drops where an answer copies chunks the pool left out: with
+    the real Qwen2.5-Coder pair (docs/evaluation.md, 2026-12-06) ``"auto"``
+    accepted 2.92 and 2.71 tokens a step on 16K and 30K copy tasks against
+    the full pass's 4.34 and 3.69, and ran 0.81× and 0.86× plain end to end
+    at batch 1 against 1.15× and 0.95×; it kept the first token of eight
+    16K prompts at once at 0.77 s against 1.18 s. Hence None by default, the
+    pool for serving many long prompts at once. A number needs a draft model
+    at its own positions under ``cmr`` (not with compacted positions,
+    ``draft_prefill_window`` or ``self_draft``), at least ``top_k``. Prompts
+    shorter than ``pool_min_prompt`` pass in full."""
 
     draft_placement: str = "auto"
     """Where a draft model runs under tensor parallelism (``replicated.py``).
