@@ -12,7 +12,8 @@ modules from the repository root, e.g.
 * ``harness``: what the benchmarks share (server launcher, proposer accessors,
   run metadata, modes, measures);
 * ``models``: offline model builders and the distilled draft pair;
-* ``gpu``: the GPU host's phases (``host_run.sh``) and GPU-only probes.
+* ``gpu``: the GPU host's phases (``host_run.sh PHASE`` runs ``phases/PHASE.sh``)
+  and GPU-only probes.
 
 At the top, what serves every job: ``summarize`` (``results/summary.json`` and
 the README tables, from the result files of every job), ``merge_results`` (one

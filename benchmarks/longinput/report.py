@@ -214,8 +214,8 @@ def sweep_table(rows: list[dict]) -> str:
 
 def shared_gpu(result: dict) -> bool:
     """Whether any run of a result (or of a file merged into it) shared its
-    GPU with other evaluations (host_run.sh side_by_side): its tok/s are no
-    speed results."""
+    GPU with other evaluations (host_run.sh's side_by_side, in
+    benchmarks/gpu/phases/common.sh): its tok/s are no speed results."""
     meta = result.get("meta") or {}
     return any((m.get("config") or {}).get("shared_gpu")
                for m in [meta, *meta.get("merged", [])])

@@ -56,9 +56,9 @@ def test_no_needle_plot_when_the_target_never_answered(tmp_path):
 
 
 def test_no_speed_plot_where_a_merged_run_shared_the_gpu(tmp_path):
-    """host_run.sh side_by_side runs evaluations at once on one GPU: their
-    tok/s are no speed results, so no decode_tok_s.png, even where only a
-    file merged into another shared it."""
+    """host_run.sh's side_by_side (phases/common.sh) runs evaluations at
+    once on one GPU: their tok/s are no speed results, so no
+    decode_tok_s.png, even where only a file merged into another shared it."""
     alone = write(tmp_path / "alone.json", [eval_row("pg19", 512, "cmr", 2.0, 10.0)])
     merged = tmp_path / "merged.json"
     merged.write_text(json.dumps({

@@ -1,4 +1,7 @@
-"""benchmarks/gpu/host_run.sh's side_by_side: one evaluation process per
+"""benchmarks/gpu/host_run.sh, the GPU host's entry, and its phases (one file
+each in benchmarks/gpu/phases/, helpers in phases/common.sh): the dispatch
+(every phase a file, every file a phase, an unknown phase refused with the
+list before anything is installed); side_by_side: one evaluation process per
 dataset (and length, where it names lengths), all at once, and the call fails
 when any of them does; configs_side_by_side: such a set per configuration,
 all at once, packed into one archive."""
@@ -34,9 +37,25 @@ FAKE_PYTHON = textwrap.dedent("""\
     """)
 
 
+HOST_RUN = REPO_ROOT / "benchmarks/gpu/host_run.sh"
+PHASES = REPO_ROOT / "benchmarks/gpu/phases"
+
+
+def runner_files() -> list:
+    """host_run.sh and every file of its phases (common.sh among them)."""
+    return [HOST_RUN, *sorted(PHASES.glob("*.sh"))]
+
+
+def runner_source() -> str:
+    return "".join(path.read_text() for path in runner_files())
+
+
 def function_source(name: str) -> str:
-    text = (REPO_ROOT / "benchmarks/gpu/host_run.sh").read_text()
-    return re.search(rf"^{name}\(\) \{{\n.*?^\}}\n", text, re.S | re.M).group(0)
+    """The shell function NAME, from whichever runner file defines it."""
+    found = [m.group(0) for path in runner_files() for m in
+             re.finditer(rf"^{name}\(\) \{{\n.*?^\}}\n", path.read_text(), re.S | re.M)]
+    assert len(found) == 1, f"{name}() is defined {len(found)} times"
+    return found[0]
 
 
 def side_by_side_source() -> str:
@@ -230,7 +249,7 @@ def test_a_failing_configuration_fails_the_call_and_is_packed(tmp_path):
 
 
 def serve_traffic(env: dict, function: str = "serve_traffic") -> list[str]:
-    """The flags host_run.sh's serve_traffic (or ``function``) gives
+    """The flags serve12's serve_traffic (or ``function``) gives
     bench_serve under ``env``."""
     script = function_source(function) + function
     done = subprocess.run(["bash", "-c", script],
@@ -283,7 +302,7 @@ def test_tp_flags_give_the_size_the_executor_and_the_fusion_off():
         "pass_config": {"fuse_allreduce_rms": False}}
     assert tp_flags("2")[3] == "mp"
     # Every phase that runs across GPUs takes its flags from it.
-    source = (REPO_ROOT / "benchmarks/gpu/host_run.sh").read_text()
+    source = runner_source()
     assert source.count("$(tp_flags ") == 3
     assert source.count("fuse_allreduce_rms") == 1
 
@@ -294,7 +313,7 @@ def test_tp_fusion_turns_the_fusion_on_with_trtllm_only():
     cuMulticastCreate, which these hosts forbid), stops the call."""
     import json
 
-    source = (REPO_ROOT / "benchmarks/gpu/host_run.sh").read_text()
+    source = runner_source()
     check = re.search(r'^case "\$\{TP_FUSION:-\}" in\n.*?^esac\n', source,
                       re.S | re.M).group(0)
     script = (check + function_source("tp_flags")
@@ -333,3 +352,98 @@ def test_a_test_that_runs_a_phase_stands_in_for_pkill():
             assert re.search(r'\("pkill",', text), (
                 f"{path.relative_to(REPO_ROOT)} runs a host_run.sh phase with "
                 "the real pkill on its PATH")
+
+
+# The phases host_run.sh had when they moved into files of their own (issue
+# #71): the command line keeps every one of them.
+PHASES_OF_ISSUE_71 = {
+    "viewattn", "prefillfloor", "kernels", "gpu-tests", "graph-tests", "decode26",
+    "profile26", "self-draft", "decode15", "eagle3", "capture", "tp-lossless",
+    "tp-speed", "tp-tests", "serve12", "rate45", "soak21", "pair", "eval",
+    "analyses", "needle", "gguf", "options", "pool45", "fp8draft", "grid23",
+    "copy46"}
+# Stand-ins for what the preamble and a phase would reach on a GPU host: each
+# logs its arguments to $MARKS/NAME; python3 exits with $PY_RC. pkill and
+# pgrep likewise (the real ones would reach this machine's vLLM processes).
+STAND_IN = '#!/bin/bash\necho "$*" >> "$MARKS/$(basename "$0")"\nexit ${PY_RC:-0}\n'
+
+
+def call_host_run(tmp_path, *args: str, **extra: str) -> subprocess.CompletedProcess:
+    bin_dir, marks, out = tmp_path / "bin", tmp_path / "marks", tmp_path / "out"
+    for folder in (bin_dir, marks, out):
+        folder.mkdir(parents=True, exist_ok=True)
+    for name in ("python3", "nvidia-smi", "pkill", "pgrep"):
+        (bin_dir / name).write_text(STAND_IN)
+        (bin_dir / name).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(out), "MARKS": str(marks),
+           "DETACHED_ROOT": str(tmp_path / "det"), **extra}
+    return subprocess.run(["bash", str(HOST_RUN.relative_to(REPO_ROOT)), *args],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def listed_phases(stderr: str) -> list:
+    line = next(x for x in stderr.splitlines() if x.startswith("usage: host_run.sh"))
+    return line.split("one of:", 1)[1].split()
+
+
+def test_host_run_is_an_entry_of_at_most_300_lines():
+    assert len(HOST_RUN.read_text().splitlines()) <= 300
+
+
+def test_every_runner_file_parses():
+    for path in runner_files():
+        done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+        assert done.returncode == 0, f"{path.relative_to(REPO_ROOT)}: {done.stderr}"
+
+
+def test_every_phase_is_a_file_and_every_file_a_phase(tmp_path):
+    """The list an unknown phase gets is the phases/ folder, common.sh aside;
+    each phase file says what it measures and what it feeds, and so runs;
+    the phases of issue #71 are all still there, and so is every phase a
+    phase runs itself (rate45: `bash "$0" serve12`)."""
+    done = call_host_run(tmp_path)
+    files = sorted(p.stem for p in PHASES.glob("*.sh") if p.name != "common.sh")
+    assert done.returncode == 2
+    assert sorted(listed_phases(done.stderr)) == files
+    assert PHASES_OF_ISSUE_71 <= set(files)
+    for name in files:
+        head = (PHASES / f"{name}.sh").read_text().splitlines()
+        assert head[0].startswith(f"# host_run.sh {name}: "), name
+        assert any(line.startswith("# Feeds: ") for line in head[:6]), name
+    nested = re.findall(r'bash "\$0" ([\w-]+)', runner_source())
+    assert nested and set(nested) <= set(files)
+
+
+def test_an_unknown_phase_stops_before_the_install_with_the_list(tmp_path):
+    for args, said in ((("nosuch",), "no phase named 'nosuch'"),
+                       (("common",), "no phase named 'common'"),
+                       (("../detached",), "no phase named '../detached'"),
+                       ((), "usage: host_run.sh")):
+        done = call_host_run(tmp_path / str(len(said)), *args)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert said in done.stderr
+        assert set(listed_phases(done.stderr)) >= PHASES_OF_ISSUE_71
+        # nothing installed, nothing asked of the GPU
+        assert not list((tmp_path / str(len(said)) / "marks").iterdir())
+        assert not list((tmp_path / str(len(said)) / "out").iterdir())
+
+
+def test_a_phase_runs_in_the_entry_after_its_preamble(tmp_path):
+    """A known phase runs after the install and the GPU's name, with the
+    preamble's variables; its exit status is the call's."""
+    done = call_host_run(tmp_path, "viewattn", PY_RC="5")
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert "viewattn rc=5" in done.stdout
+    calls = (tmp_path / "marks" / "python3").read_text().splitlines()
+    assert calls[0].startswith("-m pip install") and "--target /root/vsite" in calls[0]
+    assert calls[1].startswith("-m benchmarks.gpu.view_attention_bench --out ")
+    assert (tmp_path / "out" / "gpu.txt").exists()
+    # a phase with no `exit` of its own ends with its last command's status
+    # (capture: its grep of pytest's output, under pipefail; the stand-in
+    # wrote none, so 1)
+    done = call_host_run(tmp_path / "capture", "capture")
+    assert done.returncode == 1, done.stdout + done.stderr
+    calls = (tmp_path / "capture" / "marks" / "python3").read_text()
+    assert "-m pytest tests/kernels/test_capture_gpu.py -q -x" in calls
+    assert (tmp_path / "capture" / "out" / "capture.txt").exists()
