@@ -22,7 +22,6 @@ profiling only (the profiler slows the host): no speed claim.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -51,18 +50,10 @@ def step_profile(spans: dict[str, dict], wall_ms_per_step: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cases", required=True, type=Path)
-    ap.add_argument("--target", required=True)
-    ap.add_argument("--draft", default=None)
-    ap.add_argument("--mode", required=True)
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--spec-extend", default=None, help="plugin config JSON")
+    ap = run.mode_parser(__doc__.split("\n\n")[0])
     ap.add_argument("--cell", default="copy:16384", help="group:context")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--out-dir", required=True, type=Path)
-    ap.add_argument("--engine-args", default=None,
-                    help="more LLM keyword arguments as JSON (CPU tests only)")
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"
@@ -74,9 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.harness.meta import run_metadata
     from benchmarks.longinput.acceptance import counter_delta, spec_counters
 
-    spec_extend = json.loads(args.spec_extend) if args.spec_extend else None
-    kwargs = run.engine_kwargs(args.mode, args.target, args.draft, args.k, spec_extend)
-    kwargs.update(json.loads(args.engine_args) if args.engine_args else {})
+    kwargs = run.mode_kwargs(args)
     header, cases = tasks.load_cases(args.cases)
     (_, _, picked), = run.select(cases, [f"{args.cell}:1"])
     picked = picked[:args.prompts]

@@ -171,25 +171,39 @@ def write_result(args, header: dict, kwargs: dict, start_s: float, speculative: 
     tmp.replace(args.out)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def mode_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments that name a mode's engine (this script's and
+    ``profile.py``'s): the task set, the pair, the mode, K, the plugin's
+    config and, for CPU tests, more engine arguments."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--cases", required=True, type=Path)
     ap.add_argument("--target", required=True)
     ap.add_argument("--draft", default=None)
     ap.add_argument("--mode", required=True)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--spec-extend", default=None, help="plugin config JSON")
-    ap.add_argument("--cells", nargs="+", default=["copy:16384:1"],
-                    help="group:context:batch, e.g. copy:30720:1 other:16384:8")
-    ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--engine-args", default=None,
                     help="more LLM keyword arguments as JSON (CPU tests: block_size, "
                          "kv_cache_memory_bytes, dtype); recorded; none on a GPU")
-    args = ap.parse_args(argv)
+    return ap
 
+
+def mode_kwargs(args) -> dict:
+    """``LLM`` keyword arguments of ``mode_parser``'s parsed ``args``."""
     spec_extend = json.loads(args.spec_extend) if args.spec_extend else None
     kwargs = engine_kwargs(args.mode, args.target, args.draft, args.k, spec_extend)
     kwargs.update(json.loads(args.engine_args) if args.engine_args else {})
+    return kwargs
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = mode_parser(__doc__.split("\n\n")[0])
+    ap.add_argument("--cells", nargs="+", default=["copy:16384:1"],
+                    help="group:context:batch, e.g. copy:30720:1 other:16384:8")
+    ap.add_argument("--out", required=True, type=Path)
+    args = ap.parse_args(argv)
+
+    kwargs = mode_kwargs(args)
     header, cases = tasks.load_cases(args.cases)
     cells = select(cases, args.cells)
     os.environ.update(PLUGIN_ENV.get(args.mode, {}))
