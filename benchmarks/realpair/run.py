@@ -24,9 +24,12 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
 * variants: ``spec_extend_pool256`` (a pool twice ``"auto"``'s 4 × top_k),
   ``spec_extend_prefill_window`` (the full pass, each chunk reading the sinks
   and the 2,048 tokens before it: ``draft_prefill_window``, which turns the
-  pool off), ``spec_extend_follow15`` (the default pool, chosen as the top
-  chunks each with the 15 after it: ``SPECEXTEND_POOL_FOLLOW``), and
-  ``spec_extend_<name>`` with ``--spec-extend JSON``.
+  pool off), ``spec_extend_follow15`` (the pool, ``"auto"``, chosen as the
+  top chunks each with the 15 after it: ``SPECEXTEND_POOL_FOLLOW``),
+  ``spec_extend_top64`` (a view of 64 chunks: acceptance nearer full KV's?),
+  ``spec_extend_every2`` (a retrieval every 2 steps), ``spec_extend_vocab32k``
+  (greedy drafts from the first 32,768 of the 151,936 ids: a cheaper draft
+  ``lm_head``), and ``spec_extend_<name>`` with ``--spec-extend JSON``.
 
 Per prompt it records the output ids, the answer's check (``tasks.check``),
 end-to-end seconds (the ``generate`` call), first-token latency and decode
@@ -61,11 +64,15 @@ PLUGIN_CONFIGS = {
     "spec_extend_pool": {"draft_prompt_pool": "auto"},
     "spec_extend_pool256": {"draft_prompt_pool": 256},
     "spec_extend_prefill_window": {"draft_prefill_window": 2048},
-    "spec_extend_follow15": {},
+    "spec_extend_follow15": {"draft_prompt_pool": "auto"},
+    "spec_extend_top64": {"top_k": 64},
+    "spec_extend_every2": {"retrieve_every": 2},
+    "spec_extend_vocab32k": {"draft_vocab": 32768},
 }
 PLUGIN_ENV = {"spec_extend_follow15": {"SPECEXTEND_POOL_FOLLOW": "15"}}
-"""A variant's tuning switches (``vllm_specextend.drafting.tuning``), set in this
-process before the engine starts (its processes inherit them)."""
+"""A variant's experiment switches (``drafting/tuning.py``,
+``retrieval/selection.py``), set in this process before the engine starts
+(its processes inherit them)."""
 
 
 def engine_kwargs(mode: str, target: str, draft: str, k: int,
