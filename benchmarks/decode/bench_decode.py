@@ -322,7 +322,7 @@ def run_engine(args, mode: str, index: int, out: Path) -> int:
     if plugin and (args.tensor_parallel_size or 1) > 1:
         # As the engine resolved it (``draft_placement: auto``).
         engine["draft_placement"] = state.get("draft_placement")
-    if plugin:  # as the engine resolved it (``draft_prompt_pool: "auto"``)
+    if plugin:  # as the engine resolved it (``"auto"`` per engine; null stays)
         engine["draft_prompt_pool"] = state.get("draft_prompt_pool")
     append(out, "engines", engine)
     timed = args.draft_timing and mode != "plain"

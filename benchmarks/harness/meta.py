@@ -111,7 +111,10 @@ the headline tables hold runs with it; other keys make a variant row."""
 
 
 AS_DEFAULT = {"draft_placement": ("auto", "sharded"), "draft_prompt_pool": ("auto",)}
-"""Values that name what the default resolves to: no variant."""
+"""Values that name what the default resolves to: no variant.
+``draft_prompt_pool``'s default was ``"auto"`` until 2026-12-06 (then null,
+the full pass): the synthetic result files predate it, their ``{}`` and
+``"auto"`` pooled, and their explicit null is the variant it was then."""
 
 
 def config_switches(spec_extend: str | dict | None) -> str | None:

@@ -14,7 +14,9 @@ vLLM's runner scopes) with ``run.engine_kwargs`` for the mode, warmed up as
 cell's fresh prompts, one ``generate`` each, profiled together. Each prompt's
 prefill is in the trace too: the scopes' figures are medians over their
 spans, which decode steps outnumber (``profile_step.scope_spans``). For
-profiling only (the profiler slows the host): no speed claim.
+profiling only: the profiler's host tracing slows the host, so ``host_ms``
+is an upper bound (set it beside ``run.py``'s unprofiled step times); no
+speed claim.
 
     python -m benchmarks.realpair.profile --cases CASES --target DIR \\
         --draft DIR --mode spec_extend_full_pass --cell copy:16384 --out-dir OUT
@@ -31,7 +33,7 @@ from benchmarks.gpu.profile_step import (kernel_ms_by_category, runner_scopes,
                                          scope_kernels, scope_spans)
 from benchmarks.realpair import run, tasks
 
-STEP_SCOPES = ("model forward", "draft", "sample", "bookkeep")
+STEP_SCOPES = ("forward", "draft", "sample", "bookkeep")
 """vLLM 0.26's runner scopes of a step, the ones ``step_profile`` reports."""
 
 
@@ -51,10 +53,15 @@ def step_profile(spans: dict[str, dict], wall_ms_per_step: float) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = run.mode_parser(__doc__.split("\n\n")[0])
-    ap.add_argument("--cell", default="copy:16384", help="group:context")
+    ap.add_argument("--cell", default="copy:16384",
+                    help="one group:context (a grid cell's :batch is ignored)")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--out-dir", required=True, type=Path)
     args = ap.parse_args(argv)
+    parts = args.cell.split(":")
+    if len(parts) not in (2, 3) or " " in args.cell:
+        ap.error(f"--cell {args.cell!r}: one group:context, e.g. copy:16384")
+    cell = ":".join(parts[:2])
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"
     os.environ.update(run.PLUGIN_ENV.get(args.mode, {}))
@@ -67,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
     kwargs = run.mode_kwargs(args)
     header, cases = tasks.load_cases(args.cases)
-    (_, _, picked), = run.select(cases, [f"{args.cell}:1"])
+    (_, _, picked), = run.select(cases, [f"{cell}:1"])
     picked = picked[:args.prompts]
     llm = LLM(**kwargs)
     run.warm_up(llm, picked[0])
@@ -89,11 +96,12 @@ def main(argv: list[str] | None = None) -> int:
             decode_s += run.request_times(out)["decode_s"] or 0.0
         wall = time.perf_counter() - start
     spec = counter_delta(counts, spec_counters(llm)) if counts is not None else None
-    # Decode steps: a verification a draft; plain decoding, a step a token
-    # after each prompt's first (its prefill's).
-    steps = spec["drafts"] if spec and spec["drafts"] else tokens - len(picked)
+    # Decode steps: each gives one token plus those it accepted, after each
+    # prompt's first token (its prefill's). vLLM counts drafts only on steps
+    # that had some (prompt lookup proposes on some steps only).
+    steps = tokens - len(picked) - (spec["accepted_tokens"] if spec else 0)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    name = f"{args.mode}_k{args.k}_{args.cell.replace(':', '_')}"
+    name = f"{args.mode}_k{args.k}_{cell.replace(':', '_')}"
     trace = args.out_dir / f"trace_{name}.json"
     prof.export_chrome_trace(str(trace))
     events = json.loads(trace.read_text())["traceEvents"]
@@ -101,14 +109,16 @@ def main(argv: list[str] | None = None) -> int:
     by_cat = kernel_ms_by_category(events)
     summary = {
         "meta": run_metadata(args, engine_kwargs=kwargs, cases_sha256=header.get("sha256")),
-        "mode": args.mode, "k": args.k, "cell": args.cell,
+        "mode": args.mode, "k": args.k, "cell": cell,
         "prompts": [c.id for c in picked], "tokens": tokens, "steps": steps,
         "acc_len": round(1 + spec["accepted_tokens"] / spec["drafts"], 3)
         if spec and spec["drafts"] else None,
+        "tokens_per_step": round((tokens - len(picked)) / steps, 3) if steps > 0 else None,
         "wall_s": wall, "decode_s": decode_s,
         # Prefill included: the whole profiled stretch's kernels per step.
-        "gpu_ms_per_step_by_category": {k: v / steps for k, v in sorted(by_cat.items())},
-        "step": step_profile(spans, 1000 * decode_s / steps),
+        "gpu_ms_per_step_by_category": {k: v / max(steps, 1)
+                                        for k, v in sorted(by_cat.items())},
+        "step": step_profile(spans, 1000 * decode_s / steps) if steps > 0 else None,
         "scope_spans": spans,
         "scope_kernels": scope_kernels(events),
         "runner_scopes": runner_scopes(prof.key_averages()),

@@ -104,7 +104,8 @@ def cell_row(records: list[dict], plain: dict[tuple, list[int]] | None) -> dict:
 def folder_rows(folder: Path) -> list[dict]:
     """Rows of one run folder (its ``*.json`` result files)."""
     files = sorted(p for p in folder.glob("*.json") if p.name != "summary.json")
-    loaded = [(p, json.loads(p.read_text())) for p in files]
+    # run.py's files only: a step profile (profile.py) has no records.
+    loaded = [(p, r) for p in files if "records" in (r := json.loads(p.read_text()))]
     plain = None
     for _, result in loaded:
         if result["mode"] == "plain":
@@ -161,9 +162,11 @@ CELL_NAMES = {"copy": "copies its input", "other": "explains or summarises"}
 START, END = "<!-- realpair:start -->", "<!-- realpair:end -->"
 DEFAULTS_AS = {"20261206T0542Z_h100_grid": "spec_extend_full_pass"}
 """Run folders measured before ``draft_prompt_pool``'s default became the
-full pass (``null``, 2026-12-06): their mode with today's defaults. Their
-``spec_extend`` ran ``"auto"``; a folder not named here has ``spec_extend``
-at today's defaults."""
+full pass (``null``, 2026-12-06), whose ``spec_extend`` ran ``"auto"``: the
+mode that ran today's defaults there. The first folder,
+``20261206T0403Z_h100_defaults_vs_plain``, ran none (the headline reads only
+the newest folder). Folders from later runs have ``spec_extend`` at today's
+defaults."""
 
 
 def headline(rows: list[dict]) -> str:

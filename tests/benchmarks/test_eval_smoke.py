@@ -137,8 +137,8 @@ def test_coverage_and_intervals(tiny_target, tiny_draft, long_prompts, tmp_path)
     selection made from the prompt's last token; a streaming window misses
     part of the attention of a context longer than it (softmax mass is never
     zero). Batch size 1: one interval per run over its prompts. The draft's
-    full pass over each prompt: a pooled one (the default's, where the
-    engine can pool) keeps selections to its pool, which a chunk outside it
+    full pass over each prompt: a pooled one (``draft_prompt_pool``
+    ``"auto"`` or N, where the engine can pool) keeps selections to its pool, which a chunk outside it
     would count as a miss."""
     cmr_every_step = ('{"top_k": 4, "recent_tokens": 64, "retrieve_every": 1, '
                       '"draft_prompt_pool": null}')

@@ -79,7 +79,7 @@ def test_four_jobs_at_once_then_collected_in_eight_files(tmp_path):
     tags = ["draft_model-self_draft-long-32768-o512-r0.48-high",
             "plain-spec_extend-long-32768-o512-r0.24-low",
             "plain-spec_extend-long-32768-o512-r0.48-high",
-            "plain-spec_extend-long-32768-o512-r0.48-high-fullpass"]
+            "plain-spec_extend-long-32768-o512-r0.48-high-pooled"]
     assert files == sorted(f"serve12_{t}.{ext}" for t in tags for ext in ("log", "tgz"))
     jobs = {}
     for tag in tags:
@@ -90,7 +90,7 @@ def test_four_jobs_at_once_then_collected_in_eight_files(tmp_path):
     assert jobs["0"][0].endswith("r0.48-high")
     assert jobs["2"][0].endswith("r0.24-low") and "--load low" in jobs["2"][1]
     assert jobs["3"][0].startswith("draft_model-self_draft")
-    assert '"draft_prompt_pool": null' in jobs["1"][1]  # the default pools
+    assert '"draft_prompt_pool": "auto"' in jobs["1"][1]  # the default: the full pass
     assert all("draft_prompt_pool" not in jobs[g][1] for g in "023")
     assert all("--long-output-len 512" in a and "--input-lens 32768" in a
                and "--draft .gpu/models/llama32_1b " in a for _, a in jobs.values())

@@ -30,7 +30,8 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
 
 K = 4
-CMR = {"top_k": 8, "recent_tokens": 64, "min_context": 256}
+CMR = {"top_k": 8, "recent_tokens": 64, "min_context": 256,
+       "draft_prompt_pool": "auto"}  # the pooled passes captured too
 
 
 def _generate(target, method, draft, prompts, spec_extend=None, **engine):
@@ -94,7 +95,7 @@ def test_captured_routine_drafts_as_piecewise(models, method, batch):
     assert graph["captured"] and graph["async"] and eager["async"]
     assert graph["stats"]["graph_steps"] > 0 and eager["stats"]["graph_steps"] == 0
     assert graph["stats"]["view_rows"] > 0
-    # draft_prompt_pool "auto" (the default): 32 chunks at top_k 8 for a draft
+    # draft_prompt_pool "auto" (CMR's): 32 chunks at top_k 8 for a draft
     # model, prompts from 1,184 tokens; the full pass for the EAGLE-3 head.
     pooled = sum(n >= 1184 for n in map(len, prompts)) if method == "draft_model" else 0
     assert graph["stats"]["pooled_prompt_passes"] == pooled

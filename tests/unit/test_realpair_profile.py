@@ -12,16 +12,16 @@ def _spans(**busy):
 
 
 def test_step_profile_sums_the_step_scopes_and_leaves_the_rest_to_the_host():
-    spans = _spans(model_forward=2.5, draft=4.0, sample=0.2, bookkeep=0.1,
+    spans = _spans(forward=2.5, draft=4.0, sample=0.2, bookkeep=0.1,
                    preprocess=9.0)  # not a step scope: left out
     step = step_profile(spans, wall_ms_per_step=8.5)
-    assert step["gpu_ms"] == {"model forward": 2.5, "draft": 4.0, "sample": 0.2,
+    assert step["gpu_ms"] == {"forward": 2.5, "draft": 4.0, "sample": 0.2,
                               "bookkeep": 0.1}
     assert step["gpu_ms_sum"] == 6.8
     assert step["host_ms"] == 1.7
 
 
 def test_step_profile_of_plain_decoding_has_no_draft_and_no_negative_host():
-    step = step_profile(_spans(model_forward=3.0, sample=0.3), wall_ms_per_step=3.1)
+    step = step_profile(_spans(forward=3.0, sample=0.3), wall_ms_per_step=3.1)
     assert "draft" not in step["gpu_ms"]
     assert step["host_ms"] == 0.0

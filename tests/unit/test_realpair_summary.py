@@ -130,3 +130,10 @@ def test_headline_takes_the_mode_run_at_todays_defaults(results, monkeypatch):
     assert "spec_extend_full_pass_k4.json" in text and "spec_extend_k4.json" not in text
     line = next(x for x in text.splitlines() if x.startswith("| copies"))
     assert "[3.00×][r1]" in line  # 9 tokens in 1.0 s against plain's 3.0
+
+
+def test_a_step_profile_beside_the_results_is_not_a_mode(results):
+    folder = next(p for p in results.iterdir() if p.is_dir())
+    (folder / "profile_spec_extend_k4_copy_16384.json").write_text(
+        json.dumps({"mode": "spec_extend", "k": 4, "step": {}}))
+    assert {r["mode"] for r in summarize.summary(results)} == {"plain", "spec_extend"}

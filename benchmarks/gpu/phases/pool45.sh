@@ -4,7 +4,7 @@
 #
 # What draft_prompt_pool costs in accepted tokens with real weights (issue
 # #45): as `options`, CMR at a 512-token working set with the draft's
-# full pass (null: the default "auto" may pool), and with pools of 32 and
+# full pass (null, the default since 2026-12-06), and with pools of 32 and
 # 48 chunks (12% and 19% of an 8K prompt, as 128 chunks are of 32K; a
 # pooled pass must fit the 2,048-token chunks). The GGUF travels first
 # (`gguf`).

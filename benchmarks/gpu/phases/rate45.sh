@@ -5,9 +5,9 @@
 # Issue #45's rate table on a 4-GPU host: a detached serve12 a GPU, the
 # modes of each one after another on it, the four GPUs side by side:
 #   GPU 0: plain, spec_extend at RATE_HIGH (load high)
-#   GPU 1: plain, spec_extend with RATE45_CONFIG (default: the draft's
-#          full pass over each prompt, draft_prompt_pool null, what the
-#          default's pool saves; RATE45_TAG names it) and RATE45_DRAFT
+#   GPU 1: plain, spec_extend with RATE45_CONFIG (default: the pooled
+#          prompt pass, draft_prompt_pool "auto", what it saves against the
+#          full pass, the default since 2026-12-06; RATE45_TAG names it) and RATE45_DRAFT
 #          (llama32_1b; e.g. llama32_1b_fp8) at RATE_HIGH
 #   GPU 2: plain, spec_extend at half of RATE_HIGH (load low)
 #   GPU 3: draft_model, self_draft at RATE_HIGH
@@ -19,10 +19,10 @@
 # at 0.48 and ~150 s at 0.24). The last call brings back a log and an
 # archive a GPU (8 files: gpu.txt stays home).
 high=${RATE_HIGH:-0.48}; low=$(python3 -c "print(f'{$high / 2:.3g}')")
-config=${RATE45_CONFIG:-'{"top_k": 32, "recent_tokens": 256, "draft_prompt_pool": null}'}
+config=${RATE45_CONFIG:-'{"top_k": 32, "recent_tokens": 256, "draft_prompt_pool": "auto"}'}
 b1=llama32_1b
 jobs=("0|plain spec_extend|$high|high|||$b1"
-      "1|plain spec_extend|$high|high|$config|${RATE45_TAG:-fullpass}|${RATE45_DRAFT:-$b1}"
+      "1|plain spec_extend|$high|high|$config|${RATE45_TAG:-pooled}|${RATE45_DRAFT:-$b1}"
       "2|plain spec_extend|$low|low|||$b1" "3|draft_model self_draft|$high|high|||$b1")
 # RATE45_JOBS: other jobs, ';' between them, each GPU|MODES|RATE|LOAD|
 # CONFIG|TAG|DRAFT (RATE: high or low for the rates above, or req/s; an
