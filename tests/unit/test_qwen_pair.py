@@ -343,3 +343,26 @@ def test_convert_refuses_unexpected_gguf(tmp_path, kwargs, match):
     with pytest.raises(PairError, match=match):
         qwen_pair.convert(gguf, tmp_path / "hf", dtype="float32")
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_ggufs_metadata_is_parsed_once_for_tokenizer_and_config(monkeypatch):
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    from benchmarks.models.builders import gguf_metadata_once
+
+    calls = []
+
+    def fake(path, return_tensors=False, **kwargs):
+        calls.append((path, return_tensors))
+        return {"config": {"vocab": ["a", "b"]}, "tensors": {} if return_tensors else None}
+
+    monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", fake)
+    with gguf_metadata_once():
+        first = gguf_utils.load_gguf_checkpoint("m.gguf", return_tensors=False)
+        first["config"].pop("vocab")  # a caller's edit stays its own
+        again = gguf_utils.load_gguf_checkpoint("m.gguf")
+        assert again == {"config": {"vocab": ["a", "b"]}, "tensors": None}
+        gguf_utils.load_gguf_checkpoint("m.gguf", return_tensors=True)
+        gguf_utils.load_gguf_checkpoint("other.gguf")
+    assert calls == [("m.gguf", False), ("m.gguf", True), ("other.gguf", False)]
+    assert gguf_utils.load_gguf_checkpoint is fake
