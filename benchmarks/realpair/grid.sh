@@ -13,16 +13,15 @@ for m in $modes; do
   [ "$mode" != "$m" ] && k=${m#*:}
   name=${mode}_k$k
   echo "== $name $(date +%T)"
+  # The script and its own arguments; the mode's are the same for both.
   if [ $profile = 1 ]; then
-    timeout 900 python3 -m benchmarks.realpair.profile --cases "$cases" --target "$target" \
-      --draft "$draft" --mode "$mode" --k "$k" --cell "$cells" \
-      --out-dir "$dir" > "$dir/$name.log" 2>&1
+    own=(profile --cell "$cells" --out-dir "$dir")
   else
-    # shellcheck disable=SC2086  # cells: one word each
-    timeout 900 python3 -m benchmarks.realpair.run --cases "$cases" --target "$target" \
-      --draft "$draft" --mode "$mode" --k "$k" --cells $cells \
-      --out "$dir/$name.json" > "$dir/$name.log" 2>&1
+    # shellcheck disable=SC2206  # cells: one word each
+    own=(run --cells $cells --out "$dir/$name.json")
   fi
+  timeout 900 python3 -m "benchmarks.realpair.${own[0]}" --cases "$cases" --target "$target" \
+    --draft "$draft" --mode "$mode" --k "$k" "${own[@]:1}" > "$dir/$name.log" 2>&1
   echo "rc=$? $(date +%T)"
   # No process may hold the GPU when the next engine starts (vLLM's start-up
   # memory check would refuse it).

@@ -64,10 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     cell = ":".join(parts[:2])
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"
-    os.environ.update(run.PLUGIN_ENV.get(args.mode, {}))
 
     import torch
-    from vllm import LLM
+    from vllm import LLM, SamplingParams
 
     from benchmarks.harness.meta import run_metadata
     from benchmarks.longinput.acceptance import counter_delta, spec_counters
@@ -78,9 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     picked = picked[:args.prompts]
     llm = LLM(**kwargs)
     run.warm_up(llm, picked[0])
-    llm.reset_prefix_cache()
-    from vllm import SamplingParams
-
+    run.empty_prefix_cache(llm)
     counts = spec_counters(llm) if "speculative_config" in kwargs else None
     tokens, decode_s = 0, 0.0
     activities = [torch.profiler.ProfilerActivity.CPU]

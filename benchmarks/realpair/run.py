@@ -148,6 +148,12 @@ def warm_up(llm, case: tasks.Case) -> None:
                  SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False)
 
 
+def empty_prefix_cache(llm) -> None:
+    """The prefix cache emptied, so the next prompts are fresh, or stop."""
+    if not llm.reset_prefix_cache():
+        raise SystemExit("vLLM did not empty its prefix cache: prompts would not be fresh")
+
+
 def select(cases: list[tasks.Case], cells: list[str]) -> list[tuple[str, int, list]]:
     """``group:context:batch`` cells (``*`` any) -> (group, batch, cases)."""
     chosen = []
@@ -196,7 +202,10 @@ def mode_parser(description: str) -> argparse.ArgumentParser:
 
 
 def mode_kwargs(args) -> dict:
-    """``LLM`` keyword arguments of ``mode_parser``'s parsed ``args``."""
+    """``LLM`` keyword arguments of ``mode_parser``'s parsed ``args``; the
+    mode's experiment switches (``PLUGIN_ENV``) go into this process's
+    environment first, for the engine to read (its processes inherit it)."""
+    os.environ.update(PLUGIN_ENV.get(args.mode, {}))
     spec_extend = json.loads(args.spec_extend) if args.spec_extend else None
     kwargs = engine_kwargs(args.mode, args.target, args.draft, args.k, spec_extend)
     kwargs.update(json.loads(args.engine_args) if args.engine_args else {})
@@ -213,7 +222,6 @@ def main(argv: list[str] | None = None) -> int:
     kwargs = mode_kwargs(args)
     header, cases = tasks.load_cases(args.cases)
     cells = select(cases, args.cells)
-    os.environ.update(PLUGIN_ENV.get(args.mode, {}))
     from vllm import LLM
 
     t0 = time.perf_counter()
@@ -224,9 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     records, call = [], 0
     with GpuBusy() as busy:
         for cell, batch, picked in cells:
-            if not llm.reset_prefix_cache():
-                raise SystemExit("vLLM did not empty its prefix cache: prompts "
-                                 "would not be fresh")
+            empty_prefix_cache(llm)
             done = []
             for i in range(0, len(picked), batch):
                 done += run_batch(llm, picked[i:i + batch], busy, speculative,

@@ -171,8 +171,8 @@ defaults."""
 
 def headline(rows: list[dict]) -> str:
     """The README's real-weight table: per cell of the newest run folder,
-    the plugin's defaults (``DEFAULTS_AS``) and the fastest of vLLM's own methods (each at its
-    better k), end to end as a multiple of plain decoding (higher is better),
+    the plugin's defaults (``DEFAULTS_AS``) and the fastest of vLLM's own
+    methods (each at its better k), end to end as a multiple of plain decoding (higher is better),
     with accepted lengths and the GPU busy share; each cell linked to its file."""
     newest = max(r["file"].rsplit("/", 1)[0] for r in rows)
     rows = [r for r in rows if r["file"].startswith(newest + "/")]
