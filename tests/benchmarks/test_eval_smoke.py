@@ -68,13 +68,13 @@ def test_all_tasks_end_to_end(tiny_target, tiny_draft, long_prompts, tmp_path):
     assert all(r["replay_consistent"] for r in needle)
     assert len({r["output_hashes"][0] for r in needle}) == 1  # lossless here too
     # Each SpecExtend row says what the engine's pool became and whether this
-    # prompt's draft pass was pooled: cmr pools with "auto" (16 chunks at
-    # top_k 4, prompts from 672 tokens), streaming never; vLLM's own
+    # prompt's draft pass was pooled: cmr pools with "auto" (8 chunks at
+    # top_k 4, prompts from 416 tokens), streaming never; vLLM's own
     # draft_model has neither.
     by_mode = {r["mode"]: r for r in needle}
     assert "draft_prompt_pool" not in by_mode["draft_model"]
     assert by_mode["draft_model"]["spec_extend_stats"] is None
-    assert by_mode["cmr"]["draft_prompt_pool"] == 16
+    assert by_mode["cmr"]["draft_prompt_pool"] == 8
     assert by_mode["cmr"]["spec_extend_stats"]["pooled_prompt_passes"] == 1
     assert by_mode["cmr"]["spec_extend_stats"]["retrievals"] > 0
     assert by_mode["streaming"]["draft_prompt_pool"] is None

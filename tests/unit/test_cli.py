@@ -204,7 +204,7 @@ def test_vllm_serve_parser_without_flag(vllm_parser):
 def test_vllm_serve_parser_dotted_additional_config(vllm_parser):
     # vLLM's dotted form --additional-config.KEY VALUE arrives as a dict too.
     for argv, top_k in (
-        (["--spec-extend", "--additional-config.x", "1"], 32),
+        (["--spec-extend", "--additional-config.x", "1"], 64),
         (["--additional-config.x", "1", "--spec-extend", '{"top_k": 3}'], 3),
     ):
         args = vllm_parser.parse_args(["--model", "m", *argv])

@@ -48,7 +48,7 @@ def test_each_blocker_names_its_reason(changes, reason):
 
 
 def test_width_covers_the_working_set_and_short_rows():
-    cfg = SpecExtendConfig()
+    cfg = SpecExtendConfig(top_k=32)  # a working set below min_context
     k, bs = 4, 16
     width = graph_view_tokens(cfg.working_set_tokens(k), cfg.min_context,
                               cfg.retrieve_every, k, bs)

@@ -137,3 +137,32 @@ def test_a_step_profile_beside_the_results_is_not_a_mode(results):
     (folder / "profile_spec_extend_k4_copy_16384.json").write_text(
         json.dumps({"mode": "spec_extend", "k": 4, "step": {}}))
     assert {r["mode"] for r in summarize.summary(results)} == {"plain", "spec_extend"}
+
+
+def test_headline_takes_each_cell_from_the_newest_folder_at_todays_defaults(
+        results, monkeypatch):
+    # A newer folder ran only batch 1 at today's defaults (as its
+    # spec_extend_top64); batch 2 ran in an older folder before the change.
+    old = next(p for p in results.iterdir() if p.is_dir())
+    _write(old, "spec_extend", 4, [
+        _record("a", 2, [1, 2, 3, 4], 1.5, 30.0, 31.0, batch=2,
+                spec={"drafts": 1, "draft_tokens": 4, "accepted_tokens": 2}),
+        _record("b", 2, [5, 6, 7, 8, 9], 1.5, 30.1, 31.0, batch=2,
+                spec={"drafts": 1, "draft_tokens": 4, "accepted_tokens": 2})])
+    new = results / "20261207T0000Z_h200"
+    new.mkdir()
+    _write(new, "plain", 4, [_record("a", 0, [1, 2, 3, 4], 2.0, 10.0, 11.0),
+                             _record("b", 1, [5, 6, 7, 8, 9], 2.0, 20.0, 21.0)])
+    _write(new, "spec_extend_top64", 4, [
+        _record("a", 0, [1, 2, 3, 4], 1.0, 10.0, 10.5,
+                spec={"drafts": 1, "draft_tokens": 4, "accepted_tokens": 3}),
+        _record("b", 1, [5, 6, 7, 8, 9], 1.0, 20.0, 20.5,
+                spec={"drafts": 1, "draft_tokens": 4, "accepted_tokens": 4})])
+    monkeypatch.setitem(summarize.DEFAULTS_AS, old.name, None)
+    monkeypatch.setitem(summarize.DEFAULTS_AS, new.name, "spec_extend_top64")
+    text = summarize.headline(summarize.summary(results))
+    rows = [x for x in text.splitlines() if x.startswith("| copies")]
+    assert len(rows) == 1 and "| 16K | 1 | [2.05×][r1]" in rows[0]
+    assert "20261207T0000Z_h200/spec_extend_top64_k4.json" in text
+    tail = next(x for x in text.splitlines() if x.startswith("Not yet measured"))
+    assert "batch 2" in tail and "`spec_extend` before the change: [2.00×]" in tail

@@ -59,10 +59,10 @@ def test_reconfigure_switches_policy_and_drops_selections():
 @pytest.mark.parametrize("max_model_len, pool", [(2048, None), (65536, 64)])
 def test_reconfigure_resolves_an_auto_pool_for_its_engine(max_model_len, pool):
     """A benchmark's config with draft_prompt_pool "auto" pools where the
-    engine can: here 4 x top_k chunks at 64K, not at 2K (no prompt that
+    engine can: here 2 x top_k chunks at 64K, not at 2K (no prompt that
     long)."""
     proposer = _proposer(max_model_len=max_model_len)
-    proposer.reconfigure(SpecExtendConfig(top_k=16, draft_prompt_pool="auto"))
+    proposer.reconfigure(SpecExtendConfig(top_k=32, draft_prompt_pool="auto"))
     assert proposer.cfg.draft_prompt_pool == pool
     assert (proposer.pools is None) == (pool is None)
     assert proposer.planner.pools is proposer.pools is proposer.retriever.pools

@@ -138,12 +138,14 @@ def _draft(spec, num_layers, max_num_seqs, compact=True, **cfg):
 
 def test_scratch_bytes_of_a_llama_1b_shaped_draft():
     # 16 layers, 8 KV heads of 64, bf16: 2 * 8 * 64 * 2 B = 2 KiB per token
-    # and layer. Defaults: 32 sink + 32 chunks of 32 = 1056 tokens per request.
+    # and layer. Defaults: 32 sink + 64 chunks of 32 = 2080 tokens per request.
     spec = _spec(16, 8, 64, torch.bfloat16)
-    proposer = _draft(spec, num_layers=16, max_num_seqs=256)
+    assert _draft(spec, 16, 256).scratch_bytes() == 256 * 2080 * 16 * 2048 == int(16.25 * 2**30)
+    # 32 sink + 32 chunks of 32 = 1056 tokens per request at top_k 32.
+    proposer = _draft(spec, num_layers=16, max_num_seqs=256, top_k=32)
     assert proposer.scratch_bytes() == 256 * 1056 * 16 * 2048 == int(8.25 * 2**30)
     # The knobs the startup error names scale it.
-    assert _draft(spec, 16, 128).scratch_bytes() == int(8.25 * 2**30) // 2
+    assert _draft(spec, 16, 128, top_k=32).scratch_bytes() == int(8.25 * 2**30) // 2
     assert _draft(spec, 16, 256, top_k=15).scratch_bytes() == 256 * 512 * 16 * 2048
     assert _draft(spec, 16, 256, compact=False).scratch_bytes() == 0
 

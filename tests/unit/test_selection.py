@@ -59,7 +59,7 @@ def test_window_start_examples():
     assert window_start(cfg, 256 + 96) == 96
     assert window_start(cfg, 5000) == (5000 - 256) // 32 * 32
     stream = SpecExtendConfig(policy="streaming")
-    assert window_start(stream, 5000) == (5000 - 256 - 32 * 32) // 32 * 32
+    assert window_start(stream, 5000) == (5000 - 256 - 64 * 32) // 32 * 32
 
 
 # --- num_candidates / uses_view ------------------------------------------------------

@@ -242,11 +242,15 @@ def prompt_pool_refusal(cfg: SpecExtendConfig,
     return None
 
 
-AUTO_POOL_PER_TOP_K = 4
-"""``draft_prompt_pool: "auto"`` pools this many times ``top_k`` chunks: at
-3-4 times the view's chunks the pooled pass cost no accepted tokens 40
-real-weight prompts could tell; pools under 1.5 times the view cost 3-6% in
-6-prompt hints (docs/evaluation.md, "A pooled prompt pass")."""
+AUTO_POOL_PER_TOP_K = 2
+"""``draft_prompt_pool: "auto"`` pools this many times ``top_k`` chunks: 128
+at the default top_k of 64, the pool measured as ``"auto"`` when top_k was
+32 (4 times the view then; 2 times it now, not measured apart). At 3-4 times
+the view's chunks the pooled pass cost no accepted tokens 40 real-weight
+prompts could tell; pools under 1.5 times the view cost 3-6% in 6-prompt
+hints (docs/evaluation.md, "A pooled prompt pass"). 4 times 64 chunks would
+make a pass of 8,517 tokens, past vLLM serve's step budget of 8,192 on an
+H100, so "auto" would never pool there."""
 
 
 def resolve_prompt_pool(cfg: SpecExtendConfig,

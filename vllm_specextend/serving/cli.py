@@ -52,7 +52,7 @@ HELP = (
     "passes attend to the sinks, the N tokens before each chunk and the chunk; "
     "null: all), draft_prompt_pool (the draft's KV of a long prompt only "
     "for its sinks, the N chunks ranked top at its end and its window; "
-    "auto: 4 x top_k where the engine can pool; null: all), draft_placement "
+    "auto: 2 x top_k where the engine can pool; null: all), draft_placement "
     "(auto|sharded|replicated: a draft model whole on every tensor-parallel "
     "rank). "
     "Example: --spec-extend '{\"top_k\": 64, \"retrieve_every\": 4}'."
