@@ -24,6 +24,9 @@ url=https://files.pythonhosted.org/packages/63/c1/573fa2f00097cd9cc1167b31fd900b
 sha256=7f22e3e1b1071c6061c0d6951be17c0fb50b08d06d6e543144c8f52faba60a36
 wheel=$name-cp312-cp312-linux_x86_64.whl
 [ -f "$out/$wheel" ] && { echo "reused $out/$wheel"; exit 0; }
+"$PY312" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null || {
+  echo "PY312=$PY312 is no CPython 3.12 (the host's): pyenv install 3.12, or set PY312" >&2
+  exit 1; }
 mkdir -p "$out"
 [ -f "$out/$name.tar.gz" ] || curl -fsSL -o "$out/$name.tar.gz" "$url"
 echo "$sha256  $out/$name.tar.gz" | sha256sum -c --quiet
