@@ -2,6 +2,9 @@
 # The grid's loop (host.sh grid starts it detached): one run.py per mode, one
 # after another, into DIR/<mode>_k<K>.json and .log; with --profile, one
 # profile.py a mode instead (CELL: one group:context), into DIR/profile_*.json.
+# The suffix mode alone has arctic-inference on its path (ARCTIC_DIR, host.sh
+# build installs it into /root/arctic); a mode that fails prints its log's
+# last line and the grid goes on.
 #   bash benchmarks/realpair/grid.sh [--profile] DIR CASES TARGET DRAFT "MODE[:K] ..." "CELL ..."
 set -uo pipefail
 profile=0
@@ -20,9 +23,12 @@ for m in $modes; do
     # shellcheck disable=SC2206  # cells: one word each
     own=(run --cells $cells --out "$dir/$name.json")
   fi
-  timeout 900 python3 -m "benchmarks.realpair.${own[0]}" --cases "$cases" --target "$target" \
-    --draft "$draft" --mode "$mode" --k "$k" "${own[@]:1}" > "$dir/$name.log" 2>&1
-  echo "rc=$? $(date +%T)"
+  path=${PYTHONPATH:-}
+  [ "$mode" = suffix ] && path=${path:+$path:}${ARCTIC_DIR:-/root/arctic}
+  PYTHONPATH=$path timeout 900 python3 -m "benchmarks.realpair.${own[0]}" --cases "$cases" \
+    --target "$target" --draft "$draft" --mode "$mode" --k "$k" "${own[@]:1}" > "$dir/$name.log" 2>&1
+  rc=$?
+  echo "rc=$rc $(date +%T)"
   # No process may hold the GPU when the next engine starts (vLLM's start-up
   # memory check would refuse it).
   for _ in $(seq 60); do
@@ -31,5 +37,6 @@ for m in $modes; do
   done
   grep -E "^$mode k=" "$dir/$name.log"
   grep -m3 -E 'Error|Traceback' "$dir/$name.log"
+  [ $rc = 0 ] || tail -n 1 "$dir/$name.log"
 done
 echo done

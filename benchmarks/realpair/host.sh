@@ -5,7 +5,9 @@
 #
 #   bash benchmarks/realpair/host.sh stage DIR     move a carried piece folder
 #                                                  (.gpu/pair/tNN) to /root/pair/stage
-#   bash benchmarks/realpair/host.sh build         plugin wheel + gguf installed;
+#   bash benchmarks/realpair/host.sh build         plugin wheel + gguf installed,
+#                                                  arctic-inference into /root/arctic
+#                                                  (the suffix mode's alone: grid.sh);
 #                                                  join, check, convert -> /root/pair
 #   bash benchmarks/realpair/host.sh grid TAG "MODE[:K] ..." "CELL ..."
 #        detached (setsid): one run.py a mode into /root/pair/out/TAG/;
@@ -21,6 +23,21 @@ set -uo pipefail
 export PYTHONPATH=$PWD:/root/vsite PYTHONUNBUFFERED=1
 P=/root/pair
 mkdir -p $P/stage $P/out
+
+# arctic-inference, which vLLM's `suffix` mode imports (benchmarks/realpair/
+# arctic.py), into its own folder: grid.sh puts it on that mode's path alone.
+arctic_install() {
+  local dir=${ARCTIC_DIR:-/root/arctic} wheel
+  rm -rf "$dir"
+  wheel=$(ls .gpu/pair/kit/arctic_inference-*.whl 2>/dev/null | tail -n 1)
+  if [ -z "$wheel" ]; then
+    echo "no arctic-inference wheel in .gpu/pair/kit: the suffix mode will fail (prepare.sh builds it)"
+    return 0
+  fi
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$dir" "$wheel" 2>&1 \
+    | grep -v WARNING
+  PYTHONPATH=$PYTHONPATH:$dir python3 -m benchmarks.realpair.arctic check
+}
 case "${1:-}" in
   stage)
     mv "$2"/* $P/stage/ && ls $P/stage | wc -l ;;
@@ -31,6 +48,7 @@ case "${1:-}" in
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
       --target /root/vsite .gpu/wheel/*.whl 2>&1 | grep -v WARNING
     tar -C /root/vsite -xzf .gpu/pair/kit/gguf_pkg.tgz
+    arctic_install
     cp .gpu/pair/manifest.json $P/stage/ && cp .gpu/pair/kit/cases.jsonl.gz $P/
     t0=$(date +%s)
     # Joined and checked, then both converted at once (each one process's
@@ -61,5 +79,5 @@ case "${1:-}" in
     done
     cat $P/out/$2.log
     tar -C $P/out -czf "$OUT/$2.tgz" --exclude='trace_*' "$2" "$2.log" ;;
-  *) sed -n 2,19p "$0" >&2; exit 2 ;;
+  *) sed -n 2,21p "$0" >&2; exit 2 ;;
 esac

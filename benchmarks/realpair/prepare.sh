@@ -10,7 +10,10 @@
 #   .gpu/pair/manifest.json  their sizes and sha256s
 #   .gpu/pair/kit/         what the last call also carries: the `gguf` package
 #                          (transformers reads a GGUF through it; the host lacks
-#                          it) and the task set (benchmarks.realpair.tasks)
+#                          it), the task set (benchmarks.realpair.tasks) and
+#                          arctic-inference's suffix tree for the `suffix` mode
+#                          (arctic_wheel.sh: a 0.1 MiB CPython 3.12 wheel, built
+#                          once into ~/.cache, about a minute)
 # vLLM's own parts and the plugin wheel: benchmarks/gpu/prepare.sh (.gpu/p*, .gpu/wheel).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -34,4 +37,6 @@ import sys; from transformers import AutoTokenizer
 AutoTokenizer.from_pretrained(sys.argv[1], gguf_file='draft.gguf').save_pretrained(sys.argv[2])
 " "$CACHE/gguf" "$CACHE/tokenizer"
 "$PY" -m benchmarks.realpair.tasks build .gpu/pair/kit/cases.jsonl.gz --tokenizer "$CACHE/tokenizer"
+bash benchmarks/realpair/arctic_wheel.sh "$CACHE/arctic"
+cp "$CACHE"/arctic/arctic_inference-*.whl .gpu/pair/kit/
 du -sh .gpu/pair/* | sort -k2

@@ -15,6 +15,11 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
 * ``plain``: no speculation.
 * ``draft_model``: vLLM's draft model (the 0.5B), full KV, plugin off.
 * ``ngram`` / ``ngram_gpu``: vLLM's prompt lookup (its default n-gram sizes).
+* ``suffix``: vLLM's SuffixDecoding (its defaults: tree depth 24, 10,000
+  responses cached across requests, spec factor 1.0, min token probability
+  0.1), K its most tokens a step; it imports
+  arctic-inference, which ``grid.sh`` puts on this mode's path alone, and
+  runs with vLLM's general plugins cut to this project's (``arctic.py``).
 * ``spec_extend``: ``draft_model`` plus ``--spec-extend`` with the plugin's
   defaults: what a user gets.
 * ``spec_extend_window``: policy ``streaming`` (sinks + a recent window of the
@@ -53,7 +58,7 @@ from benchmarks.harness.gpu_busy import GpuBusy
 from benchmarks.harness.meta import plugin_env, run_metadata
 from benchmarks.harness.modes import Speculation, engine_settings
 from benchmarks.longinput.acceptance import counter_delta, spec_counters
-from benchmarks.realpair import tasks
+from benchmarks.realpair import arctic, tasks
 
 MODES = ("plain", "draft_model", "ngram", "ngram_gpu", "suffix", "spec_extend",
          "spec_extend_window", "spec_extend_full_pass")
@@ -69,10 +74,12 @@ PLUGIN_CONFIGS = {
     "spec_extend_every2": {"retrieve_every": 2},
     "spec_extend_vocab32k": {"draft_vocab": 32768},
 }
-PLUGIN_ENV = {"spec_extend_follow15": {"SPECEXTEND_POOL_FOLLOW": "15"}}
-"""A variant's experiment switches (``drafting/tuning.py``,
-``retrieval/selection.py``), set in this process before the engine starts
-(its processes inherit them)."""
+PLUGIN_ENV = {"spec_extend_follow15": {"SPECEXTEND_POOL_FOLLOW": "15"},
+              "suffix": arctic.SUFFIX_ENV}
+"""A mode's environment, set in this process before the engine starts (its
+processes inherit it) and recorded (meta ``mode_env``): a variant's
+experiment switches (``drafting/tuning.py``, ``retrieval/selection.py``);
+the ``suffix`` mode's plugin selection."""
 
 
 def engine_kwargs(mode: str, target: str, draft: str, k: int,
@@ -173,6 +180,9 @@ def write_result(args, header: dict, kwargs: dict, start_s: float, speculative: 
     result = {
         "meta": run_metadata(args, engine_start_s=start_s, engine_kwargs=kwargs,
                              plugin_env=plugin_env(),
+                             mode_env=PLUGIN_ENV.get(args.mode, {}),
+                             arctic_inference=(arctic.installed()
+                                               if args.mode == "suffix" else None),
                              cases_sha256=header.get("sha256"),
                              cases_header=header),
         "mode": args.mode, "k": args.k if speculative else None,
@@ -203,8 +213,12 @@ def mode_parser(description: str) -> argparse.ArgumentParser:
 
 def mode_kwargs(args) -> dict:
     """``LLM`` keyword arguments of ``mode_parser``'s parsed ``args``; the
-    mode's experiment switches (``PLUGIN_ENV``) go into this process's
-    environment first, for the engine to read (its processes inherit it)."""
+    mode's environment (``PLUGIN_ENV``) goes into this process's environment
+    first, for the engine to read (its processes inherit it). The ``suffix``
+    mode stops here, with one line, where arctic-inference is missing."""
+    problem = arctic.missing() if args.mode == "suffix" else None
+    if problem:
+        raise SystemExit(problem)
     os.environ.update(PLUGIN_ENV.get(args.mode, {}))
     spec_extend = json.loads(args.spec_extend) if args.spec_extend else None
     kwargs = engine_kwargs(args.mode, args.target, args.draft, args.k, spec_extend)
