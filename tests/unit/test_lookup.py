@@ -161,3 +161,45 @@ def test_extend_appends_the_lookup():
                                         (0, 5, 0), (4, 0, 4)])
 def test_drafted_leaves_a_draft_forward(k, m, want):
     assert drafted(k, m) == want
+
+
+@pytest.mark.gpu
+def test_record_and_lookup_make_no_sync_and_replay_in_a_graph():
+    """On a GPU: the step's record and the lookup make no host-device sync,
+    and the lookup captured in a CUDA graph (as in the draft routine) replays
+    over new rows as it runs eagerly."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev = torch.device("cuda")
+    rng = random.Random(3)
+    h = TokenHistory(4, 200, 4, dev)
+    tokens = torch.tensor([rng.randrange(4) for _ in range(180)], dtype=torch.int32,
+                          device=dev)
+    qsl = torch.tensor([0, 100, 180], device=dev)
+    positions = torch.cat([torch.arange(100), torch.arange(80)]).to(dev)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        rows = h.record(torch.tensor([2, 0], device=dev), tokens, positions,
+                        torch.tensor([1, 2], dtype=torch.int32, device=dev), qsl, None)
+        drafts = torch.tensor([[1, 2], [3, 0]], device=dev)
+        eager = h.extend(rows, drafts, 3)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    slots, bonus = rows.slots.clone(), rows.bonus.clone()
+    static = drafts.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        h.extend(LookupRows(slots, bonus), static, 3)  # warm-up
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = h.extend(LookupRows(slots, bonus), static, 3)
+    graph.replay()
+    assert out.tolist() == eager.tolist()
+    # Other rows, other drafts: the replay follows.
+    slots.copy_(torch.tensor([0, 2])), bonus.copy_(torch.tensor([60, 90]))
+    static.copy_(torch.tensor([[0, 1], [2, 3]]))
+    graph.replay()
+    want = h.extend(LookupRows(slots.clone(), bonus.clone()), static.clone(), 3)
+    assert out.tolist() == want.tolist()

@@ -115,15 +115,16 @@ class TokenHistory:
         on the device, ``num_rejected`` [B] or None. Returns the rows' slots
         and verified ends for ``look_up``.
         """
-        n = token_ids.shape[0]
+        n, num_rows = token_ids.shape[0], slots.shape[0]
         last = self.width - 1
-        # Row of each token: the query it falls in. [N]
+        # Row of each token: the query it falls in (num_rows: past the last). [N]
         token_rows = torch.searchsorted(
             query_start_loc[1:].to(torch.int64),
             torch.arange(n, device=token_ids.device), right=True)
+        column = torch.where(token_rows < num_rows,
+                             positions[:n].to(torch.int64).clamp(0, last), last)
+        index = slots[token_rows.clamp(max=num_rows - 1)] * self.width + column
         flat = self.tokens.view(-1)
-        index = slots[token_rows] * self.width + positions[:n].to(torch.int64).clamp(
-            0, last)
         flat.index_copy_(0, index, token_ids.to(torch.int32))
         bonus = bonus_positions(positions, query_start_loc, num_rejected)  # [B]
         flat.index_copy_(0, slots * self.width + bonus.clamp(max=last),
@@ -157,7 +158,8 @@ class TokenHistory:
         follow = end[:, None] + torch.arange(1, num_tokens + 1, device=bonus.device)
         found = history.gather(1, follow.clamp(0, w - 1))  # [B, num_tokens]
         valid = (end[:, None] >= 0) & (follow <= bonus[:, None])
-        return torch.where(valid, found, drafts[:, -1:].to(torch.int32)).to(drafts.dtype)
+        filler = drafts[:, -1:].to(torch.int32)  # [B, 1]
+        return torch.where(valid, found, filler).to(drafts.dtype)
 
     def extend(self, rows: LookupRows, drafts: torch.Tensor,
                num_tokens: int) -> torch.Tensor:
