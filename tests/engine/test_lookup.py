@@ -141,3 +141,17 @@ def test_looked_up_tokens_are_accepted(smollm2_model, draft_graph):
     # Most steps accept all r drafts; the lookup's positions accept as often.
     r = K - LOOKUP
     assert per_pos[r - 1] > 0 and sum(per_pos[r:]) >= per_pos[r - 1], per_pos
+
+
+def test_self_draft_looks_up_losslessly(tiny_target, prompts, plain_outputs):
+    """The target drafting for itself (K = 3 by default): one forward of its
+    own through the view, two tokens looked up."""
+    llm = make_llm(tiny_target, None, {**CMR, "self_draft": True, "lookup_tokens": 2})
+    outputs = generate(llm, prompts, MAX_TOKENS)
+    proposer = drafter(llm)
+    counts = stats(proposer)
+    shutdown(llm)
+
+    assert type(proposer).__name__ == "SelfDraftProposer"
+    assert outputs == plain_outputs
+    assert counts["lookup_tokens"] > 0
