@@ -16,6 +16,7 @@ from __future__ import annotations
 import pytest
 from cpu_engine import generate, make_llm, shutdown
 from test_lossless import SMALL_BUDGET
+from test_prefill_deferral import CHUNKED
 
 from benchmarks.harness.drafter import DraftRecorder, drafter, stats
 
@@ -49,10 +50,11 @@ def _accepted_per_pos(llm) -> list[int]:
                 if m.name == "vllm:spec_decode_num_accepted_tokens_per_pos")
 
 
-def _run(target, prompts, lookup_tokens, draft_graph):
+def _run(target, prompts, lookup_tokens, draft_graph, pool=None, **engine):
     llm = make_llm(target, target, {**CMR, "lookup_tokens": lookup_tokens,
-                                    "draft_graph": draft_graph},
-                   num_spec_tokens=K, enable_prefix_caching=True)
+                                    "draft_graph": draft_graph,
+                                    "draft_prompt_pool": pool},
+                   num_spec_tokens=K, enable_prefix_caching=True, **engine)
     proposer = drafter(llm)
     history = {}  # req_id -> its history row after its last step
     record = proposer._record_tokens
@@ -77,14 +79,28 @@ def _run(target, prompts, lookup_tokens, draft_graph):
     return run
 
 
-@pytest.mark.parametrize("draft_graph", ["off", "static"])
-def test_lookup_is_lossless(tiny_target, prompts, plain_outputs, draft_graph):
-    run = _run(tiny_target, prompts, LOOKUP, draft_graph)
+@pytest.mark.parametrize("draft_graph, pool, budget", [
+    ("off", None, None), ("static", None, None),
+    # The 700-token prompt's pooled pass (16 chunks at top_k 4), its step
+    # drafting as a decode step through the routine.
+    ("static", "auto", None),
+    # Prompts in 128-token chunks: kept passes, cut steps.
+    ("off", None, CHUNKED),
+])
+def test_lookup_is_lossless(tiny_target, prompts, plain_outputs, draft_graph, pool,
+                            budget):
+    engine = budget or {}
+    run = _run(tiny_target, prompts, LOOKUP, draft_graph, pool, **engine)
+    counts = run["stats"]
 
     assert run["outputs"] == plain_outputs
-    assert run["stats"]["lookup_tokens"] > 0
+    assert counts["lookup_tokens"] > 0
     if draft_graph == "static":
-        assert run["stats"]["graph_steps"] > 0, "the routine (and its lookup) ran"
+        assert counts["graph_steps"] > 0, "the routine (and its lookup) ran"
+    if pool is not None:
+        assert counts["pooled_prompt_passes"] > 0
+    if budget is not None:
+        assert counts["deferred_prefill_passes"] > 0
 
 
 def test_the_routine_looks_up_as_the_eager_path(tiny_target, prompts, plain_outputs):
