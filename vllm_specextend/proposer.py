@@ -18,6 +18,8 @@ metadata funnel, ``_greedy_sample``, the graph mode); the work is done by:
   (``deferral``);
 * ``pooled_passes.PooledPasses``: the passes of steps that end a pooled
   prompt (``prompt_pool``);
+* ``lookup_step.LookupStep``: each step's tokens into the history, and the
+  lookup after the drafts (``lookup``, ``lookup_tokens``);
 * ``worker_hooks.WorkerHooks``: what the plugin's worker calls (scratch,
   warm-up, capture, finished requests, the counters' report);
 * ``separate_draft.SeparateDraft`` / ``self_draft.TargetAsDraft``: a draft
@@ -52,6 +54,7 @@ from vllm_specextend.drafting.draft_capture import DraftCapture
 from vllm_specextend.drafting.draft_vocab import vocab_rows
 from vllm_specextend.drafting.host_step import HostStep
 from vllm_specextend.drafting.kept_passes import KeptPasses
+from vllm_specextend.drafting.lookup_step import LookupStep
 from vllm_specextend.drafting.pooled_passes import PooledPasses
 from vllm_specextend.drafting.prompt_pool import FirstPassPositions
 from vllm_specextend.drafting.reconfigure import Reconfigurable
@@ -70,7 +73,8 @@ from vllm_specextend.serving.stats import SpecExtendStats
 logger = compat.logger
 
 
-class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses, PooledPasses, WorkerHooks):
+class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses, PooledPasses, LookupStep,
+                      WorkerHooks):
     _graphable = False
     """The draft routine can be captured (``capture_graphs``): a separate
     draft's (a draft model, an EAGLE head); a target drafting for itself
@@ -172,6 +176,8 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses, PooledPasses, Worker
                 # Kept steps are planned too: the planner counts steps.
                 step = self._plan_view(cad, token_indices_to_sample,
                                        num_rejected_tokens_gpu)
+            self._record_tokens(step, cad, target_token_ids, target_positions,
+                                next_token_ids, num_rejected_tokens_gpu)
             if keep:
                 # Prompt chunks' windows (draft_prefill_window) go with the pass.
                 view = None if step is None else self._gather_view(step, cad)
@@ -212,7 +218,7 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses, PooledPasses, Worker
                 if drafts is not None:
                     return drafts
                 self._view = self._gather_view(step, cad)
-            return super().propose(
+            return self._vllm_propose(
                 num_speculative_tokens,
                 target_token_ids,
                 target_positions,
@@ -227,6 +233,7 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses, PooledPasses, Worker
             )
         finally:
             self._view = self._first_view = self._first_pass = None
+            self._lookup_rows = None
             self._report()
 
     @override
@@ -296,11 +303,16 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses, PooledPasses, Worker
                         cad, num_rejected_tokens_gpu=None) -> torch.Tensor:
         """vLLM's propose, past this mixin's, drafting greedily: what the
         plugin runs itself (kept passes, the captured routine's body)."""
-        return super().propose(
+        return self._vllm_propose(
             num_speculative_tokens, token_ids, positions, hidden_states,
             next_token_ids, token_indices_to_sample, cad, _GREEDY,
             num_rejected_tokens_gpu=num_rejected_tokens_gpu,
         )
+
+    def _vllm_propose(self, num_speculative_tokens, *args, **kwargs) -> torch.Tensor:
+        """vLLM's propose: K - lookup_tokens drafts, then the lookup's. [B, K]"""
+        drafts = super().propose(self._drafted(num_speculative_tokens), *args, **kwargs)
+        return self._looked_up(drafts, num_speculative_tokens)
 
 
 _GREEDY = SimpleNamespace(all_greedy=True)

@@ -34,7 +34,13 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
   ``spec_extend_top64`` (a view of 64 chunks: acceptance nearer full KV's?),
   ``spec_extend_every2`` (a retrieval every 2 steps), ``spec_extend_vocab32k``
   (greedy drafts from the first 32,768 of the 151,936 ids: a cheaper draft
-  ``lm_head``), and ``spec_extend_<name>`` with ``--spec-extend JSON``.
+  ``lm_head``), ``spec_extend_lookup`` (``lookup_tokens: 5``: run as
+  ``spec_extend_lookup:8``, 3 draft forwards a step and 5 tokens looked up
+  in the request's own context) and ``spec_extend_lookup4`` (``lookup_tokens:
+  4``: run as ``spec_extend_lookup4:5``, the step's one draft forward, the
+  pass that keeps the draft's KV, and 4 looked up: the cheapest step, which
+  tells whether drafts past the first pay on copy tasks), and
+  ``spec_extend_<name>`` with ``--spec-extend JSON``.
 
 Per prompt it records the output ids, the answer's check (``tasks.check``),
 end-to-end seconds (the ``generate`` call), first-token latency and decode
@@ -73,6 +79,8 @@ PLUGIN_CONFIGS = {
     "spec_extend_top64": {"top_k": 64},
     "spec_extend_every2": {"retrieve_every": 2},
     "spec_extend_vocab32k": {"draft_vocab": 32768},
+    "spec_extend_lookup": {"lookup_tokens": 5},
+    "spec_extend_lookup4": {"lookup_tokens": 4},
 }
 PLUGIN_ENV = {"spec_extend_follow15": {"SPECEXTEND_POOL_FOLLOW": "15"},
               "suffix": arctic.SUFFIX_ENV}

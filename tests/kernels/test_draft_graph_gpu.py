@@ -123,3 +123,24 @@ def test_captured_routine_keeps_the_draft_vocab_cut(models):
     assert graph["outputs"] == eager["outputs"] == reference["outputs"]
     # The cut mattered: the target writes ids past it.
     assert any(t >= cut for out in reference["outputs"] for t in out)
+
+
+def test_captured_routine_looks_up_as_piecewise(models):
+    """``lookup_tokens``: the graphs are captured for K - m forwards and the
+    lookup; they propose what the piecewise path with the same lookup
+    proposes, step by step, and output stays vLLM's own speculation's. The
+    prompts repeat their first half, so keys recur in the context."""
+    rng = random.Random(2)
+    halves = [[rng.randrange(3, 500) for _ in range(n)] for n in (1000, 150, 600)]
+    prompts = [h + h for h in halves]
+    target = models["target"]
+    reference = _generate(target, "draft_model", target, prompts)
+    spec = {**CMR, "lookup_tokens": 2}
+    eager = _generate(target, "draft_model", target, prompts,
+                      {**spec, "draft_graph": "off"})
+    graph = _generate(target, "draft_model", target, prompts, spec)
+
+    assert graph["captured"] and graph["stats"]["graph_steps"] > 0
+    assert graph["stats"]["lookup_tokens"] > 0
+    assert graph["proposals"] == eager["proposals"], "the graph looked up otherwise"
+    assert graph["outputs"] == eager["outputs"] == reference["outputs"]

@@ -571,3 +571,47 @@ def test_settings_hold_the_resolved_pool():
     assert settings.prompt_pool_note.startswith("128 chunks")
     named = Settings.resolve(SpecExtendConfig(draft_prompt_pool=None), good_facts(**LONG))
     assert named.config.draft_prompt_pool is None and named.prompt_pool_note is None
+
+
+# --- lookup_tokens ------------------------------------------------------------------
+
+
+def test_lookup_is_off_by_default():
+    assert SpecExtendConfig().lookup_tokens == 0
+    validate_engine(SpecExtendConfig(), good_facts(num_speculative_tokens=4,
+                                                   draft_sample_method="probabilistic"))
+
+
+@pytest.mark.parametrize("value", [-1, True, 2.0, "4", None])
+def test_lookup_tokens_must_be_a_count(value):
+    with pytest.raises(SpecExtendConfigError, match="lookup_tokens"):
+        SpecExtendConfig.from_dict({"lookup_tokens": value})
+
+
+@pytest.mark.parametrize("k, m", [(8, 5), (7, 4), (2, 1)])
+def test_lookup_below_k_is_accepted(k, m):
+    validate_engine(SpecExtendConfig(lookup_tokens=m),
+                    good_facts(num_speculative_tokens=k))
+
+
+@pytest.mark.parametrize("k, m", [(4, 4), (4, 6), (1, 1)])
+def test_lookup_must_leave_a_draft_forward(k, m):
+    with pytest.raises(SpecExtendConfigError,
+                       match=rf"lookup_tokens={m} leaves no draft forward .*"
+                             rf"Lower lookup_tokens below {k}"):
+        validate_engine(SpecExtendConfig(lookup_tokens=m),
+                        good_facts(num_speculative_tokens=k))
+
+
+def test_lookup_refuses_probabilistic_draft_sampling():
+    with pytest.raises(SpecExtendConfigError,
+                       match='"probabilistic".*Set draft_sample_method to "greedy"'):
+        validate_engine(SpecExtendConfig(lookup_tokens=5),
+                        good_facts(num_speculative_tokens=8,
+                                   draft_sample_method="probabilistic"))
+
+
+def test_lookup_refuses_multi_row_positions():
+    with pytest.raises(SpecExtendConfigError, match="3 rows.*Set lookup_tokens to 0"):
+        validate_engine(SpecExtendConfig(lookup_tokens=2),
+                        good_facts(num_speculative_tokens=4, target_position_rows=3))

@@ -108,3 +108,17 @@ def test_reconfigure_refuses_a_prefill_window_the_engine_cannot_serve():
     with pytest.raises(SpecExtendConfigError, match="eagle3 head writes no draft KV"):
         proposer.reconfigure(SpecExtendConfig(draft_prefill_window=512))
     assert proposer.cfg.draft_prefill_window is None
+
+
+def test_reconfigure_turns_the_lookup_on_and_off_within_k():
+    """``lookup_tokens`` below the engine's K (3) builds a history of one row
+    per slot and drafts K - m; at K or past it the reconfigure is refused."""
+    proposer = _proposer()
+    assert proposer.history is None and proposer._drafted(3) == 3
+    proposer.reconfigure(SpecExtendConfig(lookup_tokens=2))
+    assert proposer.history.tokens.shape == (4, 4096 + 3 + 2)
+    assert proposer._drafted(3) == 1 and proposer._drafted(2) == 2
+    with pytest.raises(SpecExtendConfigError, match="lookup_tokens=3 leaves no draft"):
+        proposer.reconfigure(SpecExtendConfig(lookup_tokens=3))
+    proposer.reconfigure(SpecExtendConfig())
+    assert proposer.history is None

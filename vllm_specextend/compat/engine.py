@@ -46,6 +46,7 @@ def engine_facts(vllm_config) -> dict[str, Any]:
         ),
         target_position_rows=position_rows(vllm_config),
         kv_cache_dtype=vllm_config.cache_config.cache_dtype,
+        draft_sample_method=getattr(spec, "draft_sample_method", "greedy"),
     )
 
 

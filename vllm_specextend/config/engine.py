@@ -50,6 +50,9 @@ class EngineFacts:
     its dimensions under XD-RoPE, else 1 (``compat.position_rows``)."""
     kv_cache_dtype: str = "auto"
     """vLLM's ``--kv-cache-dtype`` (``auto``: the model's dtype)."""
+    draft_sample_method: str = "greedy"
+    """The speculative config's ``draft_sample_method``: ``probabilistic``
+    hands the rejection sampler every draft's probabilities."""
 
 
 def compaction_on(cfg: SpecExtendConfig, facts: EngineFacts) -> bool:
@@ -92,6 +95,7 @@ def validate_engine(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
     _raise_if_replicated_not_draft_model(cfg, facts)
     raise_if_prefill_window_unsupported(cfg, facts)
     raise_if_prompt_pool_unsupported(cfg, facts)
+    raise_if_lookup_unsupported(cfg, facts)
     _raise_if_unpadded_drafter_batch(facts)
     _raise_if_chunk_not_block_multiple(cfg, facts)
     _raise_if_working_set_exceeds_draft(cfg, facts)
@@ -176,6 +180,31 @@ def _not_a_draft_model_at_its_positions(key: str, cfg: SpecExtendConfig,
                 "the target, or compact_positions: true).",
                 f"Leave {key} unset, or use a draft with the target's positions.")
     return None
+
+
+def raise_if_lookup_unsupported(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
+    """At engine config, and when a benchmark reconfigures a live engine."""
+    m, k = cfg.lookup_tokens, facts.num_speculative_tokens
+    if m == 0:
+        return
+    if m >= k:
+        raise SpecExtendConfigError(
+            f"spec_extend.lookup_tokens={m} leaves no draft forward of the "
+            f"num_speculative_tokens={k} a step proposes (the draft model drafts "
+            f"K - lookup_tokens). Lower lookup_tokens below {k}, or raise "
+            "--num-speculative-tokens.")
+    if facts.draft_sample_method == "probabilistic":
+        raise SpecExtendConfigError(
+            "spec_extend.lookup_tokens proposes tokens without draft "
+            "probabilities, but draft_sample_method is \"probabilistic\" (vLLM's "
+            "rejection sampler reads every draft's). Set draft_sample_method to "
+            "\"greedy\" in the speculative config (vLLM's default), or "
+            "lookup_tokens to 0.")
+    if facts.target_position_rows > 1:
+        raise SpecExtendConfigError(
+            "spec_extend.lookup_tokens keeps each request's tokens by position, "
+            f"one row, but the target's positions have {facts.target_position_rows} "
+            "rows (M-RoPE or XD-RoPE). Set lookup_tokens to 0.")
 
 
 def pooled_pass_tokens(cfg: SpecExtendConfig, num_spec_tokens: int) -> int:

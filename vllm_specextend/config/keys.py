@@ -138,6 +138,20 @@ class SpecExtendConfig:
     model's only (an EAGLE head shares the target's sharded embedding;
     ``self_draft`` is the target)."""
 
+    lookup_tokens: int = 0
+    """Draft, then look up (``drafting/lookup.py``): of the K tokens a step
+    proposes, the draft model drafts the first ``K - lookup_tokens`` and the
+    last ``lookup_tokens`` come from the request's own context: the tokens
+    after the latest earlier occurrence of the last 3 tokens (bonus token and
+    drafts), as vLLM's prompt lookup finds them, with no draft forward. On
+    copy tasks with the real Qwen2.5-Coder pair a step's four 0.5B forwards
+    took 4.6 ms of 8.6 on an H100 while 4.3 of 5 tokens were accepted.
+    Lossless (the target verifies every token). 0: off. Must be below
+    ``num_speculative_tokens``; a step whose K vLLM lowered to
+    ``lookup_tokens`` or less drafts all K. Greedy draft sampling only
+    (vLLM's default ``draft_sample_method``: looked-up tokens have no draft
+    probabilities)."""
+
     def __post_init__(self) -> None:
         check_values(self)
 

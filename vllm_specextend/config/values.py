@@ -42,6 +42,7 @@ _INT_RANGES = (
     ("sink_tokens", 0),
     ("recent_tokens", 0),
     ("min_context", 0),
+    ("lookup_tokens", 0),
 )
 
 

@@ -23,6 +23,7 @@ from vllm_specextend.drafting.draft_graph import (
     graph_view_tokens,
 )
 from vllm_specextend.drafting.host_step import Step
+from vllm_specextend.drafting.lookup import LookupRows, bonus_positions
 from vllm_specextend.drafting.view import View, view_blocks
 
 logger = compat.logger
@@ -89,6 +90,8 @@ class DraftCapture:
             token_indices_to_sample, cad.slot_mapping,
         )
         p.stats.graph_steps += 1
+        if p._drafted(num_speculative_tokens) < num_speculative_tokens:
+            p.stats.lookup_tokens += batch * p.cfg.lookup_tokens  # looked up in it
         return graphs.run(batch)
 
     def capture_graphs(self) -> None:
@@ -151,8 +154,10 @@ class DraftCapture:
 
     def _body(self, batch: int, inputs: DraftInputs,
               width_tokens: int) -> torch.Tensor:
-        """vLLM's propose over the static inputs and a view gathered from them;
-        what ``DraftGraphs`` captures. [batch, k] drafts."""
+        """vLLM's propose over the static inputs and a view gathered from them
+        (with ``lookup_tokens``: K - m forwards, then the lookup over the
+        history the step recorded before the replay); what ``DraftGraphs``
+        captures. [batch, k] drafts."""
         p = self.proposer
         k, n = inputs.k, batch * (inputs.k + 1)
         builder = p.view_builder
@@ -176,6 +181,9 @@ class DraftCapture:
         )
         p._view = View(torch.gather(table, 1, logical),
                        offsets.to(torch.int32), None, width_tokens)
+        if p.history is not None:  # lookup_tokens: the lookup is captured too
+            p._lookup_rows = LookupRows(slots, bonus_positions(
+                inputs.positions[:n], cad.query_start_loc, inputs.num_rejected[:batch]))
         # An EAGLE head reads the target's hidden states and writes its KV at
         # the verified tokens' slots; a draft model needs neither.
         eagle = inputs.hidden is not None
@@ -190,7 +198,7 @@ class DraftCapture:
             )
         finally:
             self.in_body = False
-            p._view = None
+            p._view = p._lookup_rows = None
 
     def drop(self) -> None:
         """The graphs read the old selection buffers: drafting goes on

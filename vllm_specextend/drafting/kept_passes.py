@@ -146,6 +146,8 @@ class KeptPasses:
                 None if view is None else view.rows(kept.start, kept.stop))
         self.stats.split_prefill_steps += 1
         self._view = None if view is None else view.rows(drafting.start, drafting.stop)
+        if self._lookup_rows is not None:  # lookup_tokens: the drafting rows'
+            self._lookup_rows = self._lookup_rows.rows(drafting.start, drafting.stop)
         sample = token_indices_to_sample
         if sample is not None:
             # Indices into the step's tokens: into the drafting rows' own.

@@ -17,12 +17,14 @@ from vllm_specextend import compat
 from vllm_specextend.config import (
     SpecExtendConfig,
     SpecExtendConfigError,
+    raise_if_lookup_unsupported,
     raise_if_prefill_window_unsupported,
     raise_if_prompt_pool_unsupported,
     resolve_prompt_pool,
     score_layer_index,
 )
 from vllm_specextend.drafting.draft_vocab import vocab_rows
+from vllm_specextend.drafting.lookup import TokenHistory
 from vllm_specextend.drafting.prompt_pool import PromptPools
 from vllm_specextend.drafting.view import ViewBuilder
 from vllm_specextend.retrieval.planner import StepPlanner
@@ -51,6 +53,10 @@ class Reconfigurable:
                                      self._max_chunks(cfg), self.device)
         # Under async scheduling seq is optimistic by up to K accepted drafts.
         margin = self.speculative_config.num_speculative_tokens
+        self.history = None  # lookup_tokens: each slot's tokens (lookup.py)
+        if cfg.lookup_tokens:
+            self.history = TokenHistory(self.state.num_slots, self.max_model_len,
+                                        margin, self.device)
         self.planner = StepPlanner(cfg, self.state, self._min_context, margin,
                                    self.pools)
         self.retriever.cfg, self.retriever.state = cfg, self.state
@@ -79,6 +85,7 @@ class Reconfigurable:
             )
         raise_if_prefill_window_unsupported(cfg, self.settings.facts)
         raise_if_prompt_pool_unsupported(cfg, self.settings.facts)
+        raise_if_lookup_unsupported(cfg, self.settings.facts)
         if self.compactor is not None:
             self.compactor.check_budget(cfg, self.block_size)
         self._run_kept_passes()

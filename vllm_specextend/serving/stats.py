@@ -42,6 +42,8 @@ COUNTERS = {
     "pooled_decode_steps": "Steps ending pooled prompts, any other rows decoding, "
                            "that ran those passes first, then drafted as a decode "
                            "step.",
+    "lookup_tokens": "Draft tokens proposed by a lookup in the request's own context "
+                     "instead of a draft forward (lookup_tokens).",
 }
 GAUGES = {
     "tracked_requests": "Requests holding SpecExtend selection state.",
@@ -72,6 +74,7 @@ class SpecExtendStats:
     pooled_prompt_passes: int = 0
     pooled_passes_alone: int = 0
     pooled_decode_steps: int = 0
+    lookup_tokens: int = 0
     tracked_requests: int = 0
     request_slots: int = 0
     _pending: list = field(default_factory=list, repr=False)

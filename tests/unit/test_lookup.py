@@ -1,0 +1,205 @@
+"""TokenHistory (``lookup_tokens``): the batched lookup equals the rule written
+per row, and the history holds each request's verified tokens (no vLLM).
+
+The reference below is the rule as ``lookup.py`` states it, one row at a
+time, over plain lists; the device code must propose the same tokens for
+random batches (small vocabularies, so keys repeat), rows without a match,
+matches whose continuation runs past the verified end, and a slot that a
+new, shorter request reuses.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from vllm_specextend.drafting.lookup import (
+    LOOKUP_KEY,
+    LookupRows,
+    TokenHistory,
+    bonus_positions,
+    drafted,
+)
+
+N = LOOKUP_KEY
+CPU = torch.device("cpu")
+
+
+def reference(history: list[int], bonus: int, drafts: list[int], m: int) -> list[int]:
+    """The rule per row: the last n tokens of [context, bonus, drafts], their
+    latest occurrence ending at j <= bonus - 1, the m tokens after it while
+    verified, else the last draft."""
+    seq = history[: bonus + 1] + drafts
+    key = seq[-N:]
+    end = -1
+    for j in range(N - 1, bonus):
+        if history[j - N + 1: j + 1] == key:
+            end = j
+    return [history[end + i] if end >= 0 and end + i <= bonus else drafts[-1]
+            for i in range(1, m + 1)]
+
+
+def _history(rows: list[list[int]], max_len: int, k: int) -> TokenHistory:
+    h = TokenHistory(len(rows), max_len, k, CPU)
+    for slot, tokens in enumerate(rows):
+        h.tokens[slot, : len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
+    return h
+
+
+def _look_up(h, slots, bonus, drafts, m):
+    rows = LookupRows(torch.tensor(slots), torch.tensor(bonus))
+    return h.look_up(rows, torch.tensor(drafts), m).tolist()
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_lookup_matches_the_rule_per_row(seed):
+    rng = random.Random(seed)
+    max_len, k = rng.choice([16, 40, 97]), 8
+    vocab = rng.choice([2, 3, 5, 50])
+    num_slots = rng.randint(1, 6)
+    # Whole rows of random tokens: past a row's bonus they stand for rejected
+    # drafts and an earlier request's tokens, which no lookup may read.
+    h = _history([[rng.randrange(vocab) for _ in range(max_len + k + 2)]
+                  for _ in range(num_slots)], max_len, k)
+    batch = rng.randint(1, 5)
+    r, m = rng.randint(1, 5), rng.randint(1, 6)
+    slots = [rng.randrange(num_slots) for _ in range(batch)]
+    bonus = [rng.randint(N - 1, max_len) for _ in range(batch)]
+    drafts = [[rng.randrange(vocab) for _ in range(r)] for _ in range(batch)]
+    got = _look_up(h, slots, bonus, drafts, m)
+    rows = h.tokens.tolist()
+    want = [reference(rows[s], b, d, m) for s, b, d in zip(slots, bonus, drafts)]
+    assert got == want
+
+
+def test_no_match_repeats_the_last_draft():
+    h = _history([list(range(100, 130))], 40, 4)
+    assert _look_up(h, [0], [20], [[7, 8, 9]], 3) == [[9, 9, 9]]
+
+
+def test_the_latest_match_wins_and_stops_at_the_verified_end():
+    # "1 2 3" occurs ending at 3 and at 9; the bonus sits at 11.
+    tokens = [0, 1, 2, 3, 4, 5, 6, 1, 2, 3, 8, 1]
+    h = _history([tokens + [2, 3, 60, 61, 62]], 40, 4)
+    # Key [1, 2, 3]: bonus 1 (position 11), drafts 2, 3. Latest match ends at
+    # 9: 8 and the bonus are verified, then positions past 11 are not.
+    assert _look_up(h, [0], [11], [[2, 3]], 4) == [[8, 1, 3, 3]]
+    # With one verified token after the match only.
+    assert _look_up(h, [0], [10], [[1, 2, 3]], 2) == [[8, 3]]
+    # A match whose end is the bonus itself has nothing verified after it:
+    # the earlier one is taken.
+    h = _history([[1, 2, 3, 7, 0, 1, 2, 3]], 40, 4)
+    assert _look_up(h, [0], [7], [[1, 2, 3]], 2) == [[7, 0]]
+
+
+def _record(h, slots, rows_tokens, rows_start, next_ids, rejected=None):
+    """One step: each row's tokens from its start position."""
+    tokens = torch.tensor([t for row in rows_tokens for t in row], dtype=torch.int32)
+    positions = torch.tensor([s + i for row, s in zip(rows_tokens, rows_start)
+                              for i in range(len(row))])
+    qsl = torch.tensor([0] + [len(r) for r in rows_tokens]).cumsum(0)
+    return h.record(torch.tensor(slots), tokens, positions,
+                    torch.tensor(next_ids, dtype=torch.int32), qsl,
+                    None if rejected is None else torch.tensor(rejected))
+
+
+def test_record_keeps_each_rows_verified_tokens():
+    k = 3
+    h = TokenHistory(2, 64, k, CPU)
+    # Prompts in two chunks for slot 1, one for slot 0.
+    rows = _record(h, [0, 1], [[1, 2, 3, 4], [9, 8, 7]], [0, 0], [5, 0])
+    assert rows.bonus.tolist() == [4, 3]
+    rows = _record(h, [1], [[6, 5]], [3], [4])
+    assert rows.bonus.tolist() == [5]
+    # Decode: [t_p, d_1..d_3] at p..p+3; row 0 accepts 1 draft (2 rejected),
+    # row 1 accepts all 3 (0 rejected).
+    rows = _record(h, [0, 1], [[5, 6, 60, 61], [4, 3, 2, 1]], [4, 5], [7, 0],
+                   rejected=[2, 0])
+    assert rows.bonus.tolist() == [6, 9]
+    assert h.tokens[0, :7].tolist() == [1, 2, 3, 4, 5, 6, 7]
+    assert h.tokens[1, :10].tolist() == [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]
+
+
+def test_bonus_position_of_the_padded_drafter_batch():
+    # Two decode rows of K=4 at p=10 and p=50: 3 and 0 rejected.
+    positions = torch.tensor(list(range(10, 15)) + list(range(50, 55)))
+    qsl = torch.tensor([0, 5, 10])
+    assert bonus_positions(positions, qsl, torch.tensor([3, 0])).tolist() == [12, 55]
+    assert bonus_positions(positions, qsl, None).tolist() == [15, 55]
+
+
+def test_a_reused_slot_never_matches_the_old_requests_tokens():
+    h = TokenHistory(1, 64, 4, CPU)
+    old = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    _record(h, [0], [old], [0], [13])
+    # The old request's "4 5 6" would continue with 7 8; the new, shorter
+    # request's context does not hold it before its bonus.
+    rows = _record(h, [0], [[20, 21, 22]], [0], [4])
+    assert _look_up(h, [0], rows.bonus.tolist(), [[5, 6]], 3) == [[6, 6, 6]]
+    # Its own repeats are found.
+    rows = _record(h, [0], [[20, 21, 4, 5, 6, 30, 31, 4]], [0], [5])
+    assert _look_up(h, [0], rows.bonus.tolist(), [[6]], 3) == [[30, 31, 4]]
+
+
+def test_fresh_rows_are_the_slots_that_changed_hands():
+    h = TokenHistory(3, 16, 2, CPU)
+    assert h.fresh(["a", "b"], [0, 1]) == [0, 1]
+    assert h.fresh(["a", "b"], [0, 1]) == []
+    assert h.fresh(["b", "c"], [1, 0]) == [1]
+
+
+def test_extend_appends_the_lookup():
+    h = _history([[1, 2, 3, 4, 1, 2]], 16, 4)
+    out = h.extend(LookupRows(torch.tensor([0]), torch.tensor([5])),
+                   torch.tensor([[3]]), 2)
+    assert out.tolist() == [[3, 4, 1]]
+
+
+@pytest.mark.parametrize("k, m, want", [(8, 5, 3), (7, 4, 3), (4, 4, 4), (2, 5, 2),
+                                        (0, 5, 0), (4, 0, 4)])
+def test_drafted_leaves_a_draft_forward(k, m, want):
+    assert drafted(k, m) == want
+
+
+@pytest.mark.gpu
+def test_record_and_lookup_make_no_sync_and_replay_in_a_graph():
+    """On a GPU: the step's record and the lookup make no host-device sync,
+    and the lookup captured in a CUDA graph (as in the draft routine) replays
+    over new rows as it runs eagerly."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev = torch.device("cuda")
+    rng = random.Random(3)
+    h = TokenHistory(4, 200, 4, dev)
+    tokens = torch.tensor([rng.randrange(4) for _ in range(180)], dtype=torch.int32,
+                          device=dev)
+    qsl = torch.tensor([0, 100, 180], device=dev)
+    positions = torch.cat([torch.arange(100), torch.arange(80)]).to(dev)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        rows = h.record(torch.tensor([2, 0], device=dev), tokens, positions,
+                        torch.tensor([1, 2], dtype=torch.int32, device=dev), qsl, None)
+        drafts = torch.tensor([[1, 2], [3, 0]], device=dev)
+        eager = h.extend(rows, drafts, 3)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    slots, bonus = rows.slots.clone(), rows.bonus.clone()
+    static = drafts.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        h.extend(LookupRows(slots, bonus), static, 3)  # warm-up
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = h.extend(LookupRows(slots, bonus), static, 3)
+    graph.replay()
+    assert out.tolist() == eager.tolist()
+    # Other rows, other drafts: the replay follows.
+    slots.copy_(torch.tensor([0, 2])), bonus.copy_(torch.tensor([60, 90]))
+    static.copy_(torch.tensor([[0, 1], [2, 3]]))
+    graph.replay()
+    want = h.extend(LookupRows(slots.clone(), bonus.clone()), static.clone(), 3)
+    assert out.tolist() == want.tolist()
