@@ -39,7 +39,9 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
   in the request's own context) and ``spec_extend_lookup4`` (``lookup_tokens:
   4``: run as ``spec_extend_lookup4:5``, the step's one draft forward, the
   pass that keeps the draft's KV, and 4 looked up: the cheapest step, which
-  tells whether drafts past the first pay on copy tasks), and
+  tells whether drafts past the first pay on copy tasks),
+  ``spec_extend_lookup_pw`` (``spec_extend_lookup`` with the prefill window
+  of ``spec_extend_prefill_window``: run as ``spec_extend_lookup_pw:8``), and
   ``spec_extend_<name>`` with ``--spec-extend JSON``.
 
 Per prompt it records the output ids, the answer's check (``tasks.check``),
@@ -81,6 +83,9 @@ PLUGIN_CONFIGS = {
     "spec_extend_vocab32k": {"draft_vocab": 32768},
     "spec_extend_lookup": {"lookup_tokens": 5},
     "spec_extend_lookup4": {"lookup_tokens": 4},
+    # Both levers of the 2026-12-06 profile at once: fewer draft forwards a
+    # step, and a draft pass over the prompt linear in its length.
+    "spec_extend_lookup_pw": {"lookup_tokens": 5, "draft_prefill_window": 2048},
 }
 PLUGIN_ENV = {"spec_extend_follow15": {"SPECEXTEND_POOL_FOLLOW": "15"},
               "suffix": arctic.SUFFIX_ENV}
