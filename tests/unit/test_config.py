@@ -615,3 +615,12 @@ def test_lookup_refuses_multi_row_positions():
     with pytest.raises(SpecExtendConfigError, match="3 rows.*Set lookup_tokens to 0"):
         validate_engine(SpecExtendConfig(lookup_tokens=2),
                         good_facts(num_speculative_tokens=4, target_position_rows=3))
+
+
+def test_lookup_refuses_data_parallel_ranks():
+    # An idle rank's dummy run drafts K while a busy one drafts K - m: their
+    # collectives would go out of step.
+    with pytest.raises(SpecExtendConfigError, match="data_parallel_size=2.*lookup_tokens to 0"):
+        validate_engine(SpecExtendConfig(lookup_tokens=5),
+                        good_facts(num_speculative_tokens=8, data_parallel_size=2))
+    validate_engine(SpecExtendConfig(lookup_tokens=5), good_facts(num_speculative_tokens=8))

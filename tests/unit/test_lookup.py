@@ -150,6 +150,21 @@ def test_fresh_rows_are_the_slots_that_changed_hands():
     assert h.fresh(["b", "c"], [1, 0]) == [1]
 
 
+def test_fresh_sees_requests_back_in_each_others_slots():
+    # Preempted and resumed in the same order, in swapped slots: the same
+    # request ids, other slots; both rows changed hands.
+    h = TokenHistory(4, 16, 2, CPU)
+    assert h.fresh(["a", "b"], [2, 3]) == [0, 1]
+    assert h.fresh(["a", "b"], [3, 2]) == [0, 1]
+
+
+def test_a_filled_placeholder_is_never_proposed():
+    # Under async scheduling the runner's host copy holds -1 at output
+    # positions; a fill copies them. A match followed by one proposes d_r.
+    h = _history([[5, 6, 7, 8, 9, -1, -1, 7, 8]], 32, 4)
+    assert _look_up(h, [0], [8], [[6, 7, 8]], 2) == [[9, 8]]
+
+
 def test_extend_appends_the_lookup():
     h = _history([[1, 2, 3, 4, 1, 2]], 16, 4)
     out = h.extend(LookupRows(torch.tensor([0]), torch.tensor([5])),

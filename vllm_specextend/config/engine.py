@@ -200,6 +200,12 @@ def raise_if_lookup_unsupported(cfg: SpecExtendConfig, facts: EngineFacts) -> No
             "rejection sampler reads every draft's). Set draft_sample_method to "
             "\"greedy\" in the speculative config (vLLM's default), or "
             "lookup_tokens to 0.")
+    if facts.data_parallel_size > 1:
+        raise SpecExtendConfigError(
+            "spec_extend.lookup_tokens drafts K - lookup_tokens tokens a step, "
+            "but data parallel ranks run every draft forward together and an "
+            f"idle rank's dummy run drafts K (data_parallel_size="
+            f"{facts.data_parallel_size}). Set lookup_tokens to 0.")
     if facts.target_position_rows > 1:
         raise SpecExtendConfigError(
             "spec_extend.lookup_tokens keeps each request's tokens by position, "

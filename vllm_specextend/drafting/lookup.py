@@ -84,14 +84,17 @@ class TokenHistory:
         self.tokens = torch.zeros(num_slots, self.width, dtype=torch.int32,
                                   device=device)  # [num_slots, W]
         self._owner: list[str | None] = [None] * num_slots
-        self._batch_ids: list[str] | None = None
+        self._batch_ids: tuple[list[str], list[int]] | None = None
 
     def fresh(self, req_ids: list[str], slots) -> list[int]:
         """Batch rows whose slot changed hands since it was last recorded
         (host only): their first positions may need ``fill``."""
-        if req_ids == self._batch_ids:  # the same rows, the same slots
+        slots = [int(s) for s in slots]
+        if (req_ids, slots) == self._batch_ids:  # the same rows, the same slots
             return []
-        self._batch_ids = list(req_ids)
+        # Slots too: requests preempted and resumed in the same order may
+        # come back in each other's slots.
+        self._batch_ids = (list(req_ids), slots)
         rows = []
         for row, (req_id, slot) in enumerate(zip(req_ids, slots, strict=True)):
             if self._owner[slot] != req_id:
@@ -101,7 +104,9 @@ class TokenHistory:
 
     def fill(self, slot: int, token_ids: torch.Tensor) -> None:
         """A request's first ``len(token_ids)`` tokens, known before its first
-        recorded step (a prefix-cache hit, a resumed request)."""
+        recorded step (a prefix-cache hit, a resumed request). The runner's
+        host copy holds -1 at output positions under async scheduling; the
+        lookup never proposes those (``look_up``)."""
         self.tokens[slot, : token_ids.shape[0]] = token_ids.to(torch.int32)
 
     def record(self, slots: torch.Tensor, token_ids: torch.Tensor,
@@ -153,11 +158,14 @@ class TokenHistory:
             match &= history[:, i: w - n + 1 + i] == key[:, i: i + 1]
         ends = torch.arange(n - 1, w, device=bonus.device)  # [W-n+1]
         match &= ends[None, :] <= bonus[:, None] - 1
-        # The latest match's end, or -1. [B]
-        end = torch.where(match, ends[None, :], -1).amax(dim=1)
+        # The latest match's end, or -1, from the first True of the flipped
+        # mask: 1 byte an element where an int64 ``where`` took 8. [B]
+        last = match.flip(1).to(torch.uint8).argmax(dim=1)  # [B]
+        end = torch.where(match.any(dim=1), w - 1 - last, -1)
         follow = end[:, None] + torch.arange(1, num_tokens + 1, device=bonus.device)
         found = history.gather(1, follow.clamp(0, w - 1))  # [B, num_tokens]
-        valid = (end[:, None] >= 0) & (follow <= bonus[:, None])
+        # Past the verified end, no match, or a -1 a fill copied: no proposal.
+        valid = (end[:, None] >= 0) & (follow <= bonus[:, None]) & (found >= 0)
         filler = drafts[:, -1:].to(torch.int32)  # [B, 1]
         return torch.where(valid, found, filler).to(drafts.dtype)
 
