@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -145,17 +146,31 @@ def test_a_reused_slot_never_matches_the_old_requests_tokens():
 
 def test_fresh_rows_are_the_slots_that_changed_hands():
     h = TokenHistory(3, 16, 2, CPU)
-    assert h.fresh(["a", "b"], [0, 1]) == [0, 1]
-    assert h.fresh(["a", "b"], [0, 1]) == []
-    assert h.fresh(["b", "c"], [1, 0]) == [1]
+    assert h.fresh(["a", "b"], np.array([0, 1])) == [0, 1]
+    assert h.fresh(["a", "b"], np.array([0, 1])) == []
+    assert h.fresh(["b", "c"], np.array([1, 0])) == [1]
 
 
 def test_fresh_sees_requests_back_in_each_others_slots():
     # Preempted and resumed in the same order, in swapped slots: the same
     # request ids, other slots; both rows changed hands.
     h = TokenHistory(4, 16, 2, CPU)
-    assert h.fresh(["a", "b"], [2, 3]) == [0, 1]
-    assert h.fresh(["a", "b"], [3, 2]) == [0, 1]
+    assert h.fresh(["a", "b"], np.array([2, 3])) == [0, 1]
+    assert h.fresh(["a", "b"], np.array([3, 2])) == [0, 1]
+
+
+def test_fresh_follows_the_states_slot_mapping():
+    from vllm_specextend.retrieval.state import SelectionState
+
+    state, h = SelectionState(4, 2, CPU), TokenHistory(4, 16, 2, CPU)
+    slots, _ = state.slots_for(["a", "b"])
+    assert h.fresh(["a", "b"], slots) == [0, 1]
+    slots, _ = state.slots_for(["a", "b"])  # the same mapping, the same array
+    assert h.fresh(["a", "b"], slots) == []
+    # Preempted, resumed in the same order: freed slots come back swapped.
+    state.release(["a", "b"])
+    slots, _ = state.slots_for(["a", "b"])
+    assert h.fresh(["a", "b"], slots) == [0, 1]
 
 
 def test_a_filled_placeholder_is_never_proposed():

@@ -84,19 +84,19 @@ class TokenHistory:
         self.tokens = torch.zeros(num_slots, self.width, dtype=torch.int32,
                                   device=device)  # [num_slots, W]
         self._owner: list[str | None] = [None] * num_slots
-        self._batch_ids: tuple[list[str], list[int]] | None = None
+        self._batch_slots = None  # the slots array fresh() last walked
 
     def fresh(self, req_ids: list[str], slots) -> list[int]:
         """Batch rows whose slot changed hands since it was last recorded
-        (host only): their first positions may need ``fill``."""
-        slots = [int(s) for s in slots]
-        if (req_ids, slots) == self._batch_ids:  # the same rows, the same slots
+        (host only): their first positions may need ``fill``. ``slots``: the
+        array ``SelectionState.slots_for`` returns, the same object while the
+        rows hold the same requests in the same slots (a release makes it
+        new, so requests resumed in each other's slots are walked)."""
+        if slots is self._batch_slots:
             return []
-        # Slots too: requests preempted and resumed in the same order may
-        # come back in each other's slots.
-        self._batch_ids = (list(req_ids), slots)
+        self._batch_slots = slots
         rows = []
-        for row, (req_id, slot) in enumerate(zip(req_ids, slots, strict=True)):
+        for row, (req_id, slot) in enumerate(zip(req_ids, slots.tolist(), strict=True)):
             if self._owner[slot] != req_id:
                 self._owner[slot] = req_id
                 rows.append(row)
