@@ -190,8 +190,8 @@ def headline(rows: list[dict]) -> str:
     by_folder: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         by_folder[r["file"].rsplit("/", 1)[0]].append(r)
-    chosen: dict[tuple, tuple[str, dict, dict]] = {}  # cell -> folder, plain, plugin
-    stale: dict[tuple, tuple[str, dict, dict]] = {}  # cell -> newest other run
+    chosen: dict[tuple, tuple[dict, dict, dict]] = {}  # cell -> its rows, plain, plugin
+    stale: dict[tuple, tuple[dict, dict]] = {}  # cell -> plain, newest other run
     drafts: dict[tuple, dict] = {}  # cell -> newest draft_model row (acceptance)
     for folder in sorted(by_folder):  # oldest first: newer folders overwrite
         mode = defaults_mode(folder.rsplit("/", 1)[-1])
@@ -205,13 +205,13 @@ def headline(rows: list[dict]) -> str:
             if plain is None:
                 continue
             if mode is not None and (mode, 4) in by:
-                chosen[cell] = (folder, plain, by[(mode, 4)])
+                chosen[cell] = (by, plain, by[(mode, 4)])
             for name in ("spec_extend", "spec_extend_full_pass"):
                 if (name, 4) in by:
-                    stale[cell] = (folder, plain, by[(name, 4)])
+                    stale[cell] = (plain, by[(name, 4)])
                     break
-    first = next(iter(chosen.values()), None) or next(iter(stale.values()))
-    device, vllm, prompts = first[1]["device"], first[1]["vllm"], first[1]["prompts"]
+    first = next(iter(chosen.values()), (None, *next(iter(stale.values()))))[1]
+    device, vllm, prompts = first["device"], first["vllm"], first["prompts"]
     out = [f"Real weights: Qwen2.5-Coder-1.5B-Instruct drafted by its 0.5B, greedy, "
            f"K=4, fresh prompts, {prompts} a cell, end to end "
            f"(prefill included) as a multiple of plain decoding: higher is better "
@@ -230,10 +230,8 @@ def headline(rows: list[dict]) -> str:
 
     for cell in sorted(chosen):
         task, context, batch = cell
-        folder, plain, plugin = chosen[cell]
-        same = [r for r in by_folder[folder]
-                if (r["task"], r["context"], r["batch"]) == cell]
-        vllm_rows = [r for r in same if r["mode"] in VLLM_METHODS]
+        by, plain, plugin = chosen[cell]
+        vllm_rows = [r for (name, _), r in by.items() if name in VLLM_METHODS]
         best = max(vllm_rows, key=lambda r: r["e2e_tok_s"], default=None)
         # Accepted length does not hang on the session's speed: draft_model's
         # newest, from another session where this one did not run it.
@@ -250,8 +248,8 @@ def headline(rows: list[dict]) -> str:
         out.append("")
         out.append("Not yet measured at today's defaults: " + "; ".join(
             f"{CELL_NAMES.get(t, t)} at {c // 1024}K, batch {b} "
-            f"(`{stale[(t, c, b)][2]['mode']}` before the change: "
-            f"{x(stale[(t, c, b)][2], stale[(t, c, b)][1])})"
+            f"(`{stale[(t, c, b)][1]['mode']}` before the change: "
+            f"{x(stale[(t, c, b)][1], stale[(t, c, b)][0])})"
             for t, c, b in missing) + ".")
     # Files as reference links below the table: its lines stay short.
     out += [""] + [f"[{ref}]: {file}" for file, ref in refs.items()]
