@@ -90,8 +90,7 @@ class DraftCapture:
             token_indices_to_sample, cad.slot_mapping,
         )
         p.stats.graph_steps += 1
-        if p._drafted(num_speculative_tokens) < num_speculative_tokens:
-            p.stats.lookup_tokens += batch * p.cfg.lookup_tokens  # looked up in it
+        p._count_looked_up(batch, num_speculative_tokens)  # looked up in it
         return graphs.run(batch)
 
     def capture_graphs(self) -> None:

@@ -34,6 +34,12 @@ class LookupStep:
             return num_spec_tokens
         return drafted(num_spec_tokens, self.cfg.lookup_tokens)
 
+    def _count_looked_up(self, batch: int, num_spec_tokens: int) -> None:
+        """A step's looked-up tokens into the stats: K - r a row (matched or
+        not), by the eager path and, per replay, by ``DraftCapture``."""
+        looked_up = num_spec_tokens - self._drafted(num_spec_tokens)
+        self.stats.lookup_tokens += batch * looked_up
+
     def _record_tokens(self, step, cad, token_ids, positions, next_token_ids,
                        num_rejected) -> None:
         """The step's tokens and bonus tokens into the history, before any
@@ -65,5 +71,5 @@ class LookupStep:
         if self.history is None or r >= num_spec_tokens:
             return drafts
         if not self.capture.in_body:  # replays are counted by DraftCapture
-            self.stats.lookup_tokens += drafts.shape[0] * (num_spec_tokens - r)
+            self._count_looked_up(drafts.shape[0], num_spec_tokens)
         return self.history.extend(self._lookup_rows, drafts, num_spec_tokens - r)
