@@ -233,3 +233,19 @@ def test_record_and_lookup_make_no_sync_and_replay_in_a_graph():
     graph.replay()
     want = h.extend(LookupRows(slots.clone(), bonus.clone()), static.clone(), 3)
     assert out.tolist() == want.tolist()
+
+
+def test_a_step_counts_its_looked_up_tokens():
+    from types import SimpleNamespace
+
+    from vllm_specextend.drafting.lookup_step import LookupStep
+    from vllm_specextend.serving.stats import SpecExtendStats
+
+    step = LookupStep()
+    step.cfg, step.stats = SimpleNamespace(lookup_tokens=5), SpecExtendStats()
+    step._count_looked_up(3, 8)  # lookup off: nothing
+    assert step.stats.lookup_tokens == 0
+    step.history = TokenHistory(4, 16, 8, CPU)
+    step._count_looked_up(3, 8)  # 3 rows, 8 - 3 drafted
+    step._count_looked_up(3, 4)  # K lowered to 4 <= 5: all drafted
+    assert step.stats.lookup_tokens == 15
