@@ -18,6 +18,7 @@ import torch
 
 from vllm_specextend.drafting.lookup import (
     LOOKUP_KEY,
+    LOOKUP_LONGEST,
     LookupRows,
     TokenHistory,
     bonus_positions,
@@ -29,15 +30,20 @@ CPU = torch.device("cpu")
 
 
 def reference(history: list[int], bonus: int, drafts: list[int], m: int) -> list[int]:
-    """The rule per row: the last n tokens of [context, bonus, drafts], their
-    latest occurrence ending at j <= bonus - 1, the m tokens after it while
-    verified, else the last draft."""
+    """The rule per row: an end j <= bonus - 1 where the history's tokens up
+    to j equal the last ones of [context, bonus, drafts], at least n of them;
+    the longest (counted up to LOOKUP_LONGEST), then one with m verified
+    tokens after it, then the latest; the m tokens after it while verified,
+    else the last draft."""
     seq = history[: bonus + 1] + drafts
-    key = seq[-N:]
-    end = -1
-    for j in range(N - 1, bonus):
-        if history[j - N + 1: j + 1] == key:
-            end = j
+    best, end = None, -1
+    for j in range(bonus):
+        length = 0
+        while (length < LOOKUP_LONGEST and j - length >= 0
+               and history[j - length] == seq[-1 - length]):
+            length += 1
+        if length >= N and (rank := (length, j + m <= bonus, j)) > (best or ()):
+            best, end = rank, j
     return [history[end + i] if end >= 0 and end + i <= bonus else drafts[-1]
             for i in range(1, m + 1)]
 
@@ -80,19 +86,32 @@ def test_no_match_repeats_the_last_draft():
     assert _look_up(h, [0], [20], [[7, 8, 9]], 3) == [[9, 9, 9]]
 
 
-def test_the_latest_match_wins_and_stops_at_the_verified_end():
+def test_the_latest_full_match_wins_and_stops_at_the_verified_end():
     # "1 2 3" occurs ending at 3 and at 9; the bonus sits at 11.
     tokens = [0, 1, 2, 3, 4, 5, 6, 1, 2, 3, 8, 1]
     h = _history([tokens + [2, 3, 60, 61, 62]], 40, 4)
-    # Key [1, 2, 3]: bonus 1 (position 11), drafts 2, 3. Latest match ends at
-    # 9: 8 and the bonus are verified, then positions past 11 are not.
-    assert _look_up(h, [0], [11], [[2, 3]], 4) == [[8, 1, 3, 3]]
-    # With one verified token after the match only.
-    assert _look_up(h, [0], [10], [[1, 2, 3]], 2) == [[8, 3]]
+    # Key [1, 2, 3]: bonus 1 (position 11), drafts 2, 3. Both matches have
+    # two verified tokens after them: the latest (ending at 9) wins.
+    assert _look_up(h, [0], [11], [[2, 3]], 2) == [[8, 1]]
+    # Four asked for: only the match ending at 3 has four verified after it.
+    assert _look_up(h, [0], [11], [[2, 3]], 4) == [[4, 5, 6, 1]]
+    # Neither has nine: the latest gives its two, then the last draft.
+    assert _look_up(h, [0], [11], [[2, 3]], 9) == [[8, 1] + [3] * 7]
     # A match whose end is the bonus itself has nothing verified after it:
     # the earlier one is taken.
     h = _history([[1, 2, 3, 7, 0, 1, 2, 3]], 40, 4)
     assert _look_up(h, [0], [7], [[1, 2, 3]], 2) == [[7, 0]]
+
+
+def test_a_longer_match_wins_over_a_later_one():
+    # "5 1 2 3" ends at 4, "1 2 3" alone at 8 (after 6, not 5); bonus at 12.
+    tokens = [0, 5, 1, 2, 3, 40, 41, 6, 1, 2, 3, 42, 5]
+    h = _history([tokens + [0] * 8], 40, 4)
+    # The sequence ends "5 1 2 3" (bonus 5, drafts 1 2 3): the match at 4.
+    assert _look_up(h, [0], [12], [[1, 2, 3]], 2) == [[40, 41]]
+    # With a 6 before the same three drafts, the match ending at 8.
+    h.tokens[0, 12] = 6
+    assert _look_up(h, [0], [12], [[1, 2, 3]], 2) == [[42, 6]]
 
 
 def _record(h, slots, rows_tokens, rows_start, next_ids, rejected=None):

@@ -142,8 +142,9 @@ class SpecExtendConfig:
     """Draft, then look up (``drafting/lookup.py``): of the K tokens a step
     proposes, the draft model drafts the first ``K - lookup_tokens`` and the
     last ``lookup_tokens`` come from the request's own context: the tokens
-    after the latest earlier occurrence of the last 3 tokens (bonus token and
-    drafts), as vLLM's prompt lookup finds them, with no draft forward. On
+    after the longest earlier match (3 to 8 tokens; then one with all its
+    followers verified, then the latest) of the sequence's end (bonus token
+    and drafts), as vLLM's prompt lookup finds them, with no draft forward. On
     copy tasks with the real Qwen2.5-Coder pair a step's four 0.5B forwards
     took 4.6 ms of 8.6 on an H100 while 4.3 of 5 tokens were accepted.
     Lossless (the target verifies every token). 0: off. Must be below

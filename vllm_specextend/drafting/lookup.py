@@ -7,11 +7,12 @@ draft forward: with the real Qwen2.5-Coder pair on an H100 a step's four
 0.5B forwards took 4.6 ms of 8.6, the 1.5B target's 2.2 ms. Where the
 context repeats, vLLM's prompt lookup (``ngram``) finds the next tokens with
 no forward at all. So with K tokens asked for and ``m = lookup_tokens``, the
-draft model drafts ``r = K - m`` tokens and the last ``n = LOOKUP_KEY`` tokens
-of ``[verified context, bonus, d_1..d_r]`` are looked up in the verified
-context: the ``m`` tokens after their latest earlier occurrence are the
-step's last proposals. The target verifies all K, so output stays exact;
-without draft probabilities vLLM's rejection sampler treats them as
+draft model drafts ``r = K - m`` tokens and the end of
+``[verified context, bonus, d_1..d_r]`` is looked up in the verified
+context: the ``m`` tokens after its longest earlier match (at least
+``LOOKUP_KEY`` tokens; the latest of equals) are the step's last
+proposals. The target verifies all K, so output stays exact; without draft
+probabilities vLLM's rejection sampler treats them as
 deterministic proposals, so sampling stays exact too (probabilistic draft
 sampling is refused at config time).
 
@@ -40,6 +41,12 @@ LOOKUP_KEY = 3
 the step's drafts. vLLM's prompt lookup matches 1-5 tokens; 3 is long
 enough that code and prose rarely repeat it by chance, short enough that
 an edited copy re-syncs within a few tokens."""
+
+LOOKUP_LONGEST = 8
+"""Match length counted (up to): a longer match wins over a later one, as in
+vLLM's prompt lookup (longest of 1-5 there), so a common short phrase (an
+indent, ``self.``) does not pull the proposals to its latest repeat when the
+copied passage matches further back."""
 
 
 def bonus_positions(positions: torch.Tensor, query_start_loc: torch.Tensor,
@@ -140,28 +147,37 @@ class TokenHistory:
                 num_tokens: int) -> torch.Tensor:
         """``num_tokens`` proposals per row after the drafts: [B, num_tokens].
 
-        The key is the last ``LOOKUP_KEY`` tokens of ``[..., bonus, d_1..d_r]``
-        (``drafts`` [B, r]); its latest occurrence ending at j <= bonus - 1
-        (one verified token after it at least) gives the tokens at j+1.. ;
-        those past the verified end, and rows without a match, repeat d_r
+        The sequence is ``[..., bonus, d_1..d_r]`` (``drafts`` [B, r]); an end
+        j <= bonus - 1 (one verified token after it at least) matches where
+        the history's tokens up to j equal the sequence's last ones, at least
+        ``LOOKUP_KEY`` of them. The match taken is the longest (counted up to
+        ``LOOKUP_LONGEST``), then one whose ``num_tokens`` followers are all
+        verified, then the latest; its followers at j+1.. are the proposals.
+        Those past the verified end, and rows without a match, repeat d_r
         (the target rejects them)."""
-        n, w = LOOKUP_KEY, self.width
+        n, top, w = LOOKUP_KEY, LOOKUP_LONGEST, self.width
         history = self.tokens[rows.slots]  # [B, W]
         bonus = rows.bonus  # [B]
-        # The sequence's verified tail and the drafts, the key its last n. [B, n]
-        tail = (bonus[:, None] + torch.arange(1 - n, 1, device=bonus.device)).clamp(0)
-        seq = torch.cat([history.gather(1, tail), drafts.to(torch.int32)], dim=1)
-        key = seq[:, -n:]
-        # match[b, s]: the key at history positions s..s+n-1. [B, W-n+1]
-        match = history[:, : w - n + 1] == key[:, :1]
-        for i in range(1, n):
-            match &= history[:, i: w - n + 1 + i] == key[:, i: i + 1]
-        ends = torch.arange(n - 1, w, device=bonus.device)  # [W-n+1]
-        match &= ends[None, :] <= bonus[:, None] - 1
-        # The latest match's end, or -1, from the first True of the flipped
-        # mask: 1 byte an element where an int64 ``where`` took 8. [B]
-        last = match.flip(1).to(torch.uint8).argmax(dim=1)  # [B]
-        end = torch.where(match.any(dim=1), w - 1 - last, -1)
+        # The sequence's last `top` tokens: its verified tail and the drafts;
+        # positions before 0 hold -3, which no history token equals. [B, top]
+        tail = bonus[:, None] + torch.arange(1 - top, 1, device=bonus.device)
+        seq = torch.cat([torch.where(tail >= 0, history.gather(1, tail.clamp(0)), -3),
+                         drafts.to(torch.int32)], dim=1)[:, -top:]
+        # length[b, j]: how many of the sequence's last tokens end at j, up to
+        # `top`; -2 pads the history before position 0. [B, W]
+        padded = torch.nn.functional.pad(history, (top - 1, 0), value=-2)
+        run = history == seq[:, -1:]
+        length = run.to(torch.int32)
+        for i in range(1, top):
+            run &= padded[:, top - 1 - i: top - 1 - i + w] == seq[:, -1 - i: -i]
+            length += run
+        ends = torch.arange(w, device=bonus.device)  # [W]
+        usable = (length >= n) & (ends[None, :] <= bonus[:, None] - 1)
+        full = ends[None, :] + num_tokens <= bonus[:, None]
+        # Longest, then full, then latest, as one int32 rank per end. [B, W]
+        rank = torch.where(usable, (length * 2 + full) * w + ends[None, :], -1)
+        best = rank.max(dim=1).values  # [B]
+        end = torch.where(best >= 0, best % w, -1)
         follow = end[:, None] + torch.arange(1, num_tokens + 1, device=bonus.device)
         found = history.gather(1, follow.clamp(0, w - 1))  # [B, num_tokens]
         # Past the verified end, no match, or a -1 a fill copied: no proposal.
