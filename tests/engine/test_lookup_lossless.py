@@ -103,6 +103,20 @@ def test_lookup_is_lossless(tiny_target, prompts, plain_outputs, draft_graph, po
         assert counts["deferred_prefill_passes"] > 0
 
 
+def test_auto_looks_up_all_but_three_from_k_8(tiny_target, prompts, plain_outputs):
+    # No lookup_tokens key: "auto" at K=8 with a draft model looks up 5.
+    llm = make_llm(tiny_target, tiny_target, {**CMR, "draft_graph": "off"},
+                   num_spec_tokens=8)
+    proposer = drafter(llm)
+    assert proposer.cfg.lookup_tokens == 5 and proposer.history is not None
+    outputs = generate(llm, prompts[:-1], MAX_TOKENS)
+    counts, per_pos = stats(proposer), _accepted_per_pos(llm)
+    shutdown(llm)
+    assert outputs == plain_outputs[:-1]
+    assert counts["lookup_tokens"] > 0 and counts["lookup_tokens"] % 5 == 0
+    assert len(per_pos) == 8 and sum(per_pos[3:]) > 0, per_pos
+
+
 def test_the_routine_looks_up_as_the_eager_path(tiny_target, prompts, plain_outputs):
     eager = _run(tiny_target, prompts, LOOKUP, "off")
     static = _run(tiny_target, prompts, LOOKUP, "static")

@@ -14,6 +14,7 @@ from vllm_specextend.config import (
     EngineFacts,
     SpecExtendConfig,
     SpecExtendConfigError,
+    resolve_lookup,
     resolve_prompt_pool,
     validate_engine,
 )
@@ -576,10 +577,37 @@ def test_settings_hold_the_resolved_pool():
 # --- lookup_tokens ------------------------------------------------------------------
 
 
-def test_lookup_is_off_by_default():
-    assert SpecExtendConfig().lookup_tokens == 0
+def test_lookup_is_auto_by_default_and_never_refused():
+    assert SpecExtendConfig().lookup_tokens == "auto"
     validate_engine(SpecExtendConfig(), good_facts(num_speculative_tokens=4,
                                                    draft_sample_method="probabilistic"))
+
+
+def test_auto_lookup_drafts_three_from_k_8_with_a_draft_model():
+    cfg, note = resolve_lookup(SpecExtendConfig(), good_facts(num_speculative_tokens=8))
+    assert cfg.lookup_tokens == 5 and note == "5 of 8 tokens a step looked up, 3 drafted"
+    cfg, _ = resolve_lookup(SpecExtendConfig(), good_facts(num_speculative_tokens=10))
+    assert cfg.lookup_tokens == 7
+
+
+@pytest.mark.parametrize("facts, why", [
+    ({"num_speculative_tokens": 4}, "num_speculative_tokens=4 is below 8"),
+    ({"num_speculative_tokens": 7}, "num_speculative_tokens=7 is below 8"),
+    ({"num_speculative_tokens": 8, "method": "eagle3"}, "the eagle3 method"),
+    ({"num_speculative_tokens": 8, "draft_sample_method": "probabilistic"},
+     'draft_sample_method is "probabilistic"'),
+    ({"num_speculative_tokens": 8, "data_parallel_size": 2}, "data_parallel_size=2"),
+    ({"num_speculative_tokens": 8, "target_position_rows": 3}, "3 rows"),
+])
+def test_auto_lookup_is_off_where_unmeasured_or_refused(facts, why):
+    cfg, note = resolve_lookup(SpecExtendConfig(), good_facts(**facts))
+    assert cfg.lookup_tokens == 0
+    assert note.startswith("off (") and why in note and "Set lookup_tokens" not in note
+
+
+def test_a_named_lookup_count_is_kept():
+    named = SpecExtendConfig(lookup_tokens=2)
+    assert resolve_lookup(named, good_facts(num_speculative_tokens=8)) == (named, None)
 
 
 @pytest.mark.parametrize("value", [-1, True, 2.0, "4", None])

@@ -226,11 +226,14 @@ def test_record_and_lookup_make_no_sync_and_replay_in_a_graph():
                           device=dev)
     qsl = torch.tensor([0, 100, 180], device=dev)
     positions = torch.cat([torch.arange(100), torch.arange(80)]).to(dev)
+    # Inputs made before the check: a tensor from a list is a blocking copy.
+    step_slots = torch.tensor([2, 0], device=dev)
+    bonus_ids = torch.tensor([1, 2], dtype=torch.int32, device=dev)
+    drafts = torch.tensor([[1, 2], [3, 0]], device=dev)
+    torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        rows = h.record(torch.tensor([2, 0], device=dev), tokens, positions,
-                        torch.tensor([1, 2], dtype=torch.int32, device=dev), qsl, None)
-        drafts = torch.tensor([[1, 2], [3, 0]], device=dev)
+        rows = h.record(step_slots, tokens, positions, bonus_ids, qsl, None)
         eager = h.extend(rows, drafts, 3)
     finally:
         torch.cuda.set_sync_debug_mode(0)

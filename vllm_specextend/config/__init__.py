@@ -3,7 +3,7 @@
 ``keys`` holds :class:`SpecExtendConfig` (every key, its default and why),
 ``values`` the values each key may take and the error that names a bad one,
 ``engine`` the engine facts the plugin depends on and the checks of a resolved
-engine. All of it is re-exported here, so ``vllm_specextend.config.X`` names
+engine, ``lookup`` those of ``lookup_tokens`` and its ``"auto"``. All of it is re-exported here, so ``vllm_specextend.config.X`` names
 what it always named. Pure Python, no vLLM import: every room may import it.
 """
 
@@ -14,7 +14,6 @@ from vllm_specextend.config.engine import (
     compaction_on,
     pooled_pass_tokens,
     prompt_pool_refusal,
-    raise_if_lookup_unsupported,
     raise_if_prefill_window_unsupported,
     raise_if_prompt_pool_unsupported,
     replicated_draft,
@@ -22,6 +21,12 @@ from vllm_specextend.config.engine import (
     validate_engine,
 )
 from vllm_specextend.config.keys import ADDITIONAL_CONFIG_KEY, SpecExtendConfig
+from vllm_specextend.config.lookup import (
+    AUTO_LOOKUP_DRAFTED,
+    AUTO_LOOKUP_MIN_K,
+    raise_if_lookup_unsupported,
+    resolve_lookup,
+)
 from vllm_specextend.config.values import (
     DRAFT_GRAPH_MODES,
     DRAFT_PLACEMENTS,
@@ -33,6 +38,8 @@ from vllm_specextend.config.values import (
 
 __all__ = [
     "ADDITIONAL_CONFIG_KEY",
+    "AUTO_LOOKUP_DRAFTED",
+    "AUTO_LOOKUP_MIN_K",
     "AUTO_POOL_PER_TOP_K",
     "DRAFT_GRAPH_MODES",
     "DRAFT_PLACEMENTS",
@@ -49,6 +56,7 @@ __all__ = [
     "raise_if_prefill_window_unsupported",
     "raise_if_prompt_pool_unsupported",
     "replicated_draft",
+    "resolve_lookup",
     "resolve_prompt_pool",
     "score_layer_index",
     "validate_engine",

@@ -3,10 +3,10 @@ becomes on it.
 
 :class:`EngineFacts` are the parts of a resolved vLLM config the plugin
 depends on; :func:`validate_engine` refuses a setup it cannot serve, naming
-the fix; ``resolve_prompt_pool`` turns ``draft_prompt_pool: "auto"`` into this
-engine's pool. Pure functions raising :class:`SpecExtendConfigError`, so they
-run the same at engine-config time, on a reconfigure and in unit tests. No
-vLLM import.
+the fix; ``resolve_prompt_pool`` and ``resolve_lookup`` turn
+``draft_prompt_pool`` and ``lookup_tokens`` ``"auto"`` into this engine's.
+Pure functions raising :class:`SpecExtendConfigError`, so they run the same
+at engine-config time, on a reconfigure and in unit tests. No vLLM import.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from vllm_specextend.config.keys import SpecExtendConfig
+from vllm_specextend.config.lookup import raise_if_lookup_unsupported
 from vllm_specextend.config.values import SpecExtendConfigError, score_layer_index
 
 METHODS = ("draft_model", "eagle", "eagle3")
@@ -180,37 +181,6 @@ def _not_a_draft_model_at_its_positions(key: str, cfg: SpecExtendConfig,
                 "the target, or compact_positions: true).",
                 f"Leave {key} unset, or use a draft with the target's positions.")
     return None
-
-
-def raise_if_lookup_unsupported(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
-    """At engine config, and when a benchmark reconfigures a live engine."""
-    m, k = cfg.lookup_tokens, facts.num_speculative_tokens
-    if m == 0:
-        return
-    if m >= k:
-        raise SpecExtendConfigError(
-            f"spec_extend.lookup_tokens={m} leaves no draft forward of the "
-            f"num_speculative_tokens={k} a step proposes (the draft model drafts "
-            f"K - lookup_tokens). Lower lookup_tokens below {k}, or raise "
-            "--num-speculative-tokens.")
-    if facts.draft_sample_method == "probabilistic":
-        raise SpecExtendConfigError(
-            "spec_extend.lookup_tokens proposes tokens without draft "
-            "probabilities, but draft_sample_method is \"probabilistic\" (vLLM's "
-            "rejection sampler reads every draft's). Set draft_sample_method to "
-            "\"greedy\" in the speculative config (vLLM's default), or "
-            "lookup_tokens to 0.")
-    if facts.data_parallel_size > 1:
-        raise SpecExtendConfigError(
-            "spec_extend.lookup_tokens drafts K - lookup_tokens tokens a step, "
-            "but data parallel ranks run every draft forward together and an "
-            f"idle rank's dummy run drafts K (data_parallel_size="
-            f"{facts.data_parallel_size}). Set lookup_tokens to 0.")
-    if facts.target_position_rows > 1:
-        raise SpecExtendConfigError(
-            "spec_extend.lookup_tokens keeps each request's tokens by position, "
-            f"one row, but the target's positions have {facts.target_position_rows} "
-            "rows (M-RoPE or XD-RoPE). Set lookup_tokens to 0.")
 
 
 def pooled_pass_tokens(cfg: SpecExtendConfig, num_spec_tokens: int) -> int:

@@ -32,6 +32,7 @@ def check_values(cfg: SpecExtendConfig) -> None:
     _raise_if_bad_compact_positions(cfg)
     _raise_if_bad_draft_graph(cfg)
     _raise_if_bad_draft_placement(cfg)
+    _raise_if_bad_lookup_tokens(cfg)
     _raise_if_sinks_not_whole_chunks(cfg)
 
 
@@ -42,7 +43,6 @@ _INT_RANGES = (
     ("sink_tokens", 0),
     ("recent_tokens", 0),
     ("min_context", 0),
-    ("lookup_tokens", 0),
 )
 
 
@@ -149,4 +149,14 @@ def _raise_if_bad_draft_placement(cfg: SpecExtendConfig) -> None:
         raise SpecExtendConfigError(
             f"spec_extend.draft_placement={cfg.draft_placement!r} must be one "
             f"of {DRAFT_PLACEMENTS}."
+        )
+
+
+def _raise_if_bad_lookup_tokens(cfg: SpecExtendConfig) -> None:
+    value = cfg.lookup_tokens
+    if value != "auto" and (isinstance(value, bool) or not isinstance(value, int)
+                            or value < 0):
+        raise SpecExtendConfigError(
+            f"spec_extend.lookup_tokens={value!r} must be an integer >= 0 "
+            '(0: off) or "auto".'
         )

@@ -20,6 +20,7 @@ from vllm_specextend.config import (
     raise_if_lookup_unsupported,
     raise_if_prefill_window_unsupported,
     raise_if_prompt_pool_unsupported,
+    resolve_lookup,
     resolve_prompt_pool,
     score_layer_index,
 )
@@ -40,6 +41,8 @@ class Reconfigurable:
         if cfg.draft_prompt_pool == "auto":  # a benchmark's config (the
             # engine's own comes resolved: Settings.resolve)
             cfg, _ = resolve_prompt_pool(cfg, self.settings.facts)
+        if cfg.lookup_tokens == "auto":
+            cfg, _ = resolve_lookup(cfg, self.settings.facts)
         # First, so that a draft_vocab the drafter cannot take changes nothing.
         self._vocab_rows = vocab_rows(self, cfg)
         self.cfg = cfg

@@ -22,6 +22,7 @@ from vllm_specextend.config import (
     SpecExtendConfig,
     compaction_on,
     replicated_draft,
+    resolve_lookup,
     resolve_prompt_pool,
     validate_engine,
 )
@@ -51,6 +52,9 @@ class Settings:
     prompt_pool_note: str | None = None
     """What ``draft_prompt_pool: "auto"`` became here and why (None where the
     config named it), for the start-up log."""
+    lookup_note: str | None = None
+    """What ``lookup_tokens: "auto"`` became here and why (None where the
+    config named a count), for the start-up log."""
 
     @classmethod
     def resolve(
@@ -60,6 +64,7 @@ class Settings:
         ``config`` holds what ``"auto"`` keys resolved to."""
         validate_engine(config, facts)
         config, pool_note = resolve_prompt_pool(config, facts)
+        config, lookup_note = resolve_lookup(config, facts)
         compact = compaction_on(config, facts)
         draft_len = facts.draft_max_model_len if compact else None
         return cls(
@@ -73,6 +78,7 @@ class Settings:
             replicated_draft=replicated_draft(config, facts),
             engine_index=engine_index,
             prompt_pool_note=pool_note,
+            lookup_note=lookup_note,
         )
 
     @classmethod
