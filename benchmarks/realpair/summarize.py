@@ -160,23 +160,31 @@ def table(rows: list[dict]) -> str:
 VLLM_METHODS = ("draft_model", "ngram", "ngram_gpu", "suffix")
 CELL_NAMES = {"copy": "copies its input", "other": "explains or summarises"}
 START, END = "<!-- realpair:start -->", "<!-- realpair:end -->"
-DEFAULTS_AS: dict[str, str | None] = {
+DEFAULTS_RUN = ("spec_extend", 8)
+"""The mode and K of a run folder that ran today's defaults: ``spec_extend``
+(no keys) at K=8, the K the README's quick start passes, where
+``lookup_tokens: "auto"`` looks up 5 of the 8."""
+
+DEFAULTS_AS: dict[str, tuple[str, int] | None] = {
     "20261206T0403Z_h100_defaults_vs_plain": None,
     "20261206T0542Z_h100_grid": None,
-    "20261206T0828Z_h100_levers": "spec_extend_top64",
+    "20261206T0828Z_h100_levers": None,
     "20261206T0843Z_h100_batch8": None,
+    "20261206T1131Z_h100_lookup": ("spec_extend_lookup", 8),
 }
-"""Run folders measured before today's defaults, and the mode that ran them
-there (None: none did). ``draft_prompt_pool`` became the full pass (null) and
-then ``top_k`` became 64 on 2026-12-06: 0542Z's ``spec_extend`` ran the pool
-and its full pass top_k 32; 0828Z's ``spec_extend`` ran top_k 32 and its
-``spec_extend_top64`` today's defaults. Folders not named here have
-``spec_extend`` at today's defaults."""
+"""Run folders measured before today's defaults, and the mode and K that ran
+them there (None: none did). On 2026-12-06 ``draft_prompt_pool`` became the
+full pass (null), ``top_k`` became 64, then ``lookup_tokens`` became
+``"auto"`` with K=8 in the quick start: before 1131Z every plugin mode ran
+K=4 without the lookup; 1131Z's ``spec_extend_lookup`` ran K=8 with 5 looked
+up, what ``"auto"`` gives there. Folders not named here ran today's
+defaults as ``DEFAULTS_RUN``."""
 
 
-def defaults_mode(folder: str) -> str | None:
-    """The mode of run folder ``folder`` (its name) that ran today's defaults."""
-    return DEFAULTS_AS.get(folder, "spec_extend")
+def defaults_run(folder: str) -> tuple[str, int] | None:
+    """The mode and K of run folder ``folder`` (its name) that ran today's
+    defaults, or None."""
+    return DEFAULTS_AS.get(folder, DEFAULTS_RUN)
 
 
 def headline(rows: list[dict]) -> str:
@@ -194,7 +202,7 @@ def headline(rows: list[dict]) -> str:
     stale: dict[tuple, tuple[dict, dict]] = {}  # cell -> plain, newest other run
     drafts: dict[tuple, dict] = {}  # cell -> newest draft_model row (acceptance)
     for folder in sorted(by_folder):  # oldest first: newer folders overwrite
-        mode = defaults_mode(folder.rsplit("/", 1)[-1])
+        run = defaults_run(folder.rsplit("/", 1)[-1])
         cells = defaultdict(dict)
         for r in by_folder[folder]:
             cells[(r["task"], r["context"], r["batch"])][(r["mode"], r["k"])] = r
@@ -204,22 +212,27 @@ def headline(rows: list[dict]) -> str:
             plain = by.get(("plain", None))
             if plain is None:
                 continue
-            if mode is not None and (mode, 4) in by:
-                chosen[cell] = (by, plain, by[(mode, 4)])
+            if run is not None and run in by:
+                chosen[cell] = (by, plain, by[run])
             for name in ("spec_extend", "spec_extend_full_pass"):
                 if (name, 4) in by:
                     stale[cell] = (plain, by[(name, 4)])
                     break
-    first = next(iter(chosen.values()), (None, *next(iter(stale.values()))))[1]
+    first = (next(iter(chosen.values()))[1] if chosen
+             else next(iter(stale.values()))[0])
     device, vllm, prompts = first["device"], first["vllm"], first["prompts"]
+    k = DEFAULTS_RUN[1]
     out = [f"Real weights: Qwen2.5-Coder-1.5B-Instruct drafted by its 0.5B, greedy, "
-           f"K=4, fresh prompts, {prompts} a cell, end to end "
+           f"fresh prompts, {prompts} a cell, end to end "
            f"(prefill included) as a multiple of plain decoding: higher is better "
-           f"({device}, vLLM {vllm}). `--spec-extend`: today's defaults; each "
-           f"cell's figures come from one session.",
+           f"({device}, vLLM {vllm}). `--spec-extend`: today's defaults with "
+           f"`--num-speculative-tokens {k}` (`lookup_tokens` \"auto\": the draft "
+           f"model drafts 3, the request's own context gives {k - 3}); vLLM's own "
+           f"methods at their better K of 4 and 8; each cell's figures come from "
+           f"one session.",
            "",
            "| the answer | prompt | batch | `--spec-extend` | best of vLLM's own (same session) | "
-           "accepted length: plugin / `draft_model` |",
+           f"accepted length: plugin K={k} / `draft_model` K=4 |",
            "|---|---|---|---|---|---|"]
     refs: dict[str, str] = {}
 
@@ -248,7 +261,7 @@ def headline(rows: list[dict]) -> str:
         out.append("")
         out.append("Not yet measured at today's defaults: " + "; ".join(
             f"{CELL_NAMES.get(t, t)} at {c // 1024}K, batch {b} "
-            f"(`{stale[(t, c, b)][1]['mode']}` before the change: "
+            f"(`{stale[(t, c, b)][1]['mode']}` K={stale[(t, c, b)][1]['k']} before the change: "
             f"{x(stale[(t, c, b)][1], stale[(t, c, b)][0])})"
             for t, c, b in missing) + ".")
     # Files as reference links below the table: its lines stay short.

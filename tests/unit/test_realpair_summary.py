@@ -39,7 +39,7 @@ def results(tmp_path):
         _record("b", 2, [5, 6, 7, 8, 9], 3.0, 30.2, 32.0, batch=2),
     ])
     spec = {"drafts": 2, "draft_tokens": 8, "accepted_tokens": 5}
-    _write(run, "spec_extend", 4, [
+    _write(run, "spec_extend", 8, [
         _record("a", 0, [1, 2, 3, 4], 1.0, 10.0, 10.5, spec=spec),
         _record("b", 1, [5, 6, 0, 8, 9], 1.0, 20.0, 20.5, spec=spec, right=False),
     ])
@@ -61,7 +61,7 @@ def test_rows_per_cell_with_ratios_and_equality(results):
     assert spec["equal_to_plain"] == 1 and spec["differs"] == {"b": 2}
     assert spec["right"] == 1 and spec["prompts"] == 2
     assert spec["device"] == "NVIDIA H200"
-    assert spec["file"].endswith("spec_extend_k4.json")
+    assert spec["file"].endswith("spec_extend_k8.json")
 
 
 def test_batch_rows_time_a_call_once(results):
@@ -108,7 +108,8 @@ def test_headline_and_write(results, tmp_path):
     text = summarize.headline(rows)
     line = next(x for x in text.splitlines() if x.startswith("| copies"))
     assert "| 16K | 1 | [1.50×][r1] · GPU busy 0.90 |" in line
-    assert "\n[r1]: benchmarks/results/realpair/20261206T0300Z_h200/spec_extend_k4.json" in text
+    assert "\n[r1]: benchmarks/results/realpair/20261206T0300Z_h200/spec_extend_k8.json" in text
+    assert "`--num-speculative-tokens 8`" in text and "plugin K=8 / `draft_model` K=4" in text
     assert "not run" in line  # no vLLM method in this folder
     doc = tmp_path / "README.md"
     doc.write_text(f"a\n{summarize.START}\nold\n{summarize.END}\nb\n")
@@ -118,20 +119,20 @@ def test_headline_and_write(results, tmp_path):
 
 
 def test_headline_takes_the_mode_run_at_todays_defaults(results, monkeypatch):
-    # A folder measured before draft_prompt_pool's default changed: its
-    # spec_extend ran the old default, spec_extend_full_pass today's.
+    # A folder measured before lookup_tokens' default changed: its
+    # spec_extend ran the old default, spec_extend_lookup today's.
     folder = next(p for p in results.iterdir() if p.is_dir())
-    _write(folder, "spec_extend_full_pass", 4, [
+    _write(folder, "spec_extend_lookup", 8, [
         _record("a", 0, [1, 2, 3, 4], 0.5, 10.0, 10.2,
                 spec={"drafts": 1, "draft_tokens": 4, "accepted_tokens": 3}),
         _record("b", 1, [5, 6, 7, 8, 9], 0.5, 20.0, 20.2,
                 spec={"drafts": 1, "draft_tokens": 4, "accepted_tokens": 4}),
     ])
     rows = summarize.summary(results)
-    assert "spec_extend_k4.json" in summarize.headline(rows)
-    monkeypatch.setitem(summarize.DEFAULTS_AS, folder.name, "spec_extend_full_pass")
+    assert "spec_extend_k8.json" in summarize.headline(rows)
+    monkeypatch.setitem(summarize.DEFAULTS_AS, folder.name, ("spec_extend_lookup", 8))
     text = summarize.headline(rows)
-    assert "spec_extend_full_pass_k4.json" in text and "spec_extend_k4.json" not in text
+    assert "spec_extend_lookup_k8.json" in text and "spec_extend_k8.json" not in text
     line = next(x for x in text.splitlines() if x.startswith("| copies"))
     assert "[3.00×][r1]" in line  # 9 tokens in 1.0 s against plain's 3.0
 
@@ -146,7 +147,7 @@ def test_a_step_profile_beside_the_results_is_not_a_mode(results):
 def test_headline_takes_each_cell_from_the_newest_folder_at_todays_defaults(
         results, monkeypatch):
     # A newer folder ran only batch 1 at today's defaults (as its
-    # spec_extend_top64); batch 2 ran in an older folder before the change.
+    # spec_extend_top64 at K=4); batch 2 ran in an older folder before the change.
     old = next(p for p in results.iterdir() if p.is_dir())
     _write(old, "spec_extend", 4, [
         _record("a", 2, [1, 2, 3, 4], 1.5, 30.0, 31.0, batch=2,
@@ -163,10 +164,10 @@ def test_headline_takes_each_cell_from_the_newest_folder_at_todays_defaults(
         _record("b", 1, [5, 6, 7, 8, 9], 1.0, 20.0, 20.5,
                 spec={"drafts": 1, "draft_tokens": 4, "accepted_tokens": 4})])
     monkeypatch.setitem(summarize.DEFAULTS_AS, old.name, None)
-    monkeypatch.setitem(summarize.DEFAULTS_AS, new.name, "spec_extend_top64")
+    monkeypatch.setitem(summarize.DEFAULTS_AS, new.name, ("spec_extend_top64", 4))
     text = summarize.headline(summarize.summary(results))
     rows = [x for x in text.splitlines() if x.startswith("| copies")]
     assert len(rows) == 1 and "| 16K | 1 | [2.05×][r1]" in rows[0]
     assert "20261207T0000Z_h200/spec_extend_top64_k4.json" in text
     tail = next(x for x in text.splitlines() if x.startswith("Not yet measured"))
-    assert "batch 2" in tail and "`spec_extend` before the change: [2.00×]" in tail
+    assert "batch 2" in tail and "`spec_extend` K=4 before the change: [2.00×]" in tail

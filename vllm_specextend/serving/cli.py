@@ -55,7 +55,8 @@ HELP = (
     "auto: 2 x top_k where the engine can pool; null: all), draft_placement "
     "(auto|sharded|replicated: a draft model whole on every tensor-parallel "
     "rank), lookup_tokens (the last N of a step's K tokens looked up in the "
-    "request's own context instead of drafted; 0: off). "
+    "request's own context instead of drafted; auto: K - 3 from K=8 with a "
+    "draft model; 0: off). "
     "Example: --spec-extend '{\"top_k\": 64, \"retrieve_every\": 4}'."
 )
 
