@@ -41,8 +41,13 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
   pass that keeps the draft's KV, and 4 looked up: the cheapest step, which
   tells whether drafts past the first pay on copy tasks),
   ``spec_extend_lookup_pw`` (``spec_extend_lookup`` with the prefill window
-  of ``spec_extend_prefill_window``: run as ``spec_extend_lookup_pw:8``), and
-  ``spec_extend_<name>`` with ``--spec-extend JSON``.
+  of ``spec_extend_prefill_window``: run as ``spec_extend_lookup_pw:8``),
+  ``spec_extend_lookup_pool`` (``spec_extend_lookup`` with ``"auto"``'s
+  pooled pass: run as ``spec_extend_lookup_pool:8``),
+  ``spec_extend_nolookup`` (``lookup_tokens: 0``, the control at K=8, where
+  ``"auto"`` looks up 5), and ``spec_extend_<name>`` with
+  ``--spec-extend JSON``. Modes that name no ``lookup_tokens`` take
+  ``"auto"``: off at K=4, 5 looked up at K=8.
 
 Per prompt it records the output ids, the answer's check (``tasks.check``),
 end-to-end seconds (the ``generate`` call), first-token latency and decode
@@ -86,6 +91,10 @@ PLUGIN_CONFIGS = {
     # Both levers of the 2026-12-06 profile at once: fewer draft forwards a
     # step, and a draft pass over the prompt linear in its length.
     "spec_extend_lookup_pw": {"lookup_tokens": 5, "draft_prefill_window": 2048},
+    # The lookup proposes from the request's tokens, not the draft's KV: does
+    # it keep what the pooled pass (no draft KV outside the pool) loses?
+    "spec_extend_lookup_pool": {"lookup_tokens": 5, "draft_prompt_pool": "auto"},
+    "spec_extend_nolookup": {"lookup_tokens": 0},
 }
 PLUGIN_ENV = {"spec_extend_follow15": {"SPECEXTEND_POOL_FOLLOW": "15"},
               "suffix": arctic.SUFFIX_ENV}

@@ -93,7 +93,8 @@ def test_engine_kwargs_per_mode():
     assert full["additional_config"] == {"spec_extend": {"draft_prompt_pool": None}}
     assert engine_kwargs("spec_extend", "T", "D", 4)["additional_config"] == {
         "spec_extend": {}}
-    for mode, k, m in (("spec_extend_lookup", 8, 5), ("spec_extend_lookup4", 5, 4)):
+    for mode, k, m in (("spec_extend_lookup", 8, 5), ("spec_extend_lookup4", 5, 4),
+                       ("spec_extend_nolookup", 8, 0)):
         lookup = engine_kwargs(mode, "T", "D", k)
         assert lookup["additional_config"] == {"spec_extend": {"lookup_tokens": m}}
         assert lookup["speculative_config"]["num_speculative_tokens"] == k
