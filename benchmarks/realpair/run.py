@@ -45,7 +45,9 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
   ``spec_extend_lookup_pool`` (``spec_extend_lookup`` with ``"auto"``'s
   pooled pass: run as ``spec_extend_lookup_pool:8``),
   ``spec_extend_nolookup`` (``lookup_tokens: 0``, the control at K=8, where
-  ``"auto"`` looks up 5), and ``spec_extend_<name>`` with
+  ``"auto"`` looks up 5), ``spec_extend_lookup_min1`` (``spec_extend_lookup``
+  taking a match of 1 token where no longer one exists:
+  ``SPECEXTEND_LOOKUP_MIN_MATCH``), and ``spec_extend_<name>`` with
   ``--spec-extend JSON``. Modes that name no ``lookup_tokens`` take
   ``"auto"``: off at K=4, 5 looked up at K=8.
 
@@ -95,8 +97,10 @@ PLUGIN_CONFIGS = {
     # it keep what the pooled pass (no draft KV outside the pool) loses?
     "spec_extend_lookup_pool": {"lookup_tokens": 5, "draft_prompt_pool": "auto"},
     "spec_extend_nolookup": {"lookup_tokens": 0},
+    "spec_extend_lookup_min1": {"lookup_tokens": 5},
 }
 PLUGIN_ENV = {"spec_extend_follow15": {"SPECEXTEND_POOL_FOLLOW": "15"},
+              "spec_extend_lookup_min1": {"SPECEXTEND_LOOKUP_MIN_MATCH": "1"},
               "suffix": arctic.SUFFIX_ENV}
 """A mode's environment, set in this process before the engine starts (its
 processes inherit it) and recorded (meta ``mode_env``): a variant's

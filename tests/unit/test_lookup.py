@@ -23,13 +23,15 @@ from vllm_specextend.drafting.lookup import (
     TokenHistory,
     bonus_positions,
     drafted,
+    lookup_min_match,
 )
 
 N = LOOKUP_KEY
 CPU = torch.device("cpu")
 
 
-def reference(history: list[int], bonus: int, drafts: list[int], m: int) -> list[int]:
+def reference(history: list[int], bonus: int, drafts: list[int], m: int,
+              n: int = N) -> list[int]:
     """The rule per row: an end j <= bonus - 1 where the history's tokens up
     to j equal the last ones of [context, bonus, drafts], at least n of them;
     the longest (counted up to LOOKUP_LONGEST), then one with m verified
@@ -42,14 +44,14 @@ def reference(history: list[int], bonus: int, drafts: list[int], m: int) -> list
         while (length < LOOKUP_LONGEST and j - length >= 0
                and history[j - length] == seq[-1 - length]):
             length += 1
-        if length >= N and (rank := (length, j + m <= bonus, j)) > (best or ()):
+        if length >= n and (rank := (length, j + m <= bonus, j)) > (best or ()):
             best, end = rank, j
     return [history[end + i] if end >= 0 and end + i <= bonus else drafts[-1]
             for i in range(1, m + 1)]
 
 
-def _history(rows: list[list[int]], max_len: int, k: int) -> TokenHistory:
-    h = TokenHistory(len(rows), max_len, k, CPU)
+def _history(rows: list[list[int]], max_len: int, k: int, n: int = N) -> TokenHistory:
+    h = TokenHistory(len(rows), max_len, k, CPU, n)
     for slot, tokens in enumerate(rows):
         h.tokens[slot, : len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
     return h
@@ -63,13 +65,14 @@ def _look_up(h, slots, bonus, drafts, m):
 @pytest.mark.parametrize("seed", range(50))
 def test_lookup_matches_the_rule_per_row(seed):
     rng = random.Random(seed)
+    n = (N, N, 1, 2)[seed % 4]  # the shortest match taken
     max_len, k = rng.choice([16, 40, 97]), 8
     vocab = rng.choice([2, 3, 5, 50])
     num_slots = rng.randint(1, 6)
     # Whole rows of random tokens: past a row's bonus they stand for rejected
     # drafts and an earlier request's tokens, which no lookup may read.
     h = _history([[rng.randrange(vocab) for _ in range(max_len + k + 2)]
-                  for _ in range(num_slots)], max_len, k)
+                  for _ in range(num_slots)], max_len, k, n)
     batch = rng.randint(1, 5)
     r, m = rng.randint(1, 5), rng.randint(1, 6)
     slots = [rng.randrange(num_slots) for _ in range(batch)]
@@ -77,7 +80,7 @@ def test_lookup_matches_the_rule_per_row(seed):
     drafts = [[rng.randrange(vocab) for _ in range(r)] for _ in range(batch)]
     got = _look_up(h, slots, bonus, drafts, m)
     rows = h.tokens.tolist()
-    want = [reference(rows[s], b, d, m) for s, b, d in zip(slots, bonus, drafts)]
+    want = [reference(rows[s], b, d, m, n) for s, b, d in zip(slots, bonus, drafts)]
     assert got == want
 
 
@@ -101,6 +104,30 @@ def test_the_latest_full_match_wins_and_stops_at_the_verified_end():
     # the earlier one is taken.
     h = _history([[1, 2, 3, 7, 0, 1, 2, 3]], 40, 4)
     assert _look_up(h, [0], [7], [[1, 2, 3]], 2) == [[7, 0]]
+
+
+def test_a_shorter_match_is_taken_only_where_asked():
+    # The sequence ends "7 9": "9" alone occurs at 2 (then 40 41), "7 9" nowhere.
+    h = _history([[0, 5, 9, 40, 41, 6, 7] + [0] * 8], 40, 4)
+    assert _look_up(h, [0], [6], [[9]], 2) == [[9, 9]]  # 3 tokens at least
+    h = _history([[0, 5, 9, 40, 41, 6, 7] + [0] * 8], 40, 4, 1)
+    assert _look_up(h, [0], [6], [[9]], 2) == [[40, 41]]
+
+
+@pytest.mark.parametrize("value, want", [(None, N), ("1", 1), ("8", 8)])
+def test_the_shortest_match_from_the_environment(monkeypatch, value, want):
+    if value is None:
+        monkeypatch.delenv("SPECEXTEND_LOOKUP_MIN_MATCH", raising=False)
+    else:
+        monkeypatch.setenv("SPECEXTEND_LOOKUP_MIN_MATCH", value)
+    assert lookup_min_match() == want
+
+
+@pytest.mark.parametrize("value", ["0", "9", "two"])
+def test_a_bad_shortest_match_names_the_range(monkeypatch, value):
+    monkeypatch.setenv("SPECEXTEND_LOOKUP_MIN_MATCH", value)
+    with pytest.raises(ValueError, match="use 1 to 8 tokens"):
+        lookup_min_match()
 
 
 def test_a_longer_match_wins_over_a_later_one():

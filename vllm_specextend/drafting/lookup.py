@@ -32,6 +32,7 @@ Shapes: B rows of the step, N tokens, W = ``width``. Pure torch; no vLLM.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +48,20 @@ LOOKUP_LONGEST = 8
 vLLM's prompt lookup (longest of 1-5 there), so a common short phrase (an
 indent, ``self.``) does not pull the proposals to its latest repeat when the
 copied passage matches further back."""
+
+
+def lookup_min_match() -> int:
+    """``SPECEXTEND_LOOKUP_MIN_MATCH=N`` (1 to ``LOOKUP_LONGEST``): the
+    shortest match the lookup takes (default ``LOOKUP_KEY``). An experiment
+    on the real pair (``benchmarks/realpair``): where no 3-token match exists
+    a row proposes its last draft again, which the target rejects, so a
+    shorter match can only add accepted tokens; read from the workers'
+    environment."""
+    value = os.environ.get("SPECEXTEND_LOOKUP_MIN_MATCH") or str(LOOKUP_KEY)
+    if not value.isdigit() or not 1 <= int(value) <= LOOKUP_LONGEST:
+        raise ValueError(f"SPECEXTEND_LOOKUP_MIN_MATCH={value!r}: use 1 to "
+                         f"{LOOKUP_LONGEST} tokens ({LOOKUP_KEY}, the default)")
+    return int(value)
 
 
 def bonus_positions(positions: torch.Tensor, query_start_loc: torch.Tensor,
@@ -84,7 +99,8 @@ class TokenHistory:
     """Every request slot's tokens by position, on the device."""
 
     def __init__(self, num_slots: int, max_model_len: int, num_spec_tokens: int,
-                 device: torch.device):
+                 device: torch.device, min_match: int = LOOKUP_KEY):
+        self.min_match = min_match  # the shortest match taken
         # Room for the bonus token at max_model_len and the drafts after it;
         # the last column takes whatever lies further (never read as context).
         self.width = max_model_len + num_spec_tokens + 2
@@ -150,12 +166,12 @@ class TokenHistory:
         The sequence is ``[..., bonus, d_1..d_r]`` (``drafts`` [B, r]); an end
         j <= bonus - 1 (one verified token after it at least) matches where
         the history's tokens up to j equal the sequence's last ones, at least
-        ``LOOKUP_KEY`` of them. The match taken is the longest (counted up to
+        ``min_match`` of them (``LOOKUP_KEY``). The match taken is the longest (counted up to
         ``LOOKUP_LONGEST``), then one whose ``num_tokens`` followers are all
         verified, then the latest; its followers at j+1.. are the proposals.
         Those past the verified end, and rows without a match, repeat d_r
         (the target rejects them)."""
-        n, top, w = LOOKUP_KEY, LOOKUP_LONGEST, self.width
+        n, top, w = self.min_match, LOOKUP_LONGEST, self.width
         history = self.tokens[rows.slots]  # [B, W]
         bonus = rows.bonus  # [B]
         # The sequence's last `top` tokens: its verified tail and the drafts;

@@ -25,7 +25,7 @@ from vllm_specextend.config import (
     score_layer_index,
 )
 from vllm_specextend.drafting.draft_vocab import vocab_rows
-from vllm_specextend.drafting.lookup import TokenHistory
+from vllm_specextend.drafting.lookup import TokenHistory, lookup_min_match
 from vllm_specextend.drafting.prompt_pool import PromptPools
 from vllm_specextend.drafting.view import ViewBuilder
 from vllm_specextend.retrieval.planner import StepPlanner
@@ -59,7 +59,7 @@ class Reconfigurable:
         self.history = None  # lookup_tokens: each slot's tokens (lookup.py)
         if cfg.lookup_tokens:
             self.history = TokenHistory(self.state.num_slots, self.max_model_len,
-                                        margin, self.device)
+                                        margin, self.device, lookup_min_match())
         self.planner = StepPlanner(cfg, self.state, self._min_context, margin,
                                    self.pools)
         self.retriever.cfg, self.retriever.state = cfg, self.state
