@@ -201,10 +201,20 @@ def select(cases: list[tasks.Case], cells: list[str]) -> list[tuple[str, int, li
     return chosen
 
 
+def resolved_keys(llm, kwargs: dict) -> dict | None:
+    """What the plugin's ``"auto"`` keys became on this engine (rank 0's
+    ``specextend_state``), for the result's meta; None without the plugin."""
+    if "additional_config" not in kwargs:
+        return None
+    state = llm.collective_rpc("specextend_state")[0]
+    return {key: state[key] for key in ("draft_prompt_pool", "lookup_tokens")}
+
+
 def write_result(args, header: dict, kwargs: dict, start_s: float, speculative: bool,
-                 records: list[dict]) -> None:
+                 records: list[dict], resolved: dict | None = None) -> None:
     result = {
         "meta": run_metadata(args, engine_start_s=start_s, engine_kwargs=kwargs,
+                             spec_extend_resolved=resolved,
                              plugin_env=plugin_env(),
                              mode_env=PLUGIN_ENV.get(args.mode, {}),
                              arctic_inference=(arctic.installed()
@@ -268,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     llm = LLM(**kwargs)
     start_s = time.perf_counter() - t0
     speculative = "speculative_config" in kwargs
+    resolved = resolved_keys(llm, kwargs)
     warm_up(llm, cells[0][2][0])
     records, call = [], 0
     with GpuBusy() as busy:
@@ -285,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{tok / sum(calls.values()):.1f} tok/s end to end, "
                   f"{sum(r['right'] is True for r in done)} right", flush=True)
             # After every cell: a mode cut short keeps the cells it finished.
-            write_result(args, header, kwargs, start_s, speculative, records)
+            write_result(args, header, kwargs, start_s, speculative, records, resolved)
     # vLLM's engine process is not a daemon and outlives this one unless shut
     # down (it would hold the GPU's memory from the next mode's engine): a
     # bounded shutdown, then ``os._exit`` past any hang in the rest of it.

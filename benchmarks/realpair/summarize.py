@@ -34,6 +34,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from benchmarks.harness.meta import REPO_ROOT, device
+from vllm_specextend.config import AUTO_LOOKUP_DRAFTED, AUTO_LOOKUP_MIN_K
 
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "realpair"
 
@@ -221,25 +222,32 @@ def headline(rows: list[dict]) -> str:
     first = (next(iter(chosen.values()))[1] if chosen
              else next(iter(stale.values()))[0])
     device, vllm, prompts = first["device"], first["vllm"], first["prompts"]
-    k = DEFAULTS_RUN[1]
+    # The K the plugin's cells ran: the quick start's, or each cell's where a
+    # DEFAULTS_AS entry ran another.
+    ks = {plugin["k"] for _, _, plugin in chosen.values()} or {DEFAULTS_RUN[1]}
+    k = ks.pop() if len(ks) == 1 else None
+    looked_up = ("" if k is None or k < AUTO_LOOKUP_MIN_K else
+                 f" (`lookup_tokens` \"auto\": the draft model drafts "
+                 f"{AUTO_LOOKUP_DRAFTED}, the request's own context gives "
+                 f"{k - AUTO_LOOKUP_DRAFTED})")
     out = [f"Real weights: Qwen2.5-Coder-1.5B-Instruct drafted by its 0.5B, greedy, "
            f"fresh prompts, {prompts} a cell, end to end "
            f"(prefill included) as a multiple of plain decoding: higher is better "
            f"({device}, vLLM {vllm}). `--spec-extend`: today's defaults with "
-           f"`--num-speculative-tokens {k}` (`lookup_tokens` \"auto\": the draft "
-           f"model drafts 3, the request's own context gives {k - 3}); vLLM's own "
-           f"methods at their better K of 4 and 8; each cell's figures come from "
-           f"one session.",
+           + (f"`--num-speculative-tokens {k}`{looked_up}" if k is not None
+              else "the K each cell names")
+           + "; vLLM's own methods at their better K of 4 and 8; each cell's "
+           "figures come from one session.",
            "",
            "| the answer | prompt | batch | `--spec-extend` | best of vLLM's own (same session) | "
-           f"accepted length: plugin K={k} / `draft_model` K=4 |",
+           f"accepted length: plugin{'' if k is None else f' K={k}'} / `draft_model` K=4 |",
            "|---|---|---|---|---|---|"]
     refs: dict[str, str] = {}
 
-    def x(r, plain):
+    def x(r, plain, label=""):
         busy = "" if r["gpu_busy"] is None else f" · GPU busy {r['gpu_busy']:.2f}"
         ref = refs.setdefault(r["file"], f"r{len(refs) + 1}")
-        return f"[{r['e2e_tok_s'] / plain['e2e_tok_s']:.2f}×][{ref}]{busy}"
+        return f"[{r['e2e_tok_s'] / plain['e2e_tok_s']:.2f}×][{ref}]{label}{busy}"
 
     for cell in sorted(chosen):
         task, context, batch = cell
@@ -249,9 +257,10 @@ def headline(rows: list[dict]) -> str:
         # Accepted length does not hang on the session's speed: draft_model's
         # newest, from another session where this one did not run it.
         draft = drafts.get(cell)
+        own_k = "" if k is not None else f" K={plugin['k']}"
         out.append(
             f"| {CELL_NAMES.get(task, task)} | {context // 1024}K | {batch} | "
-            f"{x(plugin, plain)} | "
+            f"{x(plugin, plain, own_k)} | "
             + (f"{x(best, plain)} `{best['mode']}` K={best['k']}" if best else "not run")
             + f" | {plugin['acc_len']:.2f} / "
             + (f"[{draft['acc_len']:.2f}][{refs.setdefault(draft['file'], f'r{len(refs) + 1}')}] |"

@@ -19,6 +19,7 @@ from test_lossless import SMALL_BUDGET
 from test_prefill_deferral import CHUNKED
 
 from benchmarks.harness.drafter import DraftRecorder, drafter, stats
+from benchmarks.realpair.run import resolved_keys
 
 pytestmark = pytest.mark.engine
 
@@ -109,6 +110,9 @@ def test_auto_looks_up_all_but_three_from_k_8(tiny_target, prompts, plain_output
                    num_spec_tokens=8)
     proposer = drafter(llm)
     assert proposer.cfg.lookup_tokens == 5 and proposer.history is not None
+    # What the real-pair benchmark records of the engine it ran.
+    assert resolved_keys(llm, {"additional_config": {}}) == {
+        "draft_prompt_pool": None, "lookup_tokens": 5}
     outputs = generate(llm, prompts[:-1], MAX_TOKENS)
     counts, per_pos = stats(proposer), _accepted_per_pos(llm)
     shutdown(llm)

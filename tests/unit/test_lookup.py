@@ -76,7 +76,7 @@ def test_lookup_matches_the_rule_per_row(seed):
     batch = rng.randint(1, 5)
     r, m = rng.randint(1, 5), rng.randint(1, 6)
     slots = [rng.randrange(num_slots) for _ in range(batch)]
-    bonus = [rng.randint(N - 1, max_len) for _ in range(batch)]
+    bonus = [rng.randint(0, max_len) for _ in range(batch)]
     drafts = [[rng.randrange(vocab) for _ in range(r)] for _ in range(batch)]
     got = _look_up(h, slots, bonus, drafts, m)
     rows = h.tokens.tolist()
@@ -139,6 +139,10 @@ def test_a_longer_match_wins_over_a_later_one():
     # With a 6 before the same three drafts, the match ending at 8.
     h.tokens[0, 12] = 6
     assert _look_up(h, [0], [12], [[1, 2, 3]], 2) == [[42, 6]]
+    # Longer beats full: "5 1 2 3" ends at 10 with 2 verified after it (of 4
+    # asked), "1 2 3" alone at 2 with all 4 verified after it.
+    h = _history([[1, 2, 3, 30, 31, 32, 33, 5, 1, 2, 3, 44, 5] + [0] * 8], 40, 4)
+    assert _look_up(h, [0], [12], [[1, 2, 3]], 4) == [[44, 5, 3, 3]]
 
 
 def _record(h, slots, rows_tokens, rows_start, next_ids, rejected=None):

@@ -169,6 +169,38 @@ def test_headline_takes_each_cell_from_the_newest_folder_at_todays_defaults(
     text = summarize.headline(summarize.summary(results))
     rows = [x for x in text.splitlines() if x.startswith("| copies")]
     assert len(rows) == 1 and "| 16K | 1 | [2.05×][r1]" in rows[0]
+    # The cell ran K=4: the header says so, and no lookup.
+    assert "`--num-speculative-tokens 4`;" in text and "plugin K=4 /" in text
     assert "20261207T0000Z_h200/spec_extend_top64_k4.json" in text
     tail = next(x for x in text.splitlines() if x.startswith("Not yet measured"))
     assert "batch 2" in tail and "`spec_extend` K=4 before the change: [2.00×]" in tail
+
+
+def test_headline_names_each_cells_k_where_they_differ(results, monkeypatch):
+    # Batch 2 at today's defaults (K=8) in the fixture's folder; batch 1 from
+    # a newer folder whose defaults ran at K=4.
+    old = next(p for p in results.iterdir() if p.is_dir())
+    _write(old, "spec_extend", 8, [
+        _record("a", 0, [1, 2, 3, 4], 1.0, 10.0, 10.5,
+                spec={"drafts": 1, "draft_tokens": 8, "accepted_tokens": 3}),
+        _record("b", 1, [5, 6, 7, 8, 9], 1.0, 20.0, 20.5,
+                spec={"drafts": 1, "draft_tokens": 8, "accepted_tokens": 4}),
+        _record("a", 2, [1, 2, 3, 4], 1.5, 30.0, 31.0, batch=2,
+                spec={"drafts": 1, "draft_tokens": 8, "accepted_tokens": 2}),
+        _record("b", 2, [5, 6, 7, 8, 9], 1.5, 30.1, 31.0, batch=2,
+                spec={"drafts": 1, "draft_tokens": 8, "accepted_tokens": 2})])
+    new = results / "20261207T0000Z_h200"
+    new.mkdir()
+    _write(new, "plain", 4, [_record("a", 0, [1, 2, 3, 4], 2.0, 10.0, 11.0),
+                             _record("b", 1, [5, 6, 7, 8, 9], 2.0, 20.0, 21.0)])
+    _write(new, "spec_extend_top64", 4, [
+        _record("a", 0, [1, 2, 3, 4], 1.0, 10.0, 10.5,
+                spec={"drafts": 1, "draft_tokens": 4, "accepted_tokens": 3}),
+        _record("b", 1, [5, 6, 7, 8, 9], 1.0, 20.0, 20.5,
+                spec={"drafts": 1, "draft_tokens": 4, "accepted_tokens": 4})])
+    monkeypatch.setitem(summarize.DEFAULTS_AS, new.name, ("spec_extend_top64", 4))
+    text = summarize.headline(summarize.summary(results))
+    assert "the K each cell names" in text and "plugin / `draft_model` K=4" in text
+    rows = [x for x in text.splitlines() if x.startswith("| copies")]
+    assert len(rows) == 2
+    assert "| 1 | [2.05×][r1] K=4 ·" in rows[0] and "| 2 | [2.00×][r2] K=8 ·" in rows[1]

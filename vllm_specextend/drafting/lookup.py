@@ -187,10 +187,11 @@ class TokenHistory:
         for i in range(1, top):
             run &= padded[:, top - 1 - i: top - 1 - i + w] == seq[:, -1 - i: -i]
             length += run
-        ends = torch.arange(w, device=bonus.device)  # [W]
+        ends = torch.arange(w, dtype=torch.int32, device=bonus.device)  # [W]
         usable = (length >= n) & (ends[None, :] <= bonus[:, None] - 1)
         full = ends[None, :] + num_tokens <= bonus[:, None]
-        # Longest, then full, then latest, as one int32 rank per end. [B, W]
+        # Longest, then full, then latest, as one int32 rank per end (below
+        # (2 * LOOKUP_LONGEST + 2) * W). [B, W]
         rank = torch.where(usable, (length * 2 + full) * w + ends[None, :], -1)
         best = rank.max(dim=1).values  # [B]
         end = torch.where(best >= 0, best % w, -1)

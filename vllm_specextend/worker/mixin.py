@@ -94,8 +94,9 @@ class SpecExtendWorkerMixin:
             "request_slots": drafter.state.num_slots_held,
             "stats": drafter.stats.snapshot(),
             "draft_placement": getattr(drafter, "draft_placement", "sharded"),
-            # What draft_prompt_pool "auto" became on this engine.
+            # What draft_prompt_pool and lookup_tokens "auto" became here.
             "draft_prompt_pool": drafter.cfg.draft_prompt_pool,
+            "lookup_tokens": drafter.cfg.lookup_tokens,
         }
 
     @override
