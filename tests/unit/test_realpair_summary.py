@@ -20,6 +20,16 @@ def _record(id_, call, ids, e2e, first, last, batch=1, spec=None, right=True,
             "gpu_busy": 0.9, "spec": spec}
 
 
+def _both(calls, e2e, firsts, lasts, accepted, draft_tokens=4, batch=1):
+    """Prompts a and b, each a spec-decode call: ``accepted`` of
+    ``draft_tokens`` drafted in one draft step, per prompt."""
+    return [_record(id_, call, ids, e2e, first, last, batch=batch,
+                    spec={"drafts": 1, "draft_tokens": draft_tokens,
+                          "accepted_tokens": acc})
+            for id_, call, ids, first, last, acc in zip(
+                "ab", calls, ([1, 2, 3, 4], [5, 6, 7, 8, 9]), firsts, lasts, accepted)]
+
+
 def _write(folder, mode, k, records):
     meta = {"hardware": {"device": "NVIDIA H200"}, "vllm": "0.26.0",
             "git_commit": "abc", "date_utc": "2026-12-06T00:00:00+00:00"}
@@ -123,12 +133,8 @@ def test_headline_takes_the_mode_run_at_todays_defaults(results, monkeypatch):
     # A folder measured before lookup_tokens' default changed: its
     # spec_extend ran the old default, spec_extend_lookup today's.
     folder = next(p for p in results.iterdir() if p.is_dir())
-    _write(folder, "spec_extend_lookup", 8, [
-        _record("a", 0, [1, 2, 3, 4], 0.5, 10.0, 10.2,
-                spec={"drafts": 1, "draft_tokens": 4, "accepted_tokens": 3}),
-        _record("b", 1, [5, 6, 7, 8, 9], 0.5, 20.0, 20.2,
-                spec={"drafts": 1, "draft_tokens": 4, "accepted_tokens": 4}),
-    ])
+    _write(folder, "spec_extend_lookup", 8,
+           _both((0, 1), 0.5, (10.0, 20.0), (10.2, 20.2), (3, 4)))
     rows = summarize.summary(results)
     assert "spec_extend_k8.json" in summarize.headline(rows)
     monkeypatch.setitem(summarize.DEFAULTS_AS, folder.name, ("spec_extend_lookup", 8))
@@ -145,27 +151,27 @@ def test_a_step_profile_beside_the_results_is_not_a_mode(results):
     assert {r["mode"] for r in summarize.summary(results)} == {"plain", "spec_extend"}
 
 
+def _newer_folder_at_k4(results, monkeypatch) -> None:
+    """A newer run folder of batch-1 rows whose defaults ran as
+    spec_extend_top64 at K=4 (``DEFAULTS_AS``)."""
+    new = results / "20261207T0000Z_h200"
+    new.mkdir()
+    _write(new, "plain", 4, [_record("a", 0, [1, 2, 3, 4], 2.0, 10.0, 11.0),
+                             _record("b", 1, [5, 6, 7, 8, 9], 2.0, 20.0, 21.0)])
+    _write(new, "spec_extend_top64", 4,
+           _both((0, 1), 1.0, (10.0, 20.0), (10.5, 20.5), (3, 4)))
+    monkeypatch.setitem(summarize.DEFAULTS_AS, new.name, ("spec_extend_top64", 4))
+
+
 def test_headline_takes_each_cell_from_the_newest_folder_at_todays_defaults(
         results, monkeypatch):
     # A newer folder ran only batch 1 at today's defaults (as its
     # spec_extend_top64 at K=4); batch 2 ran in an older folder before the change.
     old = next(p for p in results.iterdir() if p.is_dir())
-    _write(old, "spec_extend", 4, [
-        _record("a", 2, [1, 2, 3, 4], 1.5, 30.0, 31.0, batch=2,
-                spec={"drafts": 1, "draft_tokens": 4, "accepted_tokens": 2}),
-        _record("b", 2, [5, 6, 7, 8, 9], 1.5, 30.1, 31.0, batch=2,
-                spec={"drafts": 1, "draft_tokens": 4, "accepted_tokens": 2})])
-    new = results / "20261207T0000Z_h200"
-    new.mkdir()
-    _write(new, "plain", 4, [_record("a", 0, [1, 2, 3, 4], 2.0, 10.0, 11.0),
-                             _record("b", 1, [5, 6, 7, 8, 9], 2.0, 20.0, 21.0)])
-    _write(new, "spec_extend_top64", 4, [
-        _record("a", 0, [1, 2, 3, 4], 1.0, 10.0, 10.5,
-                spec={"drafts": 1, "draft_tokens": 4, "accepted_tokens": 3}),
-        _record("b", 1, [5, 6, 7, 8, 9], 1.0, 20.0, 20.5,
-                spec={"drafts": 1, "draft_tokens": 4, "accepted_tokens": 4})])
+    _write(old, "spec_extend", 4,
+           _both((2, 2), 1.5, (30.0, 30.1), (31.0, 31.0), (2, 2), batch=2))
+    _newer_folder_at_k4(results, monkeypatch)
     monkeypatch.setitem(summarize.DEFAULTS_AS, old.name, None)
-    monkeypatch.setitem(summarize.DEFAULTS_AS, new.name, ("spec_extend_top64", 4))
     text = summarize.headline(summarize.summary(results))
     rows = [x for x in text.splitlines() if x.startswith("| copies")]
     assert len(rows) == 1 and "| 16K | 1 | [2.05×][r1]" in rows[0]
@@ -180,25 +186,10 @@ def test_headline_names_each_cells_k_where_they_differ(results, monkeypatch):
     # Batch 2 at today's defaults (K=8) in the fixture's folder; batch 1 from
     # a newer folder whose defaults ran at K=4.
     old = next(p for p in results.iterdir() if p.is_dir())
-    _write(old, "spec_extend", 8, [
-        _record("a", 0, [1, 2, 3, 4], 1.0, 10.0, 10.5,
-                spec={"drafts": 1, "draft_tokens": 8, "accepted_tokens": 3}),
-        _record("b", 1, [5, 6, 7, 8, 9], 1.0, 20.0, 20.5,
-                spec={"drafts": 1, "draft_tokens": 8, "accepted_tokens": 4}),
-        _record("a", 2, [1, 2, 3, 4], 1.5, 30.0, 31.0, batch=2,
-                spec={"drafts": 1, "draft_tokens": 8, "accepted_tokens": 2}),
-        _record("b", 2, [5, 6, 7, 8, 9], 1.5, 30.1, 31.0, batch=2,
-                spec={"drafts": 1, "draft_tokens": 8, "accepted_tokens": 2})])
-    new = results / "20261207T0000Z_h200"
-    new.mkdir()
-    _write(new, "plain", 4, [_record("a", 0, [1, 2, 3, 4], 2.0, 10.0, 11.0),
-                             _record("b", 1, [5, 6, 7, 8, 9], 2.0, 20.0, 21.0)])
-    _write(new, "spec_extend_top64", 4, [
-        _record("a", 0, [1, 2, 3, 4], 1.0, 10.0, 10.5,
-                spec={"drafts": 1, "draft_tokens": 4, "accepted_tokens": 3}),
-        _record("b", 1, [5, 6, 7, 8, 9], 1.0, 20.0, 20.5,
-                spec={"drafts": 1, "draft_tokens": 4, "accepted_tokens": 4})])
-    monkeypatch.setitem(summarize.DEFAULTS_AS, new.name, ("spec_extend_top64", 4))
+    _write(old, "spec_extend", 8,
+           _both((0, 1), 1.0, (10.0, 20.0), (10.5, 20.5), (3, 4), draft_tokens=8)
+           + _both((2, 2), 1.5, (30.0, 30.1), (31.0, 31.0), (2, 2), 8, batch=2))
+    _newer_folder_at_k4(results, monkeypatch)
     text = summarize.headline(summarize.summary(results))
     assert "the K each cell names" in text and "plugin / `draft_model` K=4" in text
     rows = [x for x in text.splitlines() if x.startswith("| copies")]
