@@ -95,9 +95,14 @@ def test_captured_routine_drafts_as_piecewise(models, method, batch):
     assert graph["captured"] and graph["async"] and eager["async"]
     assert graph["stats"]["graph_steps"] > 0 and eager["stats"]["graph_steps"] == 0
     assert graph["stats"]["view_rows"] > 0
-    # draft_prompt_pool "auto" (CMR's): 32 chunks at top_k 8 for a draft
-    # model, prompts from 1,184 tokens; the full pass for the EAGLE-3 head.
-    pooled = sum(n >= 1184 for n in map(len, prompts)) if method == "draft_model" else 0
+    # draft_prompt_pool "auto" (CMR's): AUTO_POOL_PER_TOP_K x 8 chunks for a
+    # draft model (16: prompts from 672 tokens), the full pass for the
+    # EAGLE-3 head.
+    from vllm_specextend.config import AUTO_POOL_PER_TOP_K, SpecExtendConfig
+
+    pool = SpecExtendConfig(**{**CMR, "draft_prompt_pool": AUTO_POOL_PER_TOP_K * 8})
+    pooled = (sum(n >= pool.pool_min_prompt for n in map(len, prompts))
+              if method == "draft_model" else 0)
     assert graph["stats"]["pooled_prompt_passes"] == pooled
     assert graph["proposals"] == eager["proposals"], "the graph drafted otherwise"
     assert graph["outputs"] == eager["outputs"] == reference["outputs"]
