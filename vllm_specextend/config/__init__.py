@@ -3,8 +3,9 @@
 ``keys`` holds :class:`SpecExtendConfig` (every key, its default and why),
 ``values`` the values each key may take and the error that names a bad one,
 ``engine`` the engine facts the plugin depends on and the checks of a resolved
-engine, ``lookup`` those of ``lookup_tokens`` and its ``"auto"``. All of it is re-exported here, so ``vllm_specextend.config.X`` names
-what it always named. Pure Python, no vLLM import: every room may import it.
+engine, ``lookup`` those of ``lookup_tokens`` and its ``"auto"``. All of it
+is re-exported here, so ``vllm_specextend.config.X`` names what it always
+named. Pure Python, no vLLM import: every room may import it.
 """
 
 from vllm_specextend.config.engine import (

@@ -27,33 +27,33 @@ def raise_if_lookup_unsupported(cfg: SpecExtendConfig, facts: EngineFacts) -> No
         return
     refusal = lookup_refusal(m, facts)
     if refusal is not None:
-        raise SpecExtendConfigError(refusal)
+        raise SpecExtendConfigError(" ".join(refusal))
 
 
-def lookup_refusal(m: int, facts: EngineFacts) -> str | None:
-    """Why ``lookup_tokens: m`` (> 0) cannot run on this engine, with the fix;
-    None where it can."""
+def lookup_refusal(m: int, facts: EngineFacts) -> tuple[str, str] | None:
+    """Why ``lookup_tokens: m`` (> 0) cannot run on this engine, and the fix
+    (as ``config.prompt_pool_refusal``); None where it can."""
     k = facts.num_speculative_tokens
     if m >= k:
         return (f"spec_extend.lookup_tokens={m} leaves no draft forward of the "
                 f"num_speculative_tokens={k} a step proposes (the draft model drafts "
-                f"K - lookup_tokens). Lower lookup_tokens below {k}, or raise "
-                "--num-speculative-tokens.")
+                "K - lookup_tokens).",
+                f"Lower lookup_tokens below {k}, or raise --num-speculative-tokens.")
     if facts.draft_sample_method == "probabilistic":
         return ("spec_extend.lookup_tokens proposes tokens without draft "
                 "probabilities, but draft_sample_method is \"probabilistic\" (vLLM's "
-                "rejection sampler reads every draft's). Set draft_sample_method to "
-                "\"greedy\" in the speculative config (vLLM's default), or "
-                "lookup_tokens to 0.")
+                "rejection sampler reads every draft's).",
+                "Set draft_sample_method to \"greedy\" in the speculative config "
+                "(vLLM's default), or lookup_tokens to 0.")
     if facts.data_parallel_size > 1:
         return ("spec_extend.lookup_tokens drafts K - lookup_tokens tokens a step, "
                 "but data parallel ranks run every draft forward together and an "
                 f"idle rank's dummy run drafts K (data_parallel_size="
-                f"{facts.data_parallel_size}). Set lookup_tokens to 0.")
+                f"{facts.data_parallel_size}).", "Set lookup_tokens to 0.")
     if facts.target_position_rows > 1:
         return ("spec_extend.lookup_tokens keeps each request's tokens by position, "
                 f"one row, but the target's positions have {facts.target_position_rows} "
-                "rows (M-RoPE or XD-RoPE). Set lookup_tokens to 0.")
+                "rows (M-RoPE or XD-RoPE).", "Set lookup_tokens to 0.")
     return None
 
 
@@ -86,8 +86,8 @@ def resolve_lookup(cfg: SpecExtendConfig,
                "which it is measured")
     else:
         refusal = lookup_refusal(m, facts)
-        # The refusal without its last sentence, the fix ("Set ... to 0").
-        why = None if refusal is None else refusal.rsplit(". ", 1)[0]
+        why = (None if refusal is None
+               else refusal[0].removeprefix("spec_extend.").rstrip(";.:"))
     if why is not None:
         return dataclasses.replace(cfg, lookup_tokens=0), f"off ({why})"
     return (dataclasses.replace(cfg, lookup_tokens=m),
