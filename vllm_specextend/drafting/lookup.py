@@ -38,10 +38,10 @@ from dataclasses import dataclass
 import torch
 
 LOOKUP_KEY = 3
-"""Tokens matched (n): the key is the last n of the sequence that ends with
-the step's drafts. vLLM's prompt lookup matches 1-5 tokens; 3 is long
-enough that code and prose rarely repeat it by chance, short enough that
-an edited copy re-syncs within a few tokens."""
+"""The shortest match taken (n, by default): the last n tokens of the
+sequence that ends with the step's drafts. vLLM's prompt lookup matches 1-5
+tokens; 3 is long enough that code and prose rarely repeat it by chance,
+short enough that an edited copy re-syncs within a few tokens."""
 
 LOOKUP_LONGEST = 8
 """Match length counted (up to): a longer match wins over a later one, as in
@@ -166,9 +166,10 @@ class TokenHistory:
         The sequence is ``[..., bonus, d_1..d_r]`` (``drafts`` [B, r]); an end
         j <= bonus - 1 (one verified token after it at least) matches where
         the history's tokens up to j equal the sequence's last ones, at least
-        ``min_match`` of them (``LOOKUP_KEY``). The match taken is the longest (counted up to
-        ``LOOKUP_LONGEST``), then one whose ``num_tokens`` followers are all
-        verified, then the latest; its followers at j+1.. are the proposals.
+        ``min_match`` of them (``LOOKUP_KEY`` by default). The match taken is
+        the longest (counted up to ``LOOKUP_LONGEST``), then one whose
+        ``num_tokens`` followers are all verified, then the latest; its
+        followers at j+1.. are the proposals.
         Those past the verified end, and rows without a match, repeat d_r
         (the target rejects them)."""
         n, top, w = self.min_match, LOOKUP_LONGEST, self.width
@@ -180,12 +181,12 @@ class TokenHistory:
         seq = torch.cat([torch.where(tail >= 0, history.gather(1, tail.clamp(0)), -3),
                          drafts.to(torch.int32)], dim=1)[:, -top:]
         # length[b, j]: how many of the sequence's last tokens end at j, up to
-        # `top`; -2 pads the history before position 0. [B, W]
-        padded = torch.nn.functional.pad(history, (top - 1, 0), value=-2)
+        # `top` (none reaches before position 0). [B, W]
         run = history == seq[:, -1:]
         length = run.to(torch.int32)
         for i in range(1, top):
-            run &= padded[:, top - 1 - i: top - 1 - i + w] == seq[:, -1 - i: -i]
+            run[:, :i] = False
+            run[:, i:] &= history[:, : w - i] == seq[:, -1 - i: -i]
             length += run
         ends = torch.arange(w, dtype=torch.int32, device=bonus.device)  # [W]
         usable = (length >= n) & (ends[None, :] <= bonus[:, None] - 1)
