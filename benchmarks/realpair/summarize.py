@@ -270,9 +270,9 @@ def headline(rows: list[dict]) -> str:
         out.append("")
         out.append("Not yet measured at today's defaults: " + "; ".join(
             f"{CELL_NAMES.get(t, t)} at {c // 1024}K, batch {b} "
-            f"(`{stale[(t, c, b)][1]['mode']}` K={stale[(t, c, b)][1]['k']} before the change: "
-            f"{x(stale[(t, c, b)][1], stale[(t, c, b)][0])})"
-            for t, c, b in missing) + ".")
+            f"(`{old['mode']}` K={old['k']} before the change: {x(old, plain)})"
+            for (t, c, b), (plain, old) in ((cell, stale[cell]) for cell in missing))
+            + ".")
     # Files as reference links below the table: its lines stay short.
     out += [""] + [f"[{ref}]: {file}" for file, ref in refs.items()]
     return "\n".join(out)
