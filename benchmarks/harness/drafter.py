@@ -60,9 +60,23 @@ def worker_drafter(worker):
     return worker.model_runner.drafter
 
 
+def plugin_proposer(proposer):
+    """``proposer`` if it is the plugin's; else an error that names why an
+    engine asked for SpecExtend runs vLLM's own drafter."""
+    if not hasattr(proposer, "stats"):
+        raise RuntimeError(
+            f"the engine's drafter is vLLM's own {type(proposer).__name__}, not "
+            "SpecExtend's: the plugin did not load in this process. vLLM loads "
+            "its plugins (the vllm.general_plugins entry point) once a process, "
+            "at its first engine: install the plugin before the process starts "
+            "(on a GPU host: after benchmarks/realpair/host.sh build, or through "
+            "benchmarks/gpu/host_run.sh, which installs it first)")
+    return proposer
+
+
 def stats(proposer) -> dict:
     """The proposer's cumulative counters (device timers resolved)."""
-    return proposer.stats.snapshot()
+    return plugin_proposer(proposer).stats.snapshot()
 
 
 class Selection(NamedTuple):
@@ -147,7 +161,7 @@ def compactor(proposer):
 def graphs_captured(proposer) -> bool:
     """Whether the proposer holds its draft routine per batch size (captured,
     or on static buffers with ``draft_graph: static``)."""
-    return proposer.capture.graphs is not None
+    return plugin_proposer(proposer).capture.graphs is not None
 
 
 def config(proposer):

@@ -161,25 +161,26 @@ def table(rows: list[dict]) -> str:
 VLLM_METHODS = ("draft_model", "ngram", "ngram_gpu", "suffix")
 CELL_NAMES = {"copy": "copies its input", "other": "explains or summarises"}
 START, END = "<!-- realpair:start -->", "<!-- realpair:end -->"
-DEFAULTS_RUN = ("spec_extend", 8)
+DEFAULTS_RUN = ("spec_extend", 12)
 """The mode and K of a run folder that ran today's defaults: ``spec_extend``
-(no keys) at K=8, the K the README's quick start passes, where
-``lookup_tokens: "auto"`` looks up 5 of the 8."""
+(no keys) at K=12, the K the README's quick start passes, where
+``lookup_tokens: "auto"`` looks up 9 of the 12."""
 
 DEFAULTS_AS: dict[str, tuple[str, int] | None] = {
     "20261206T0403Z_h100_defaults_vs_plain": None,
     "20261206T0542Z_h100_grid": None,
     "20261206T0828Z_h100_levers": None,
     "20261206T0843Z_h100_batch8": None,
-    "20261206T1131Z_h100_lookup": ("spec_extend_lookup", 8),
+    "20261206T1131Z_h100_lookup": None,
 }
 """Run folders measured before today's defaults, and the mode and K that ran
 them there (None: none did). On 2026-12-06 ``draft_prompt_pool`` became the
 full pass (null), ``top_k`` became 64, then ``lookup_tokens`` became
-``"auto"`` with K=8 in the quick start: before 1131Z every plugin mode ran
-K=4 without the lookup; 1131Z's ``spec_extend_lookup`` ran K=8 with 5 looked
-up, what ``"auto"`` gives there. Folders not named here ran today's
-defaults as ``DEFAULTS_RUN``."""
+``"auto"`` with K=8 in the quick start (1131Z ran that as
+``spec_extend_lookup`` K=8), then the quick start's K became 12 (1423Z:
+K=12 against K=8 in one session). Before 1131Z every plugin mode ran K=4
+without the lookup. Folders not named here ran today's defaults as
+``DEFAULTS_RUN``."""
 
 
 def defaults_run(folder: str) -> tuple[str, int] | None:

@@ -9,6 +9,8 @@ import pytest
 from benchmarks.realpair import summarize
 from benchmarks.realpair.run import engine_kwargs
 
+KD = summarize.DEFAULTS_RUN[1]  # the K the README's quick start passes
+
 
 def _record(id_, call, ids, e2e, first, last, batch=1, spec=None, right=True,
             group="copy", context=16384):
@@ -49,7 +51,7 @@ def results(tmp_path):
         _record("b", 2, [5, 6, 7, 8, 9], 3.0, 30.2, 32.0, batch=2),
     ])
     spec = {"drafts": 2, "draft_tokens": 8, "accepted_tokens": 5}
-    _write(run, "spec_extend", 8, [
+    _write(run, "spec_extend", KD, [
         _record("a", 0, [1, 2, 3, 4], 1.0, 10.0, 10.5, spec=spec),
         _record("b", 1, [5, 6, 0, 8, 9], 1.0, 20.0, 20.5, spec=spec, right=False),
     ])
@@ -71,7 +73,7 @@ def test_rows_per_cell_with_ratios_and_equality(results):
     assert spec["equal_to_plain"] == 1 and spec["differs"] == {"b": 2}
     assert spec["right"] == 1 and spec["prompts"] == 2
     assert spec["device"] == "NVIDIA H200"
-    assert spec["file"].endswith("spec_extend_k8.json")
+    assert spec["file"].endswith(f"spec_extend_k{KD}.json")
 
 
 def test_batch_rows_time_a_call_once(results):
@@ -119,8 +121,9 @@ def test_headline_and_write(results, tmp_path):
     text = summarize.headline(rows)
     line = next(x for x in text.splitlines() if x.startswith("| copies"))
     assert "| 16K | 1 | [1.50×][r1] · GPU busy 0.90 |" in line
-    assert "\n[r1]: benchmarks/results/realpair/20261206T0300Z_h200/spec_extend_k8.json" in text
-    assert "`--num-speculative-tokens 8`" in text and "plugin K=8 / `draft_model` K=4" in text
+    assert f"\n[r1]: benchmarks/results/realpair/20261206T0300Z_h200/spec_extend_k{KD}.json" in text
+    assert f"`--num-speculative-tokens {KD}`" in text
+    assert f"plugin K={KD} / `draft_model` K=4" in text
     assert "not run" in line  # no vLLM method in this folder
     doc = tmp_path / "README.md"
     doc.write_text(f"a\n{summarize.START}\nold\n{summarize.END}\nb\n")
@@ -136,10 +139,10 @@ def test_headline_takes_the_mode_run_at_todays_defaults(results, monkeypatch):
     _write(folder, "spec_extend_lookup", 8,
            _both((0, 1), 0.5, (10.0, 20.0), (10.2, 20.2), (3, 4)))
     rows = summarize.summary(results)
-    assert "spec_extend_k8.json" in summarize.headline(rows)
+    assert f"spec_extend_k{KD}.json" in summarize.headline(rows)
     monkeypatch.setitem(summarize.DEFAULTS_AS, folder.name, ("spec_extend_lookup", 8))
     text = summarize.headline(rows)
-    assert "spec_extend_lookup_k8.json" in text and "spec_extend_k8.json" not in text
+    assert "spec_extend_lookup_k8.json" in text and f"spec_extend_k{KD}.json" not in text
     line = next(x for x in text.splitlines() if x.startswith("| copies"))
     assert "[3.00×][r1]" in line  # 9 tokens in 1.0 s against plain's 3.0
 
@@ -183,10 +186,10 @@ def test_headline_takes_each_cell_from_the_newest_folder_at_todays_defaults(
 
 
 def test_headline_names_each_cells_k_where_they_differ(results, monkeypatch):
-    # Batch 2 at today's defaults (K=8) in the fixture's folder; batch 1 from
+    # Batch 2 at today's defaults (K=KD) in the fixture's folder; batch 1 from
     # a newer folder whose defaults ran at K=4.
     old = next(p for p in results.iterdir() if p.is_dir())
-    _write(old, "spec_extend", 8,
+    _write(old, "spec_extend", KD,
            _both((0, 1), 1.0, (10.0, 20.0), (10.5, 20.5), (3, 4), draft_tokens=8)
            + _both((2, 2), 1.5, (30.0, 30.1), (31.0, 31.0), (2, 2), 8, batch=2))
     _newer_folder_at_k4(results, monkeypatch)
@@ -194,4 +197,4 @@ def test_headline_names_each_cells_k_where_they_differ(results, monkeypatch):
     assert "the K each cell names" in text and "plugin / `draft_model` K=4" in text
     rows = [x for x in text.splitlines() if x.startswith("| copies")]
     assert len(rows) == 2
-    assert "| 1 | [2.05×][r1] K=4 ·" in rows[0] and "| 2 | [2.00×][r2] K=8 ·" in rows[1]
+    assert "| 1 | [2.05×][r1] K=4 ·" in rows[0] and f"| 2 | [2.00×][r2] K={KD} ·" in rows[1]
