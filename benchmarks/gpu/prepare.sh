@@ -5,7 +5,9 @@
 #   bash benchmarks/gpu/prepare.sh            # from the repository root
 #
 #   .gpu/p1..pN, host-setup.sh  vLLM 0.26.0 and its packages (../shared/gpu/pack.sh,
-#                               about 5 minutes, skipped when the parts exist)
+#                               about 5 minutes, skipped when the parts exist),
+#                               re-split where they no longer fit a call beside
+#                               the working tree (room.sh)
 #   .gpu/wheel/                 this plugin as a wheel (its vllm.general_plugins entry
 #                               point; the code itself comes from the checkout), and
 #                               COMMIT, the tree packed and its hash (the result
@@ -37,6 +39,30 @@ if [ "${RAY:-0}" = 1 ] && [ ! -f .gpu/ray ]; then
 elif ! ls .gpu/p1 >/dev/null 2>&1; then
   bash "$SHARED/gpu/pack.sh" .gpu && rm -f .gpu/ray
 fi
+# The parts in order: pack.sh names them bundle.part.0, .1, ...; resplit_parts
+# bundle.part.00, .01, ... (host-setup.sh joins /root/stage/bundle.part.* as the
+# shell sorts them: one scheme at a time).
+parts_in_order() {
+  ls .gpu/p*/bundle.part.* | awk -F'bundle.part.' '{print $NF" "$0}' | sort -n | cut -d' ' -f2
+}
+# pack.sh's parts are 44 MiB; once the working tree passes 19 MiB they no
+# longer travel beside it (the call is refused): the same bytes, re-split
+# into parts of piece_mib.
+resplit_parts() {
+  local max=$(( $1 * 1024 * 1024 )) tmp before i=1 f
+  [ "$(stat -c %s $(parts_in_order) | sort -n | tail -n 1)" -le "$max" ] && return 0
+  tmp=$(mktemp -d)
+  before=$(cat $(parts_in_order) | sha256sum)
+  cat $(parts_in_order) | split -b "$max" -d -a 2 - "$tmp/bundle.part."
+  rm -rf .gpu/p[0-9]*
+  for f in "$tmp"/bundle.part.*; do mkdir -p .gpu/p$i && mv "$f" .gpu/p$i/; i=$((i + 1)); done
+  rmdir "$tmp"
+  [ "$(cat $(parts_in_order) | sha256sum)" = "$before" ] \
+    || { echo "prepare.sh: re-split parts differ from pack.sh's: rm -rf .gpu/p* and run again" >&2; exit 1; }
+  echo "vLLM's parts re-split into $((i - 1)) of at most $1 MiB (the working tree has grown)"
+}
+source benchmarks/gpu/room.sh
+resplit_parts "$(piece_mib)"
 rm -rf .gpu/wheel && mkdir -p .gpu/wheel
 python3 -m pip wheel --no-deps -q -w .gpu/wheel . 2>&1 | grep -v '^WARNING' || true
 # The tree packed, for the result files' meta.git_commit (host_run.sh exports

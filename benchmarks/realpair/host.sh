@@ -61,6 +61,9 @@ case "${1:-}" in
       $P/qwen25coder-1.5b-instruct > $P/convert_target.log 2>&1
     wait
     tail -n 2 $P/convert_*.log
+    # The draft's fp8 copy (run.py's spec_extend_fp8draft): seconds.
+    python3 -m benchmarks.models.builders fp8 $P/qwen25coder-0.5b-instruct \
+      $P/qwen25coder-0.5b-instruct-fp8 > $P/convert_fp8.log 2>&1 || tail -n 3 $P/convert_fp8.log
     [ -f $P/qwen25coder-0.5b-instruct/config.json ] && [ -f $P/qwen25coder-1.5b-instruct/config.json ] \
       && echo "pair built in $(( $(date +%s) - t0 )) s" ;;
   grid|profile)

