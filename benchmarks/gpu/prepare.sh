@@ -50,6 +50,8 @@ parts_in_order() {
 # into parts of piece_mib.
 resplit_parts() {
   local max=$(( $1 * 1024 * 1024 )) tmp before i=1 f
+  ls .gpu/p*/bundle.part.* > /dev/null 2>&1 \
+    || { echo "prepare.sh: no .gpu/p*/bundle.part.*: rm -rf .gpu/p* and run again" >&2; exit 1; }
   [ "$(stat -c %s $(parts_in_order) | sort -n | tail -n 1)" -le "$max" ] && return 0
   tmp=$(mktemp -d)
   before=$(cat $(parts_in_order) | sha256sum)
@@ -62,7 +64,8 @@ resplit_parts() {
   echo "vLLM's parts re-split into $((i - 1)) of at most $1 MiB (the working tree has grown)"
 }
 source benchmarks/gpu/room.sh
-resplit_parts "$(piece_mib)"
+room=$(piece_mib)
+resplit_parts "$room"
 rm -rf .gpu/wheel && mkdir -p .gpu/wheel
 python3 -m pip wheel --no-deps -q -w .gpu/wheel . 2>&1 | grep -v '^WARNING' || true
 # The tree packed, for the result files' meta.git_commit (host_run.sh exports

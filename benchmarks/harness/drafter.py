@@ -63,7 +63,9 @@ def worker_drafter(worker):
 def plugin_proposer(proposer):
     """``proposer`` if it is the plugin's; else an error that names why an
     engine asked for SpecExtend runs vLLM's own drafter."""
-    if not hasattr(proposer, "stats"):
+    from vllm_specextend.proposer import SpecExtendMixin
+
+    if not isinstance(proposer, SpecExtendMixin):
         raise RuntimeError(
             f"the engine's drafter is vLLM's own {type(proposer).__name__}, not "
             "SpecExtend's: the plugin did not load in this process. vLLM loads "
@@ -90,12 +92,12 @@ class Selection(NamedTuple):
 def selection_store(proposer):
     """The per-request selection state: ``len`` counts requests holding a
     selection, iterating gives the requests holding a slot, ``in`` tests one."""
-    return proposer.state
+    return plugin_proposer(proposer).state
 
 
 def selections(proposer) -> dict[str, Selection]:
     """{req_id: Selection} of the requests holding a selection."""
-    state = proposer.state
+    state = plugin_proposer(proposer).state
     return {
         req_id: Selection(*entry)
         for req_id in state
@@ -106,7 +108,7 @@ def selections(proposer) -> dict[str, Selection]:
 def record_retrievals(proposer, log: list) -> None:
     """Append (slot, window_start, chunk ids) to ``log`` for every selection
     the retriever makes from now on."""
-    retrieve = proposer.retriever.retrieve
+    retrieve = plugin_proposer(proposer).retriever.retrieve
     state = proposer.state
 
     def recording(request, lens, slots, *args, **kwargs):
@@ -134,7 +136,7 @@ class ReleaseRecorder:
     once was preempted and came back (``resumed``)."""
 
     def __init__(self, proposer):
-        original = proposer.on_requests_done
+        original = plugin_proposer(proposer).on_requests_done
         self.releases: dict[str, list[Held]] = {}
 
         def recorded(req_ids):
@@ -155,7 +157,7 @@ class ReleaseRecorder:
 
 def compactor(proposer):
     """The proposer's compactor (compacted positions), or None."""
-    return proposer.compactor
+    return plugin_proposer(proposer).compactor
 
 
 def graphs_captured(proposer) -> bool:
@@ -166,7 +168,7 @@ def graphs_captured(proposer) -> bool:
 
 def config(proposer):
     """The proposer's SpecExtendConfig."""
-    return proposer.cfg
+    return plugin_proposer(proposer).cfg
 
 
 def reconfigure(proposer, spec_extend: dict) -> None:
@@ -174,7 +176,7 @@ def reconfigure(proposer, spec_extend: dict) -> None:
     only: policies and parameters change without an engine start-up)."""
     from vllm_specextend.config import SpecExtendConfig
 
-    proposer.reconfigure(SpecExtendConfig.from_dict(spec_extend))
+    plugin_proposer(proposer).reconfigure(SpecExtendConfig.from_dict(spec_extend))
 
 
 def worker_state(llm) -> list[dict]:

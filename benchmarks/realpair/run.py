@@ -267,10 +267,14 @@ def mode_kwargs(args) -> dict:
     first, for the engine to read (its processes inherit it). The ``suffix``
     mode stops here, with one line, where arctic-inference is missing."""
     problem = arctic.missing() if args.mode == "suffix" else None
-    if args.mode in FP8_DRAFT_MODES and not Path(fp8_draft(args.draft or "")).is_dir():
-        problem = (f"{args.mode} runs the draft's fp8 copy, and {fp8_draft(args.draft or '')} "
-                   "is missing: python -m benchmarks.models.builders fp8 "
-                   f"{args.draft} {fp8_draft(args.draft or '')} (host.sh build does)")
+    if args.mode in FP8_DRAFT_MODES:
+        fp8 = fp8_draft(args.draft) if args.draft else None
+        if fp8 is None:
+            problem = f"{args.mode} needs --draft (its fp8 copy runs: fp8_draft)"
+        elif not Path(fp8).is_dir():
+            problem = (f"{args.mode} runs the draft's fp8 copy, and {fp8} is missing: "
+                       f"python -m benchmarks.models.builders fp8 {args.draft} {fp8} "
+                       "(host.sh build does)")
     if problem:
         raise SystemExit(problem)
     os.environ.update(PLUGIN_ENV.get(args.mode, {}))

@@ -18,12 +18,16 @@ def test_an_engine_without_the_plugin_is_named_as_such():
     with pytest.raises(RuntimeError, match="vLLM's own DraftModelProposer, not "
                        "SpecExtend's: the plugin did not load in this process"):
         drafter.stats(DraftModelProposer())
-    with pytest.raises(RuntimeError, match="install the plugin before the process starts"):
-        drafter.graphs_captured(DraftModelProposer())
+    for read in (drafter.graphs_captured, drafter.config, drafter.selections):
+        with pytest.raises(RuntimeError, match="install the plugin before the process starts"):
+            read(DraftModelProposer())
 
 
 def test_the_plugins_proposer_is_read():
-    proposer = SimpleNamespace(stats=SimpleNamespace(snapshot=lambda: {"graph_steps": 3}),
-                               capture=SimpleNamespace(graphs={1: object()}))
+    from vllm_specextend.proposer import SpecExtendMixin
+
+    proposer = object.__new__(type("Proposer", (SpecExtendMixin,), {}))
+    proposer.stats = SimpleNamespace(snapshot=lambda: {"graph_steps": 3})
+    proposer.capture = SimpleNamespace(graphs={1: object()})
     assert drafter.stats(proposer) == {"graph_steps": 3}
     assert drafter.graphs_captured(proposer)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -124,9 +125,13 @@ def test_the_fp8_draft_mode_runs_the_drafts_fp8_copy(tmp_path):
     args = mode_parser("x").parse_args(
         ["--cases", "c", "--target", "T", "--draft", str(draft),
          "--mode", "spec_extend_fp8draft", "--k", "12"])
-    with pytest.raises(SystemExit, match=f"{draft}-fp8 is missing: python -m "
-                       "benchmarks.models.builders fp8"):
+    with pytest.raises(SystemExit, match=re.escape(f"{draft}-fp8 is missing: python -m "
+                                                   "benchmarks.models.builders fp8")):
         mode_kwargs(args)
+    args.draft = None
+    with pytest.raises(SystemExit, match="spec_extend_fp8draft needs --draft"):
+        mode_kwargs(args)
+    args.draft = str(draft)
     (tmp_path / "d-fp8").mkdir()
     assert mode_kwargs(args)["speculative_config"]["model"] == f"{draft}-fp8"
 
