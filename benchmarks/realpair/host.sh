@@ -15,8 +15,9 @@
 #        `wait TAG [SECS]` the same once it is done or SECS (540) passed: chain
 #        these calls, since the host goes back 30 s after a call returns.
 #        CELL: group:context:batch (tasks.py, run.py).
-#   bash benchmarks/realpair/host.sh profile TAG "MODE[:K] ..." group:context
-#        the same, detached: a step profile a mode (profile.py), into
+#   bash benchmarks/realpair/host.sh profile TAG "MODE[:K] ..." group:context[:batch]
+#        the same, detached: a step profile a mode (profile.py; at a batch
+#        over 1, the first call's first-token window instead), into
 #        /root/pair/out/TAG/ (trace_*.json stay there: status packs only
 #        the summaries and logs).
 set -uo pipefail

@@ -11,7 +11,13 @@ An in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the profiler
 sees the engine's kernels, and ``VLLM_CUSTOM_SCOPES_FOR_PROFILING=1`` for
 vLLM's runner scopes) with ``run.engine_kwargs`` for the mode, warmed up as
 ``run.py`` warms up, the prefix cache emptied, then ``--prompts`` of the
-cell's fresh prompts, one ``generate`` each, profiled together. Each prompt's
+cell's fresh prompts, one ``generate`` each (a cell's ``:batch`` of B: one
+``generate`` of B prompts), profiled together. At batch B > 1 a decode step
+serves several rows, so there is no per-step breakdown; instead the first
+call's ``first_token_window`` (``profile_step``): the GPU's work from the
+call's start to its last first token, per runner scope, with its idle gaps:
+where eight fresh prompts' first tokens wait (2026-12-06: 0.49 s for the
+first of eight 16K prompts against plain's 0.14 s). Each prompt's
 prefill is in the trace too: the scopes' figures are medians over their
 spans, which decode steps outnumber (``profile_step.scope_spans``). For
 profiling only: the profiler's host tracing slows the host, so ``host_ms``
@@ -20,6 +26,7 @@ speed claim.
 
     python -m benchmarks.realpair.profile --cases CASES --target DIR \\
         --draft DIR --mode spec_extend_full_pass --cell copy:16384 --out-dir OUT
+    (--cell copy:16384:8: one generate of 8 prompts, its first-token window)
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ import os
 import time
 from pathlib import Path
 
-from benchmarks.gpu.profile_step import (kernel_ms_by_category, runner_scopes,
+from benchmarks.gpu.profile_step import (GENERATE_MARK, first_token_window,
+                                         kernel_ms_by_category, runner_scopes,
                                          scope_kernels, scope_spans)
 from benchmarks.realpair import run, tasks
 
@@ -54,14 +62,16 @@ def step_profile(spans: dict[str, dict], wall_ms_per_step: float) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = run.mode_parser(__doc__.split("\n\n")[0])
     ap.add_argument("--cell", default="copy:16384",
-                    help="one group:context (a grid cell's :batch is ignored)")
+                    help="one group:context[:batch] (batch 1 unless named)")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--out-dir", required=True, type=Path)
     args = ap.parse_args(argv)
     parts = args.cell.split(":")
-    if len(parts) not in (2, 3) or " " in args.cell:
-        ap.error(f"--cell {args.cell!r}: one group:context, e.g. copy:16384")
+    if (len(parts) not in (2, 3) or " " in args.cell
+            or (len(parts) == 3 and not (parts[2].isdigit() and int(parts[2]) > 0))):
+        ap.error(f"--cell {args.cell!r}: one group:context[:batch], e.g. copy:16384:8")
     cell = ":".join(parts[:2])
+    batch = int(parts[2]) if len(parts) == 3 else 1
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"
 
@@ -74,23 +84,30 @@ def main(argv: list[str] | None = None) -> int:
     kwargs = run.mode_kwargs(args)
     header, cases = tasks.load_cases(args.cases)
     (_, _, picked), = run.select(cases, [f"{cell}:1"])
-    picked = picked[:args.prompts]
+    picked = picked[:max(args.prompts, batch)]
+    calls = [picked[i:i + batch] for i in range(0, len(picked), batch)]
     llm = LLM(**kwargs)
     run.warm_up(llm, picked[0])
     run.empty_prefix_cache(llm)
     counts = spec_counters(llm) if "speculative_config" in kwargs else None
-    tokens, decode_s = 0, 0.0
+    tokens, decode_s, first_ttft = 0, 0.0, None
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
         start = time.perf_counter()
-        for case in picked:
-            out, = llm.generate([{"prompt_token_ids": case.prompt_ids}],
-                                SamplingParams(temperature=0.0, max_tokens=case.max_tokens),
-                                use_tqdm=False)
-            tokens += len(out.outputs[0].token_ids)
-            decode_s += run.request_times(out)["decode_s"] or 0.0
+        for i, call in enumerate(calls):
+            # The first call's start on the trace's clock: its first-token window.
+            with torch.profiler.record_function(GENERATE_MARK if i == 0 else "generate"):
+                outs = llm.generate(
+                    [{"prompt_token_ids": c.prompt_ids} for c in call],
+                    [SamplingParams(temperature=0.0, max_tokens=c.max_tokens) for c in call],
+                    use_tqdm=False)
+            times = [run.request_times(out) for out in outs]
+            tokens += sum(len(out.outputs[0].token_ids) for out in outs)
+            decode_s += sum(t["decode_s"] or 0.0 for t in times)
+            if i == 0 and all(t["ttft_s"] is not None for t in times):
+                first_ttft = max(t["ttft_s"] for t in times)
         wall = time.perf_counter() - start
     spec = counter_delta(counts, spec_counters(llm)) if counts is not None else None
     # Decode steps: each gives one token plus those it accepted, after each
@@ -98,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     # that had some (prompt lookup proposes on some steps only).
     steps = tokens - len(picked) - (spec["accepted_tokens"] if spec else 0)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    name = f"{args.mode}_k{args.k}_{cell.replace(':', '_')}"
+    name = (f"{args.mode}_k{args.k}_{cell.replace(':', '_')}"
+            + (f"_b{batch}" if batch > 1 else ""))
     trace = args.out_dir / f"trace_{name}.json"
     prof.export_chrome_trace(str(trace))
     events = json.loads(trace.read_text())["traceEvents"]
@@ -106,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     by_cat = kernel_ms_by_category(events)
     summary = {
         "meta": run_metadata(args, engine_kwargs=kwargs, cases_sha256=header.get("sha256")),
-        "mode": args.mode, "k": args.k, "cell": cell,
+        "mode": args.mode, "k": args.k, "cell": cell, "batch": batch,
         "prompts": [c.id for c in picked], "tokens": tokens, "steps": steps,
         "acc_len": round(1 + spec["accepted_tokens"] / spec["drafts"], 3)
         if spec and spec["drafts"] else None,
@@ -115,14 +133,20 @@ def main(argv: list[str] | None = None) -> int:
         # Prefill included: the whole profiled stretch's kernels per step.
         "gpu_ms_per_step_by_category": {k: v / max(steps, 1)
                                         for k, v in sorted(by_cat.items())},
-        "step": step_profile(spans, 1000 * decode_s / steps) if steps > 0 else None,
+        "step": (step_profile(spans, 1000 * decode_s / steps)
+                 if steps > 0 and batch == 1 else None),
+        # The first call's start to its last first token (batch 8: where
+        # fresh prompts' first tokens wait).
+        "first_token_s": first_ttft,
+        "first_token_window": first_token_window(events, first_ttft),
         "scope_spans": spans,
         "scope_kernels": scope_kernels(events),
         "runner_scopes": runner_scopes(prof.key_averages()),
     }
     (args.out_dir / f"profile_{name}.json").write_text(json.dumps(summary, indent=1))
-    print(json.dumps({k: summary[k] for k in ("mode", "k", "cell", "steps", "acc_len",
-                                             "step")}, indent=1))  # noqa: T201
+    print(json.dumps({k: summary[k] for k in ("mode", "k", "cell", "batch", "steps",
+                                             "acc_len", "step", "first_token_s")},
+                     indent=1))  # noqa: T201
     llm.llm_engine.engine_core.shutdown()
     return 0
 

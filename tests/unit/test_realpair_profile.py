@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from benchmarks.realpair.profile import step_profile
+import pytest
+
+from benchmarks.realpair.profile import main, step_profile
 
 
 def _spans(**busy):
@@ -25,3 +27,12 @@ def test_step_profile_of_plain_decoding_has_no_draft_and_no_negative_host():
     step = step_profile(_spans(forward=3.0, sample=0.3), wall_ms_per_step=3.1)
     assert "draft" not in step["gpu_ms"]
     assert step["host_ms"] == 0.0
+
+
+@pytest.mark.parametrize("cell", ["copy", "copy:16384:0", "copy:16384:x", "copy:16384:8 other:16384"])
+def test_a_cell_is_one_group_context_and_an_optional_batch(cell, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--cases", "c", "--target", "T", "--mode", "plain", "--cell", cell,
+              "--out-dir", "o"])
+    assert stop.value.code == 2
+    assert "one group:context[:batch]" in capsys.readouterr().err
