@@ -71,6 +71,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.harness.drafter import worker_state
 from benchmarks.harness.gpu_busy import GpuBusy
 from benchmarks.harness.meta import plugin_env, run_metadata
 from benchmarks.harness.modes import Speculation, engine_settings
@@ -220,7 +221,7 @@ def resolved_keys(llm, kwargs: dict) -> dict | None:
     ``specextend_state``), for the result's meta; None without the plugin."""
     if "additional_config" not in kwargs:
         return None
-    state = llm.collective_rpc("specextend_state")[0]
+    state = worker_state(llm)[0]
     return {key: state[key] for key in ("draft_prompt_pool", "lookup_tokens")}
 
 
