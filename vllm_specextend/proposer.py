@@ -14,12 +14,10 @@ metadata funnel, ``_greedy_sample``, the graph mode); the work is done by:
   over ``planner.StepPlanner``, ``retriever.Retriever``, ``view.ViewBuilder``
   and ``state.SelectionState``;
 * ``draft_capture.DraftCapture``: the captured draft routine (``draft_graph``);
-* ``kept_passes.KeptPasses``: draft passes over prompt chunks kept for later
-  (``deferral``);
-* ``pooled_passes.PooledPasses``: the passes of steps that end a pooled
-  prompt (``prompt_pool``);
-* ``lookup_step.LookupStep``: each step's tokens into the history, and the
-  lookup after the drafts (``lookup``, ``lookup_tokens``);
+* ``kept_passes.KeptPasses``: prompt passes kept for later (``deferral``);
+* ``pooled_passes.PooledPasses``: steps that end a pooled prompt (``prompt_pool``);
+* ``lookup_step.LookupStep``: each step's tokens into the history, the step's
+  draft count, the lookup after the drafts (``lookup``, ``carry``);
 * ``worker_hooks.WorkerHooks``: what the plugin's worker calls (scratch,
   warm-up, capture, finished requests, the counters' report);
 * ``separate_draft.SeparateDraft`` / ``self_draft.TargetAsDraft``: a draft
@@ -178,13 +176,15 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses, PooledPasses, Lookup
                                        num_rejected_tokens_gpu)
             self._record_tokens(step, cad, target_token_ids, target_positions,
                                 next_token_ids, num_rejected_tokens_gpu)
+            pooled = step is not None and step.pool is not None
+            self._plan_carry(step, cad, num_speculative_tokens, num_rejected_tokens_gpu,
+                             drafts_now=not (keep or pooled or cut is not None))
             if keep:
                 # Prompt chunks' windows (draft_prefill_window) go with the pass.
                 view = None if step is None else self._gather_view(step, cad)
                 return self._keep_pass(cad, target_token_ids, target_positions,
                                        next_token_ids, num_speculative_tokens, view,
                                        drop)
-            pooled = step is not None and step.pool is not None
             if cut is not None:
                 view = None if step is None else self._gather_view(step, cad)
                 return self._propose_split(
@@ -233,7 +233,7 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses, PooledPasses, Lookup
             )
         finally:
             self._view = self._first_view = self._first_pass = None
-            self._lookup_rows = None
+            self._lookup_rows, self._carrying = None, False
             self._report()
 
     @override

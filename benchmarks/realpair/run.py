@@ -49,7 +49,10 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
   taking a match of 1 token where no longer one exists:
   ``SPECEXTEND_LOOKUP_MIN_MATCH``), ``spec_extend_fp8draft`` (the defaults
   with the draft's fp8 copy, ``fp8_draft``: per-tensor e4m3 weights of its
-  linear layers), and ``spec_extend_<name>`` with ``--spec-extend JSON``.
+  linear layers), ``spec_extend_carry`` (``carry_drafts: 1``: a step after
+  one whose lookup held drafts 1 token and looks up the rest; run at K=12,
+  1 or 3 drafted, 11 or 9 looked up), and ``spec_extend_<name>`` with
+  ``--spec-extend JSON``.
   Modes that name no ``lookup_tokens`` take ``"auto"``: off at K=4, K − 3
   looked up from K=8.
 
@@ -102,6 +105,8 @@ PLUGIN_CONFIGS = {
     "spec_extend_nolookup": {"lookup_tokens": 0},
     "spec_extend_lookup_min1": {"lookup_tokens": 5},
     "spec_extend_fp8draft": {},
+    # Steps the lookup carries skip the draft's second and third forwards.
+    "spec_extend_carry": {"carry_drafts": 1},
 }
 FP8_DRAFT_MODES = ("spec_extend_fp8draft",)
 """Modes that run the draft's fp8 copy (``fp8_draft``): a prompt pass on fp8

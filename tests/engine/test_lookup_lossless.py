@@ -51,10 +51,12 @@ def _accepted_per_pos(llm) -> list[int]:
                 if m.name == "vllm:spec_decode_num_accepted_tokens_per_pos")
 
 
-def _run(target, prompts, lookup_tokens, draft_graph, pool=None, **engine):
+def _run(target, prompts, lookup_tokens, draft_graph, pool=None, carry=None,
+         **engine):
     llm = make_llm(target, target, {**CMR, "lookup_tokens": lookup_tokens,
                                     "draft_graph": draft_graph,
-                                    "draft_prompt_pool": pool},
+                                    "draft_prompt_pool": pool,
+                                    "carry_drafts": carry},
                    num_spec_tokens=K, enable_prefix_caching=True, **engine)
     proposer = drafter(llm)
     history = {}  # req_id -> its history row after its last step
@@ -175,6 +177,47 @@ def test_looked_up_tokens_are_accepted(smollm2_model, draft_graph):
     # Most steps accept all r drafts; the lookup's positions accept as often.
     r = K - LOOKUP
     assert per_pos[r - 1] > 0 and sum(per_pos[r:]) >= per_pos[r - 1], per_pos
+
+
+def test_carried_steps_are_lossless_and_replay_as_the_eager_path(smollm2_model):
+    """carry_drafts 1 of r = 2 on SmolLM2's copy: steps after one whose
+    lookup held draft one token and look up three. Output stays plain
+    decoding's, some steps carry (not all: a step carries only after one
+    whose lookup held), and the routine (a routine per draft count) proposes
+    what the eager path proposes, step for step."""
+    from transformers import AutoTokenizer
+
+    from benchmarks import prompts as prompt_data
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_model)
+    (text,) = prompt_data.long_prompts(tokenizer, [COPY_TEXT])
+    prompt = [text + text[:COPY_REPEAT]]
+    plain = make_llm(smollm2_model, max_model_len=4096, **SMALL_BUDGET)
+    want = generate(plain, prompt, max_tokens=48)
+    shutdown(plain)
+    runs = {}
+    for draft_graph in ("off", "static"):
+        llm = make_llm(smollm2_model, smollm2_model,
+                       {"min_context": 4096, "lookup_tokens": LOOKUP,
+                        "carry_drafts": 1, "draft_graph": draft_graph},
+                       num_spec_tokens=K, max_model_len=4096, **SMALL_BUDGET)
+        recorder = DraftRecorder(llm)
+        recorder.enabled = True
+        got = generate(llm, prompt, max_tokens=48)
+        runs[draft_graph] = (got, stats(drafter(llm)),
+                             list(recorder.proposals.values()))
+        shutdown(llm)
+
+    eager, static = runs["off"], runs["static"]
+    steps = static[1]["graph_steps"] + static[1]["graph_fallbacks"]  # drafting
+    assert static[1]["graph_steps"] > 0
+    for got, counts, _ in runs.values():
+        assert got == want
+        assert 0 < counts["carried_steps"] < counts["decode_rows"], counts
+        # LOOKUP looked up a step, one more (r - 1) where it carried.
+        assert counts["lookup_tokens"] == LOOKUP * steps + counts["carried_steps"]
+    assert static[1]["carried_steps"] == eager[1]["carried_steps"]
+    assert static[2] == eager[2]
 
 
 def test_self_draft_looks_up_losslessly(tiny_target, prompts, plain_outputs):

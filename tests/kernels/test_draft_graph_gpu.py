@@ -149,3 +149,26 @@ def test_captured_routine_looks_up_as_piecewise(models):
     assert graph["stats"]["lookup_tokens"] > 0
     assert graph["proposals"] == eager["proposals"], "the graph looked up otherwise"
     assert graph["outputs"] == eager["outputs"] == reference["outputs"]
+
+
+def test_captured_routine_carries_losslessly(models, monkeypatch):
+    """``carry_drafts``: a graph per draft count (2 and 1 of K=4, 2 looked
+    up). The tiny random target rarely has a lookup hold, so the host's
+    answer alternates here (in process: ``VLLM_ENABLE_V1_MULTIPROCESSING``
+    0) and both graphs replay; the signal's own updates and copies still run.
+    The output must stay vLLM's own speculation's."""
+    from vllm_specextend.drafting.carry import CarrySignal
+
+    answers = iter(int(i % 2) for i in range(10**6))
+    monkeypatch.setattr(CarrySignal, "carries", lambda self, slots: bool(next(answers)))
+    rng = random.Random(2)
+    halves = [[rng.randrange(3, 500) for _ in range(n)] for n in (1000, 150, 600)]
+    prompts = [h + h for h in halves]
+    target = models["target"]
+    reference = _generate(target, "draft_model", target, prompts)
+    graph = _generate(target, "draft_model", target, prompts,
+                      {**CMR, "lookup_tokens": 2, "carry_drafts": 1})
+
+    assert graph["captured"] and graph["stats"]["graph_steps"] > 0
+    assert 0 < graph["stats"]["carried_steps"] < graph["stats"]["graph_steps"]
+    assert graph["outputs"] == reference["outputs"]

@@ -652,3 +652,43 @@ def test_lookup_refuses_data_parallel_ranks():
         validate_engine(SpecExtendConfig(lookup_tokens=5),
                         good_facts(num_speculative_tokens=8, data_parallel_size=2))
     validate_engine(SpecExtendConfig(lookup_tokens=5), good_facts(num_speculative_tokens=8))
+
+
+# --- carry_drafts ------------------------------------------------------------------
+
+
+def test_carry_is_off_by_default_and_resolves_with_the_lookup():
+    assert SpecExtendConfig().carry_drafts is None
+    settings = Settings.resolve(SpecExtendConfig(carry_drafts=1),
+                                good_facts(num_speculative_tokens=12))
+    assert settings.config.lookup_tokens == 9 and settings.config.carry_drafts == 1
+    Settings.resolve(SpecExtendConfig(lookup_tokens=2, carry_drafts=1),
+                     good_facts(num_speculative_tokens=4))
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 1.0, "1"])
+def test_carry_drafts_must_be_a_positive_count(value):
+    with pytest.raises(SpecExtendConfigError, match="carry_drafts.*>= 1"):
+        SpecExtendConfig.from_dict({"carry_drafts": value})
+
+
+@pytest.mark.parametrize("cfg, k, match", [
+    # "auto" leaves the lookup off below K=8: nothing to carry.
+    ({"carry_drafts": 1}, 4, r"lookup is off here .*num_speculative_tokens=4.*"
+                             r"Raise --num-speculative-tokens"),
+    ({"carry_drafts": 1, "lookup_tokens": 0}, 12, "lookup is off here"),
+    # K=12 drafts 3 under "auto": 3 or more is no carry.
+    ({"carry_drafts": 3}, 12, r"below the 3 tokens a step drafts.*Lower carry_drafts"),
+    ({"carry_drafts": 2, "lookup_tokens": 2}, 4, "below the 2 tokens"),
+])
+def test_carry_needs_the_lookup_and_fewer_drafts(cfg, k, match):
+    with pytest.raises(SpecExtendConfigError, match=match):
+        Settings.resolve(SpecExtendConfig(**cfg), good_facts(num_speculative_tokens=k))
+
+
+def test_carry_is_refused_under_tensor_parallelism():
+    # Each rank reads its own copy of the signal: their draft counts could differ.
+    with pytest.raises(SpecExtendConfigError,
+                       match=r"tensor_parallel_size=2\)\. Drop carry_drafts"):
+        Settings.resolve(SpecExtendConfig(carry_drafts=1),
+                         good_facts(num_speculative_tokens=12, tensor_parallel_size=2))

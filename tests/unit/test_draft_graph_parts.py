@@ -82,8 +82,8 @@ def test_inputs_load_copies_each_step_into_the_same_buffers():
 def test_uncaptured_graphs_run_the_body_per_step():
     calls = []
 
-    def body(batch):
-        calls.append(batch)
+    def body(batch, drafts):
+        calls.append((batch, drafts))
         return torch.full((batch, K), batch)
 
     inputs = DraftInputs(max_batch=3, k=K, table_width=4, device=CPU)
@@ -91,9 +91,30 @@ def test_uncaptured_graphs_run_the_body_per_step():
     graphs.capture()
     assert graphs.captured == {1, 2, 3} and calls == []
     assert graphs.run(2).tolist() == [[2] * K] * 2
-    assert calls == [2]
+    assert calls == [(2, K)], "K drafted by default (no lookup)"
     graphs.release()
     assert graphs.captured == set()
+
+
+def test_a_routine_per_draft_count_runs_the_count_asked_for():
+    """carry_drafts: one routine per batch size and draft count, the usual
+    count by default."""
+    calls = []
+
+    def body(batch, drafts):
+        calls.append((batch, drafts))
+        return torch.full((batch, K), drafts)
+
+    inputs = DraftInputs(max_batch=2, k=K, table_width=4, device=CPU)
+    graphs = DraftGraphs(body, [1, 2], inputs, 64, capture=False,
+                         draft_counts=(3, 1))
+    graphs.capture()
+    assert graphs.captured == {1, 2}
+    assert graphs.run(2).tolist() == [[3] * K] * 2
+    assert graphs.run(1, 1).tolist() == [[1] * K]
+    assert calls == [(2, 3), (1, 1)]
+    with pytest.raises(KeyError):
+        graphs.run(1, 2)  # no routine for a count not captured
 
 
 def test_fixed_width_view_is_the_full_views_prefix():
@@ -279,14 +300,16 @@ def test_capture_runs_warm_ups_first_then_captures_inside_the_given_context(monk
     monkeypatch.setattr(torch.cuda, "graph", graph)
     inputs = DraftInputs(2, K, 8, CPU)
 
-    def body(batch):
-        events.append(("body", batch))
+    def body(batch, drafts):
+        events.append(("body", batch, drafts))
         return torch.zeros(batch, K, dtype=torch.int64)
 
     graphs = DraftGraphs(body, [1, 2], inputs, 64, capture=True,
-                         capture_context=context)
+                         capture_context=context, draft_counts=(3, 1))
     graphs.capture()
-    assert events == [("body", 2), ("body", 1), "enter",
-                      ("capture", "the context's stream"), ("body", 2),
-                      ("capture", "the context's stream"), ("body", 1), "exit"]
+    stream = ("capture", "the context's stream")
+    assert events == [("body", 2, 3), ("body", 2, 1), ("body", 1, 3),
+                      ("body", 1, 1), "enter",
+                      stream, ("body", 2, 3), stream, ("body", 2, 1),
+                      stream, ("body", 1, 3), stream, ("body", 1, 1), "exit"]
     assert graphs.captured == {1, 2}

@@ -295,7 +295,8 @@ def test_a_step_counts_its_looked_up_tokens():
     from vllm_specextend.serving.stats import SpecExtendStats
 
     step = LookupStep()
-    step.cfg, step.stats = SimpleNamespace(lookup_tokens=5), SpecExtendStats()
+    step.cfg = SimpleNamespace(lookup_tokens=5, carry_drafts=None)
+    step.stats = SpecExtendStats()
     step._count_looked_up(3, 8)  # lookup off: nothing
     assert step.stats.lookup_tokens == 0
     step.history = TokenHistory(4, 16, 8, CPU)

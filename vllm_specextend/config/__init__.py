@@ -25,6 +25,7 @@ from vllm_specextend.config.keys import ADDITIONAL_CONFIG_KEY, SpecExtendConfig
 from vllm_specextend.config.lookup import (
     AUTO_LOOKUP_DRAFTED,
     AUTO_LOOKUP_MIN_K,
+    raise_if_carry_unsupported,
     raise_if_lookup_unsupported,
     resolve_lookup,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "compaction_on",
     "pooled_pass_tokens",
     "prompt_pool_refusal",
+    "raise_if_carry_unsupported",
     "raise_if_lookup_unsupported",
     "raise_if_prefill_window_unsupported",
     "raise_if_prompt_pool_unsupported",

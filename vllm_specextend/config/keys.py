@@ -158,6 +158,20 @@ class SpecExtendConfig:
     summarise tasks, against 1.19x and 0.98x for K=4 without; K below 8 is
     not measured with the lookup, so stays off."""
 
+    carry_drafts: int | None = None
+    """Steps the lookup carries draft fewer tokens (``drafting/carry.py``):
+    a uniform decode step drafts ``carry_drafts`` tokens through the draft
+    model (the first forward writes the draft's KV of the verified tokens:
+    at least 1) and looks up the rest of K where every row's last step known
+    to the host (one step late, no sync) accepted a looked-up token, and
+    ``K - lookup_tokens`` otherwise. Why: while an answer copies its prompt
+    the lookup's tokens hold 91-95% of the time once the first holds, so the
+    draft's further forwards (~1 ms each for the real pair's 0.5B on an
+    H100) repeat what the lookup proposes. Lossless (the target verifies
+    every token). None: off. Needs the lookup on, and a count below
+    ``K - lookup_tokens``; the captured routine keeps a graph for each
+    count."""
+
     def __post_init__(self) -> None:
         check_values(self)
 

@@ -92,3 +92,35 @@ def resolve_lookup(cfg: SpecExtendConfig,
         return dataclasses.replace(cfg, lookup_tokens=0), f"off ({why})"
     return (dataclasses.replace(cfg, lookup_tokens=m),
             f"{m} of {k} tokens a step looked up, {AUTO_LOOKUP_DRAFTED} drafted")
+
+
+def raise_if_carry_unsupported(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
+    """``carry_drafts`` on a config whose ``lookup_tokens`` is resolved
+    (``resolve_lookup``): the lookup must be on and leave more than
+    ``carry_drafts`` tokens to the draft model."""
+    carry = cfg.carry_drafts
+    if carry is None:
+        return
+    if cfg.lookup_tokens == "auto":
+        raise ValueError("lookup_tokens \"auto\" is resolved per engine first "
+                         "(config.resolve_lookup)")
+    k, m = facts.num_speculative_tokens, cfg.lookup_tokens
+    if not m:
+        raise SpecExtendConfigError(
+            f"spec_extend.carry_drafts={carry} drafts fewer tokens on steps the "
+            f"lookup carries, but the lookup is off here (lookup_tokens resolved "
+            f"to 0 at num_speculative_tokens={k}; \"auto\" looks up from K="
+            f"{AUTO_LOOKUP_MIN_K} with a draft model). Raise "
+            "--num-speculative-tokens, set lookup_tokens, or drop carry_drafts.")
+    if facts.tensor_parallel_size > 1:
+        raise SpecExtendConfigError(
+            f"spec_extend.carry_drafts={carry} lets each rank choose its step's "
+            "draft count from its own host copy of the signal, which lands at "
+            "its own time, and the ranks' draft forwards must run together "
+            f"(tensor_parallel_size={facts.tensor_parallel_size}). Drop "
+            "carry_drafts under tensor parallelism.")
+    if carry >= k - m:
+        raise SpecExtendConfigError(
+            f"spec_extend.carry_drafts={carry} must be below the {k - m} tokens "
+            f"a step drafts (num_speculative_tokens={k} less lookup_tokens={m}). "
+            f"Lower carry_drafts below {k - m}, or drop it.")

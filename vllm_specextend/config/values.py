@@ -33,6 +33,7 @@ def check_values(cfg: SpecExtendConfig) -> None:
     _raise_if_bad_draft_graph(cfg)
     _raise_if_bad_draft_placement(cfg)
     _raise_if_bad_lookup_tokens(cfg)
+    _raise_if_bad_carry_drafts(cfg)
     _raise_if_sinks_not_whole_chunks(cfg)
 
 
@@ -159,4 +160,14 @@ def _raise_if_bad_lookup_tokens(cfg: SpecExtendConfig) -> None:
         raise SpecExtendConfigError(
             f"spec_extend.lookup_tokens={value!r} must be an integer >= 0 "
             '(0: off) or "auto".'
+        )
+
+
+def _raise_if_bad_carry_drafts(cfg: SpecExtendConfig) -> None:
+    value = cfg.carry_drafts
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 1):
+        raise SpecExtendConfigError(
+            f"spec_extend.carry_drafts={value!r} must be an integer >= 1 (the "
+            "first draft forward writes the draft's KV) or null (off)."
         )

@@ -91,7 +91,7 @@ class DraftCapture:
         )
         p.stats.graph_steps += 1
         p._count_looked_up(batch, num_speculative_tokens)  # looked up in it
-        return graphs.run(batch)
+        return graphs.run(batch, p._drafted(num_speculative_tokens))
 
     def capture_graphs(self) -> None:
         """After vLLM's own capture (the worker's warm-up): capture the draft
@@ -121,9 +121,10 @@ class DraftCapture:
         inputs = DraftInputs(max_batch, k, table_width, p.device,
                              hidden_width, p.dtype)
         graphs = DraftGraphs(
-            lambda batch: self._body(batch, inputs, width),
+            lambda batch, drafts: self._body(batch, inputs, width, drafts),
             list(range(1, max_batch + 1)), inputs, width, capture,
             capture_context=lambda: compat.capture_stream(p.device),
+            draft_counts=p._draft_counts(k),
         )
         p._view_builder()
         try:
@@ -137,8 +138,9 @@ class DraftCapture:
         self.graphs = graphs
         logger.info(
             "SpecExtend: draft routine %s for batch sizes 1-%d (K=%d, view "
-            "width %d tokens).", "captured" if capture else "on static buffers",
-            max_batch, k, width,
+            "width %d tokens, %s drafted a step).",
+            "captured" if capture else "on static buffers", max_batch, k, width,
+            " or ".join(map(str, graphs.draft_counts)),
         )
 
     def _unsupported(self, capture: bool) -> str | None:
@@ -151,13 +153,15 @@ class DraftCapture:
             return "compacted positions"
         return compat.draft_graph_blocker(p.vllm_config, p.draft_attn_groups, capture)
 
-    def _body(self, batch: int, inputs: DraftInputs,
-              width_tokens: int) -> torch.Tensor:
+    def _body(self, batch: int, inputs: DraftInputs, width_tokens: int,
+              drafts: int) -> torch.Tensor:
         """vLLM's propose over the static inputs and a view gathered from them
-        (with ``lookup_tokens``: K - m forwards, then the lookup over the
-        history the step recorded before the replay); what ``DraftGraphs``
-        captures. [batch, k] drafts."""
+        (with ``lookup_tokens``: ``drafts`` forwards, K - m or ``carry_drafts``,
+        then the lookup over the history the step recorded before the
+        replay); what ``DraftGraphs`` captures. [batch, k] drafts."""
         p = self.proposer
+        carrying = p._carrying
+        p._carrying = drafts != p._draft_counts(inputs.k)[0]
         k, n = inputs.k, batch * (inputs.k + 1)
         builder = p.view_builder
         num_selected, window_block, offsets, slots = inputs.view_params[:, :batch]
@@ -198,6 +202,7 @@ class DraftCapture:
         finally:
             self.in_body = False
             p._view = p._lookup_rows = None
+            p._carrying = carrying
 
     def drop(self) -> None:
         """The graphs read the old selection buffers: drafting goes on

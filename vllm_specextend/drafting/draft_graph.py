@@ -11,7 +11,8 @@ mappings, sampling and the view gather) over new contents at fixed addresses.
 
 ``DraftGraphs`` is the capture manager beside the proposer, as vLLM's V2
 speculators keep theirs: persistent input buffers (``DraftInputs``), one graph
-per batch size, and the choice per step (``blocker``) between replaying and
+per batch size and draft count (``carry_drafts`` steps draft fewer tokens:
+``carry.py``), and the choice per step (``blocker``) between replaying and
 the eager path. The body it captures is the proposer's (``draft_capture.py``):
 vLLM's ``propose`` over the static buffers, with runtime mode NONE inside the
 capture so the draft's own piecewise graphs are not nested. Each step the
@@ -161,39 +162,48 @@ class _Captured:
 
 
 class DraftGraphs:
-    """One captured draft routine per batch size.
+    """One captured draft routine per batch size and draft count.
 
-    ``body(batch)`` runs the routine over the static inputs and returns the
-    drafts ([batch, k]); it is called once eagerly per size (compiling and
-    autotuning what the shapes need), then under capture. ``capture=False``
-    (``mode="static"``, or no CUDA) keeps the sizes but runs the body eagerly
-    on every step instead of replaying.
+    ``body(batch, drafts)`` runs the routine over the static inputs, drafting
+    ``drafts`` tokens through the draft model (one of ``draft_counts``), and
+    returns the step's proposals ([batch, k]); it is called once eagerly per
+    size and count (compiling and autotuning what the shapes need), then
+    under capture. ``capture=False`` (``mode="static"``, or no CUDA) keeps
+    the sizes but runs the body eagerly on every step instead of replaying.
     """
 
-    def __init__(self, body: Callable[[int], torch.Tensor], sizes: list[int],
+    def __init__(self, body: Callable[[int, int], torch.Tensor], sizes: list[int],
                  inputs: DraftInputs, width_tokens: int, capture: bool,
-                 capture_context: CaptureContext | None = None):
+                 capture_context: CaptureContext | None = None,
+                 draft_counts: tuple[int, ...] | None = None):
         self.body = body
         self.sizes = sorted(set(sizes), reverse=True)
+        # The usual count first; K (no lookup) by default.
+        self.draft_counts = draft_counts or (inputs.k,)
         self.inputs = inputs
         self.width_tokens = width_tokens
         self.capture_graphs = capture
         # Yields the stream to capture on; with tensor parallelism vLLM's
         # (``compat.capture_stream``), which records the draft's collectives.
         self.capture_context = capture_context or _side_stream
-        self._graphs: dict[int, _Captured] = {}
+        self._graphs: dict[tuple[int, int], _Captured] = {}  # (batch, drafts)
         self._pool = None
 
     @property
     def captured(self) -> set[int]:
-        return set(self._graphs)
+        """Batch sizes captured (each for every draft count)."""
+        return {batch for batch, _ in self._graphs}
+
+    def _routines(self) -> list[tuple[int, int]]:
+        return [(b, d) for b in self.sizes for d in self.draft_counts]
 
     def capture(self) -> None:
         """Largest batch first, all in one private memory pool: the smaller
         graphs reuse the larger ones' intermediate memory, and nothing is
         shared with vLLM's own graphs."""
         if not self.capture_graphs:
-            self._graphs = {b: _Captured(None, torch.empty(0)) for b in self.sizes}
+            self._graphs = {key: _Captured(None, torch.empty(0))
+                            for key in self._routines()}
             return
         self._pool = torch.cuda.graph_pool_handle()
         gc.collect()
@@ -201,24 +211,26 @@ class DraftGraphs:
         # plans these shapes, and collectives run as in an eager step (inside
         # vLLM's context the custom all-reduce only allocates when not
         # capturing).
-        for batch in self.sizes:
-            self.body(batch)
+        for batch, drafts in self._routines():
+            self.body(batch, drafts)
         torch.cuda.synchronize()
         # Capture needs a stream other than the default one; replays run on
         # the step's stream.
         with self.capture_context() as stream:
-            for batch in self.sizes:
+            for batch, drafts in self._routines():
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._pool, stream=stream):
-                    output = self.body(batch)
-                self._graphs[batch] = _Captured(graph, output)
+                    output = self.body(batch, drafts)
+                self._graphs[batch, drafts] = _Captured(graph, output)
             torch.cuda.synchronize()
 
-    def run(self, batch: int) -> torch.Tensor:
-        """The drafts of the inputs loaded for ``batch`` rows, [batch, k]."""
-        captured = self._graphs[batch]
+    def run(self, batch: int, drafts: int | None = None) -> torch.Tensor:
+        """The proposals for the inputs loaded for ``batch`` rows, ``drafts``
+        of them drafted (the usual count by default), [batch, k]."""
+        drafts = self.draft_counts[0] if drafts is None else drafts
+        captured = self._graphs[batch, drafts]
         if captured.graph is None:
-            return self.body(batch)
+            return self.body(batch, drafts)
         captured.graph.replay()
         return captured.output.clone()
 

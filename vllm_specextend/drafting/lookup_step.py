@@ -9,6 +9,10 @@ drafts ``r = K - lookup_tokens`` tokens and ``_looked_up`` appends the
 lookup's, through the rows in ``_lookup_rows`` (the step's, a cut step's
 part, or the captured routine's static inputs). Inside the captured routine
 the lookup is part of the graph; the record runs before the replay.
+With ``carry_drafts`` a uniform decode step whose rows' lookups held last
+time drafts fewer tokens (``carry.py``): ``_plan_carry`` decides after the
+record, ``_drafted`` answers for the step, and the captured routine keeps a
+graph per draft count (``_draft_counts``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import numpy as np
 import torch
 
 from vllm_specextend import compat
+from vllm_specextend.drafting.carry import CarrySignal
 from vllm_specextend.drafting.lookup import LookupRows, TokenHistory, drafted
 
 
@@ -26,13 +31,53 @@ class LookupStep:
     ``stats``; ``_prompt_ids`` from ``PooledPasses``."""
 
     history: TokenHistory | None = None
+    carry_signal: CarrySignal | None = None  # carry_drafts (None: off)
     _lookup_rows: LookupRows | None = None
+    _carrying = False
+    """This step drafts ``carry_drafts`` tokens (``_plan_carry``)."""
 
     def _drafted(self, num_spec_tokens: int) -> int:
         """Tokens vLLM's loop drafts of the K the runner asks for."""
         if self.history is None:
             return num_spec_tokens
-        return drafted(num_spec_tokens, self.cfg.lookup_tokens)
+        r = drafted(num_spec_tokens, self.cfg.lookup_tokens)
+        carry = self.cfg.carry_drafts
+        if self._carrying and carry is not None and carry < r < num_spec_tokens:
+            return carry
+        return r
+
+    def _draft_counts(self, num_spec_tokens: int) -> tuple[int, ...]:
+        """The draft counts a step at K can take, the usual one first: the
+        captured routine keeps a graph for each."""
+        r = drafted(num_spec_tokens, self.cfg.lookup_tokens) \
+            if self.history is not None else num_spec_tokens
+        carry = self.cfg.carry_drafts
+        if self.carry_signal is not None and carry is not None \
+                and carry < r < num_spec_tokens:
+            return (r, carry)
+        return (r,)
+
+    def _plan_carry(self, step, cad, num_spec_tokens: int,
+                    num_rejected: torch.Tensor | None, drafts_now: bool) -> None:
+        """After ``_record_tokens``: a uniform decode step's verification into
+        the carry signal, and whether this step carries (``carry.py``): it
+        drafts as a decode step (``drafts_now``: no kept, cut or pooled pass)
+        and every row's last known step accepted a looked-up token."""
+        self._carrying = False
+        signal = self.carry_signal
+        if signal is None or self._lookup_rows is None:
+            return
+        k, num_reqs = num_spec_tokens, cad.num_reqs
+        slots = self._lookup_rows.slots
+        signal.read()  # the last step's, before this one's copy is queued
+        if num_rejected is not None and k > 0 and cad.max_query_len == k + 1 \
+                and cad.num_actual_tokens == num_reqs * (k + 1):
+            signal.update(slots, k, num_rejected[:num_reqs])
+            self._carrying = (drafts_now and step is not None
+                              and signal.carries(step.slots))
+        if self._carrying:
+            self.stats.carried_steps += 1
+        signal.proposed(slots, self._drafted(k))
 
     def _count_looked_up(self, batch: int, num_spec_tokens: int) -> None:
         """A step's looked-up tokens into the stats: K - r a row (matched or
@@ -57,6 +102,8 @@ class LookupStep:
             qsl = cad.query_start_loc_cpu[: num_reqs + 1].numpy()
             q_start = compat.batch_seq_lens_cpu(self.runner, num_reqs) - np.diff(qsl)
             for row in fresh:
+                if self.carry_signal is not None:
+                    self.carry_signal.forget(int(slots[row]))
                 if q_start[row] > 0:  # a prefix-cache hit, a resumed request
                     self.history.fill(int(slots[row]),
                                       self._prompt_ids(row, int(q_start[row])))

@@ -17,6 +17,7 @@ from vllm_specextend import compat
 from vllm_specextend.config import (
     SpecExtendConfig,
     SpecExtendConfigError,
+    raise_if_carry_unsupported,
     raise_if_lookup_unsupported,
     raise_if_prefill_window_unsupported,
     raise_if_prompt_pool_unsupported,
@@ -24,6 +25,7 @@ from vllm_specextend.config import (
     resolve_prompt_pool,
     score_layer_index,
 )
+from vllm_specextend.drafting.carry import CarrySignal
 from vllm_specextend.drafting.draft_vocab import vocab_rows
 from vllm_specextend.drafting.lookup import TokenHistory, lookup_min_match
 from vllm_specextend.drafting.prompt_pool import PromptPools
@@ -43,6 +45,8 @@ class Reconfigurable:
             cfg, _ = resolve_prompt_pool(cfg, self.settings.facts)
         if cfg.lookup_tokens == "auto":
             cfg, _ = resolve_lookup(cfg, self.settings.facts)
+        if cfg.carry_drafts is not None:  # once the lookup's count is known
+            raise_if_carry_unsupported(cfg, self.settings.facts)
         # First, so that a draft_vocab the drafter cannot take changes nothing.
         self._vocab_rows = vocab_rows(self, cfg)
         self.cfg = cfg
@@ -60,6 +64,9 @@ class Reconfigurable:
         if cfg.lookup_tokens:
             self.history = TokenHistory(self.state.num_slots, self.max_model_len,
                                         margin, self.device, lookup_min_match())
+        self.carry_signal = None  # carry_drafts (carry.py)
+        if cfg.lookup_tokens and cfg.carry_drafts is not None:
+            self.carry_signal = CarrySignal(self.state.num_slots, self.device)
         self.planner = StepPlanner(cfg, self.state, self._min_context, margin,
                                    self.pools)
         self.retriever.cfg, self.retriever.state = cfg, self.state

@@ -56,7 +56,8 @@ HELP = (
     "(auto|sharded|replicated: a draft model whole on every tensor-parallel "
     "rank), lookup_tokens (the last N of a step's K tokens looked up in the "
     "request's own context instead of drafted; auto: K - 3 from K=8 with a "
-    "draft model; 0: off). "
+    "draft model; 0: off), carry_drafts (steps after one whose lookups held "
+    "draft only N tokens and look up the rest; null: off). "
     "Example: --spec-extend '{\"top_k\": 64, \"retrieve_every\": 4}'."
 )
 

@@ -21,6 +21,7 @@ from vllm_specextend.config import (
     EngineFacts,
     SpecExtendConfig,
     compaction_on,
+    raise_if_carry_unsupported,
     replicated_draft,
     resolve_lookup,
     resolve_prompt_pool,
@@ -65,6 +66,7 @@ class Settings:
         validate_engine(config, facts)
         config, pool_note = resolve_prompt_pool(config, facts)
         config, lookup_note = resolve_lookup(config, facts)
+        raise_if_carry_unsupported(config, facts)
         compact = compaction_on(config, facts)
         draft_len = facts.draft_max_model_len if compact else None
         return cls(

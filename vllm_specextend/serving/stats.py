@@ -44,6 +44,9 @@ COUNTERS = {
                            "step.",
     "lookup_tokens": "Draft tokens proposed by a lookup in the request's own context "
                      "instead of a draft forward (lookup_tokens).",
+    "carried_steps": "Draft steps that drafted carry_drafts tokens, the lookup "
+                     "proposing the rest, since every row's lookup held in its "
+                     "last known step (carry_drafts).",
 }
 GAUGES = {
     "tracked_requests": "Requests holding SpecExtend selection state.",
@@ -75,6 +78,7 @@ class SpecExtendStats:
     pooled_passes_alone: int = 0
     pooled_decode_steps: int = 0
     lookup_tokens: int = 0
+    carried_steps: int = 0
     tracked_requests: int = 0
     request_slots: int = 0
     _pending: list = field(default_factory=list, repr=False)

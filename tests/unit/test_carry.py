@@ -1,0 +1,60 @@
+"""``carry.CarrySignal``: which rows' lookups held, per request slot, and the
+host's copy of it one step late (CPU: the copy lands at once)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vllm_specextend.drafting.carry import CarrySignal
+
+CPU = torch.device("cpu")
+K = 12
+
+
+def _step(signal, slots, rejected, drafted):
+    """One uniform decode step as the proposer runs it: read, update, propose."""
+    signal.read()
+    signal.update(torch.tensor(slots), K, torch.tensor(rejected, dtype=torch.int32))
+    carries = signal.carries(np.asarray(slots))
+    signal.proposed(torch.tensor(slots), drafted)
+    return carries
+
+
+def test_a_row_carries_once_a_looked_up_token_held():
+    signal = CarrySignal(4, CPU)
+    # Slot 2 drafted 3: 4 accepted (12 - 8 rejected) is one looked-up token.
+    signal.proposed(torch.tensor([2]), 3)
+    assert not _step(signal, [2], [8], 3), "the host learns it one step late"
+    assert signal.carried.tolist() == [False, False, True, False]
+    # The next step reads it; this step's verification (3 accepted: the
+    # drafts only) is what the step after reads.
+    assert _step(signal, [2], [9], 1)
+    assert not _step(signal, [2], [0], 3)
+    assert _step(signal, [2], [0], 1)
+
+
+def test_only_a_lookup_past_the_rows_own_drafts_counts():
+    signal = CarrySignal(3, CPU)
+    signal.proposed(torch.tensor([0, 1]), 1)  # both drafted 1 (carried)
+    _step(signal, [0, 1], [11, 10], 1)  # slot 0 accepted 1: its draft only
+    assert signal.carried[:2].tolist() == [False, True]
+
+
+def test_a_batch_carries_only_where_every_row_does():
+    signal = CarrySignal(3, CPU)
+    signal.proposed(torch.tensor([0, 1, 2]), 3)
+    _step(signal, [0, 1, 2], [0, 0, 12], 3)
+    signal.read()
+    assert signal.carries(np.array([0, 1])) and not signal.carries(np.array([0, 2]))
+    assert not signal.carries(np.array([], dtype=np.int64))
+
+
+def test_a_slot_handed_on_starts_over():
+    signal = CarrySignal(2, CPU)
+    _step(signal, [1], [0], 3)
+    signal.read()
+    assert signal.carries(np.array([1]))
+    signal.forget(1)
+    assert not signal.carries(np.array([1]))
+    assert not signal.carried[1]

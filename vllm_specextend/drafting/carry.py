@@ -1,0 +1,78 @@
+"""Steps the lookup carries (``carry_drafts``): fewer draft forwards.
+
+Why: with ``lookup_tokens`` a step drafts ``r = K - m`` tokens through the
+draft model and looks up the last ``m``. On the real pair's copy tasks (K=12,
+3 drafted, 9 looked up; an H100, 2026-12-06) a step took ~8.5 ms, about three
+of them the draft's three forwards; once a looked-up token holds, the next
+ones hold 91-95% of the time, so while an answer copies its prompt the
+draft's second and third tokens only repeat what the lookup would propose.
+The first forward stays: it writes the draft's KV of the step's verified
+tokens, which later steps read.
+
+So a step drafts ``carry_drafts`` tokens (fewer forwards, the lookup the
+rest) where every row's last step known to the host accepted a looked-up
+token, and ``r`` otherwise: where the copy breaks (an edit, the answer's own
+prose) the draft's tokens carry the key past the change, as ``"auto"``'s
+measurements found (``config/lookup.py``).
+
+``CarrySignal`` keeps, per request slot on the device, whether its last
+verified step accepted a looked-up token (more than the ``r`` it drafted),
+and mirrors it to the host one step late without a sync: a non-blocking copy
+into pinned memory after each update, read at the next step once its event
+completed (an older copy until then; a slot's first steps read False). A
+captured routine cannot branch on device values here (no conditional graph
+nodes in torch 2.11: docs/evaluation.md), so the choice is the host's, and
+``draft_capture`` keeps one graph per draft count.
+
+Shapes: B rows of the step, S request slots. Pure torch; no vLLM.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class CarrySignal:
+    """Per request slot: did its last verified step accept a looked-up token."""
+
+    def __init__(self, num_slots: int, device: torch.device):
+        self.carried = torch.zeros(num_slots, dtype=torch.bool, device=device)  # [S]
+        # Tokens each slot's last proposal drafted (r or carry_drafts). [S]
+        self.drafted = torch.zeros(num_slots, dtype=torch.int32, device=device)
+        cuda = device.type == "cuda"
+        self._host = torch.zeros(num_slots, dtype=torch.bool, pin_memory=cuda)  # [S]
+        self._event = torch.cuda.Event() if cuda else None
+        self.known = np.zeros(num_slots, dtype=bool)  # [S], the last copy read
+
+    def forget(self, slot: int) -> None:
+        """A slot handed to a new request: it starts drafting ``r``."""
+        self.carried[slot] = False  # a scalar fill: no host-to-device copy
+        self.known[slot] = False
+
+    def read(self) -> None:
+        """Take the last published copy once it has landed (no sync)."""
+        if self._event is None or self._event.query():
+            self.known[:] = self._host.numpy()
+
+    def update(self, slots: torch.Tensor, num_spec_tokens: int,
+               num_rejected: torch.Tensor) -> None:
+        """A uniform decode step's verification: every row verified
+        ``num_spec_tokens`` proposals, of which ``num_rejected`` [B] (device)
+        were rejected; ``slots`` [B] int64 on the device. Then publish."""
+        accepted = num_spec_tokens - num_rejected.to(torch.int32)  # [B]
+        self.carried.index_copy_(0, slots, accepted > self.drafted[slots])
+        self._publish()
+
+    def proposed(self, slots: torch.Tensor, drafted: int) -> None:
+        """The step's rows drafted ``drafted`` tokens (after ``update``)."""
+        self.drafted.index_fill_(0, slots, drafted)
+
+    def carries(self, slots: np.ndarray) -> bool:
+        """Every row's last known step accepted a looked-up token."""
+        return bool(slots.size) and bool(self.known[slots].all())
+
+    def _publish(self) -> None:
+        self._host.copy_(self.carried, non_blocking=self._event is not None)
+        if self._event is not None:
+            self._event.record()
