@@ -51,7 +51,8 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
   with the draft's fp8 copy, ``fp8_draft``: per-tensor e4m3 weights of its
   linear layers), ``spec_extend_carry`` (``carry_drafts: 1``: a step after
   one whose lookup held drafts 1 token and looks up the rest; run at K=12,
-  1 or 3 drafted, 11 or 9 looked up), and ``spec_extend_<name>`` with
+  1 or 3 drafted, 11 or 9 looked up), ``spec_extend_carry_pw`` (that with
+  ``spec_extend_prefill_window``'s window), and ``spec_extend_<name>`` with
   ``--spec-extend JSON``.
   Modes that name no ``lookup_tokens`` take ``"auto"``: off at K=4, K − 3
   looked up from K=8.
@@ -107,6 +108,7 @@ PLUGIN_CONFIGS = {
     "spec_extend_fp8draft": {},
     # Steps the lookup carries skip the draft's second and third forwards.
     "spec_extend_carry": {"carry_drafts": 1},
+    "spec_extend_carry_pw": {"carry_drafts": 1, "draft_prefill_window": 2048},
 }
 FP8_DRAFT_MODES = ("spec_extend_fp8draft",)
 """Modes that run the draft's fp8 copy (``fp8_draft``): a prompt pass on fp8
