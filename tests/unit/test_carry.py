@@ -58,3 +58,52 @@ def test_a_slot_handed_on_starts_over():
     signal.forget(1)
     assert not signal.carries(np.array([1]))
     assert not signal.carried[1]
+
+
+class _Event:
+    """A CUDA event's stand-in: lands when the test says so."""
+
+    def __init__(self):
+        self.landed = True
+
+    def record(self):
+        self.landed = False
+
+    def query(self):
+        return self.landed
+
+
+def _with_events(signal):
+    signal._events = [_Event(), _Event()]
+    return signal._events
+
+
+def test_the_host_reads_the_newest_copy_that_landed():
+    signal = CarrySignal(2, CPU)
+    events = _with_events(signal)
+    signal.proposed(torch.tensor([0, 1]), 3)
+    # Step 1: slot 0's lookup held, slot 1's did not; its copy lands late.
+    signal.update(torch.tensor([0, 1]), K, torch.tensor([0, 12], dtype=torch.int32))
+    signal.read()
+    assert signal.known.tolist() == [False, False], "nothing landed yet"
+    # Step 2: both held; step 1's copy has landed, step 2's not.
+    events[0].landed = True
+    signal.update(torch.tensor([0, 1]), K, torch.tensor([0, 0], dtype=torch.int32))
+    signal.read()
+    assert signal.known.tolist() == [True, False]
+    # The host a step behind: both copies land before the next read, the
+    # newer one counts.
+    events[1].landed = True
+    signal.read()
+    assert signal.known.tolist() == [True, True]
+
+
+def test_a_forgotten_slot_ignores_copies_published_before():
+    signal = CarrySignal(2, CPU)
+    events = _with_events(signal)
+    signal.proposed(torch.tensor([0, 1]), 3)
+    signal.update(torch.tensor([0, 1]), K, torch.tensor([0, 0], dtype=torch.int32))
+    signal.forget(1)  # slot 1's request finished, a new one took it
+    events[0].landed = True
+    signal.read()
+    assert signal.known.tolist() == [True, False]

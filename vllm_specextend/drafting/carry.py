@@ -17,12 +17,15 @@ measurements found (``config/lookup.py``).
 
 ``CarrySignal`` keeps, per request slot on the device, whether its last
 verified step accepted a looked-up token (more than the ``r`` it drafted),
-and mirrors it to the host one step late without a sync: a non-blocking copy
-into pinned memory after each update, read at the next step once its event
-completed (an older copy until then; a slot's first steps read False). A
-captured routine cannot branch on device values here (no conditional graph
-nodes in torch 2.11: docs/evaluation.md), so the choice is the host's, and
-``draft_capture`` keeps one graph per draft count.
+and mirrors it to the host without a sync: a non-blocking copy into one of
+two pinned buffers after each update, and at the next step the newer of
+them whose copy has landed (under async scheduling the host runs about a
+step ahead of the GPU: one buffer alone would be rewritten before it is
+ever read). So the host knows a row's verification one or two steps late;
+a slot's first steps read False. A captured routine cannot branch on device
+values here (no conditional graph nodes in torch 2.11: docs/evaluation.md),
+so the choice is the host's, and ``draft_capture`` keeps one graph per
+draft count.
 
 Shapes: B rows of the step, S request slots. Pure torch; no vLLM.
 """
@@ -41,19 +44,33 @@ class CarrySignal:
         # Tokens each slot's last proposal drafted (r or carry_drafts). [S]
         self.drafted = torch.zeros(num_slots, dtype=torch.int32, device=device)
         cuda = device.type == "cuda"
-        self._host = torch.zeros(num_slots, dtype=torch.bool, pin_memory=cuda)  # [S]
-        self._event = torch.cuda.Event() if cuda else None
-        self.known = np.zeros(num_slots, dtype=bool)  # [S], the last copy read
+        self._host = [torch.zeros(num_slots, dtype=torch.bool, pin_memory=cuda)
+                      for _ in range(2)]  # 2 x [S]
+        self._events = [torch.cuda.Event() for _ in range(2)] if cuda else None
+        self._seq = [-1, -1]  # each buffer's publication number
+        self._published = 0  # publications so far
+        self._read = -1  # the newest publication read
+        # A slot's value counts from this publication on (a new owner). [S]
+        self._since = np.zeros(num_slots, dtype=np.int64)
+        self.known = np.zeros(num_slots, dtype=bool)  # [S], as last read
 
     def forget(self, slot: int) -> None:
-        """A slot handed to a new request: it starts drafting ``r``."""
+        """A slot handed to a new request: it starts drafting ``r``, whatever
+        copies published before now say."""
         self.carried[slot] = False  # a scalar fill: no host-to-device copy
         self.known[slot] = False
+        self._since[slot] = self._published
 
     def read(self) -> None:
-        """Take the last published copy once it has landed (no sync)."""
-        if self._event is None or self._event.query():
-            self.known[:] = self._host.numpy()
+        """Take the newest published copy that has landed (no sync)."""
+        for i in sorted(range(2), key=lambda i: -self._seq[i]):
+            if self._seq[i] <= self._read:
+                return
+            if self._events is None or self._events[i].query():
+                fresh = self._since <= self._seq[i]
+                self.known[fresh] = self._host[i].numpy()[fresh]
+                self._read = self._seq[i]
+                return
 
     def update(self, slots: torch.Tensor, num_spec_tokens: int,
                num_rejected: torch.Tensor) -> None:
@@ -73,6 +90,10 @@ class CarrySignal:
         return bool(slots.size) and bool(self.known[slots].all())
 
     def _publish(self) -> None:
-        self._host.copy_(self.carried, non_blocking=self._event is not None)
-        if self._event is not None:
-            self._event.record()
+        # Into the older buffer: read() took it already, or a newer one.
+        i = self._published % 2
+        self._host[i].copy_(self.carried, non_blocking=self._events is not None)
+        if self._events is not None:
+            self._events[i].record()
+        self._seq[i] = self._published
+        self._published += 1
