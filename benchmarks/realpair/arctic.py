@@ -21,10 +21,33 @@ from __future__ import annotations
 
 import sys
 
-SUFFIX_ENV = {"VLLM_PLUGINS": "specextend"}
+SUFFIX_ENV = {"VLLM_PLUGINS": "specextend", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
 """The ``suffix`` mode's environment: vLLM loads only the general plugins
 ``VLLM_PLUGINS`` names (``vllm/plugins/__init__.py``), here this project's
-(``specextend``, as loaded in every mode), never ``arctic_inference``."""
+(``specextend``, as loaded in every mode), never ``arctic_inference``; and
+``collective_rpc`` may send a function to the workers (``empty_responses``:
+a benchmark's control message, nothing a request carries)."""
+
+
+def evict_responses(worker) -> int:
+    """On a worker: every cached response out of vLLM's suffix proposer's
+    cache (``SuffixDecodingCache``); how many there were."""
+    cache = worker.model_runner.drafter.suffix_cache
+    cached = list(cache.cached_requests)
+    for req_id in cached:
+        cache.evict_cached_response(req_id)
+    return len(cached)
+
+
+def empty_responses(llm) -> int:
+    """SuffixDecoding's responses of earlier requests out of ``llm``'s
+    workers, so that a cell's prompts are fresh to it as to every mode.
+    Why: it keeps up to 10,000 requests' responses (vLLM's default) and
+    drafts from them; a cell whose prompts an earlier cell answered (batch 8
+    after batch 1) would draft from their own answers (2026-12-06, 1636Z:
+    accepted length 7.34 at batch 8 against 3.85 for the same prompts at
+    batch 1). Returns the responses evicted (rank 0's)."""
+    return llm.collective_rpc(evict_responses)[0]
 
 FIX = ("run benchmarks/realpair/prepare.sh here (it builds "
        ".gpu/pair/kit/arctic_inference-*.whl), then host.sh build on the host "

@@ -6,7 +6,9 @@ prompt, then answers the task set's cells (``tasks.py``) one after another:
 at batch 1 one ``generate`` per prompt, at batch 8 one per eight prompts,
 greedy, each prompt fresh: no two prompts share a start, and the prefix
 cache is emptied (``reset_prefix_cache``) after the warm-up and before each
-cell, so a batch-8 cell's prompts, answered at batch 1 before, prefill again.
+cell, so a batch-8 cell's prompts, answered at batch 1 before, prefill again;
+``suffix`` also forgets its cached responses there (``arctic.empty_responses``:
+SuffixDecoding drafts from earlier requests' answers).
 
 The one flag changed from vLLM's defaults in every mode: ``disable_log_stats
 =False`` (the per-request first-token times and the spec-decode counters).
@@ -314,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     with GpuBusy() as busy:
         for cell, batch, picked in cells:
             empty_prefix_cache(llm)
+            if args.mode == "suffix":  # its responses of earlier cells too
+                print(f"suffix: {arctic.empty_responses(llm)} cached responses "
+                      "evicted", flush=True)
             done = []
             for i in range(0, len(picked), batch):
                 done += run_batch(llm, picked[i:i + batch], busy, speculative,

@@ -4,6 +4,7 @@ host's copy of it one step late (CPU: the copy lands at once)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from vllm_specextend.drafting.carry import CarrySignal
@@ -107,3 +108,30 @@ def test_a_forgotten_slot_ignores_copies_published_before():
     events[0].landed = True
     signal.read()
     assert signal.known.tolist() == [True, False]
+
+
+@pytest.mark.gpu
+def test_the_signal_makes_no_sync():
+    """On a GPU: a step's read, update, proposal and a slot handed on queue
+    work without a host-device sync (``tensor[i] = False`` would sync)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev = torch.device("cuda")
+    signal = CarrySignal(4, dev)
+    # Inputs made before the check: a tensor from a list is a blocking copy.
+    slots = torch.tensor([2, 0], device=dev)
+    rejected = torch.tensor([0, 12], dtype=torch.int32, device=dev)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            signal.read()
+            signal.update(slots, K, rejected)
+            signal.carries(np.array([2, 0]))
+            signal.proposed(slots, 3)
+        signal.forget(1)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    signal.read()
+    assert signal.known.tolist() == [False, False, True, False]

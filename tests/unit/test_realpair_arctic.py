@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import tomllib
+from types import SimpleNamespace
 import types
 from importlib.metadata import EntryPoint
 
@@ -133,7 +134,8 @@ def test_meta_records_the_suffix_modes_environment_and_package(tmp_path, fake_ar
     args.out = tmp_path / "r.json"
     run.write_result(args, {}, {"model": "T"}, 1.0, True, [])
     meta = json.loads((tmp_path / "r.json").read_text())["meta"]
-    assert meta["mode_env"] == {"VLLM_PLUGINS": "specextend"}
+    assert meta["mode_env"] == {"VLLM_PLUGINS": "specextend",
+                                "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
     assert meta["arctic_inference"] == {"version": "0.3.0", "path": "/a"}
     args = _args("ngram")
     args.out = tmp_path / "n.json"
@@ -239,3 +241,27 @@ def test_host_without_the_wheel_says_so_and_goes_on(tmp_path):
         "no arctic-inference wheel in .gpu/pair/kit: the suffix mode will fail "
         "(prepare.sh builds it)", "rc=0"]
     assert not (tmp_path / "arctic").exists()
+
+
+# --- SuffixDecoding's cached responses, out before each cell (run.py) ---
+
+
+class _Cache:
+    def __init__(self, cached):
+        self.cached_requests = set(cached)
+
+    def evict_cached_response(self, req_id):
+        self.cached_requests.remove(req_id)  # KeyError for one not cached
+
+
+def test_every_cached_response_is_evicted():
+    cache = _Cache({"a", "b", "c"})
+    worker = SimpleNamespace(model_runner=SimpleNamespace(
+        drafter=SimpleNamespace(suffix_cache=cache)))
+    assert arctic.evict_responses(worker) == 3
+    assert cache.cached_requests == set()
+    assert arctic.evict_responses(worker) == 0
+
+
+def test_the_suffix_mode_may_send_the_function():
+    assert arctic.SUFFIX_ENV["VLLM_ALLOW_INSECURE_SERIALIZATION"] == "1"
