@@ -54,7 +54,10 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
   linear layers), ``spec_extend_carry`` (``carry_drafts: 1``: a step after
   one whose lookup held drafts 1 token and looks up the rest; run at K=12,
   1 or 3 drafted, 11 or 9 looked up), ``spec_extend_carry_pw`` (that with
-  ``spec_extend_prefill_window``'s window), and ``spec_extend_<name>`` with
+  ``spec_extend_prefill_window``'s window), ``spec_extend_carry_after4`` and
+  ``spec_extend_carry_all`` (a row carries after a step that accepted 4 of
+  its looked-up tokens, or every proposal: ``SPECEXTEND_CARRY_AFTER``), and
+  ``spec_extend_<name>`` with
   ``--spec-extend JSON``.
   Modes that name no ``lookup_tokens`` take ``"auto"``: off at K=4, K − 3
   looked up from K=8.
@@ -111,12 +114,16 @@ PLUGIN_CONFIGS = {
     # Steps the lookup carries skip the draft's second and third forwards.
     "spec_extend_carry": {"carry_drafts": 1},
     "spec_extend_carry_pw": {"carry_drafts": 1, "draft_prefill_window": 2048},
+    "spec_extend_carry_after4": {"carry_drafts": 1},
+    "spec_extend_carry_all": {"carry_drafts": 1},
 }
 FP8_DRAFT_MODES = ("spec_extend_fp8draft",)
 """Modes that run the draft's fp8 copy (``fp8_draft``): a prompt pass on fp8
 GEMMs, the cost that keeps 30K and batch 8 near plain (2026-12-06)."""
 PLUGIN_ENV = {"spec_extend_follow15": {"SPECEXTEND_POOL_FOLLOW": "15"},
               "spec_extend_lookup_min1": {"SPECEXTEND_LOOKUP_MIN_MATCH": "1"},
+              "spec_extend_carry_after4": {"SPECEXTEND_CARRY_AFTER": "4"},
+              "spec_extend_carry_all": {"SPECEXTEND_CARRY_AFTER": "all"},
               "suffix": arctic.SUFFIX_ENV}
 """A mode's environment, set in this process before the engine starts (its
 processes inherit it) and recorded (meta ``mode_env``): a variant's

@@ -102,6 +102,17 @@ def cell_row(records: list[dict], plain: dict[tuple, list[int]] | None) -> dict:
     }
 
 
+DRAFTED_FROM_ANSWERS = {
+    ("20261206T1636Z_h100_carry", "suffix", "copy", 16384, 8):
+        "SuffixDecoding drafted from its cached answers to the same 16 prompts, "
+        "answered at batch 1 earlier in that engine (accepted length 7.34 against "
+        "3.85 at batch 1); run.py forgets them before each cell since",
+}
+"""Rows measured unfairly, and why: (folder, mode, task, context, batch).
+Kept in summary.json with the reason (``note``), left out of the headline's
+best of vLLM's own and named below it."""
+
+
 def folder_rows(folder: Path) -> list[dict]:
     """Rows of one run folder (its ``*.json`` result files)."""
     files = sorted(p for p in folder.glob("*.json") if p.name != "summary.json")
@@ -125,6 +136,10 @@ def folder_rows(folder: Path) -> list[dict]:
                          "commit": result["meta"].get("git_commit"),
                          "date_utc": result["meta"].get("date_utc"),
                          "file": f"{RESULTS.relative_to(REPO_ROOT)}/{folder.name}/{path.name}"})
+            note = DRAFTED_FROM_ANSWERS.get(
+                (folder.name, result["mode"], task, context, batch))
+            if note is not None:
+                rows[-1]["note"] = note
     return rows
 
 
@@ -150,7 +165,8 @@ def table(rows: list[dict]) -> str:
             if not base or not r[key] or not base[key]:
                 return f"{r[key]}"
             return f"{r[key]} ({r[key] / base[key]:.2f}×)"
-        out.append(f"| {r['task']} | {r['context']} | {r['batch']} | {r['mode']} | "
+        mode = r["mode"] + (" (drafted from cached answers)" if r.get("note") else "")
+        out.append(f"| {r['task']} | {r['context']} | {r['batch']} | {mode} | "
                    f"{r['k'] or '-'} | {r['acc_len']} | {ratio('e2e_tok_s')} | "
                    f"{ratio('decode_tok_s')} | {r['ttft_s']} | "
                    f"{r['right']}/{r['prompts']} | {r['equal_to_plain']} | "
@@ -250,10 +266,14 @@ def headline(rows: list[dict]) -> str:
         ref = refs.setdefault(r["file"], f"r{len(refs) + 1}")
         return f"[{r['e2e_tok_s'] / plain['e2e_tok_s']:.2f}×][{ref}]{label}{busy}"
 
+    left_out: list[tuple[tuple, dict, dict]] = []  # rows measured unfairly
     for cell in sorted(chosen):
         task, context, batch = cell
         by, plain, plugin = chosen[cell]
-        vllm_rows = [r for (name, _), r in by.items() if name in VLLM_METHODS]
+        vllm_rows = [r for (name, _), r in by.items()
+                     if name in VLLM_METHODS and not r.get("note")]
+        left_out += [(cell, r, plain) for (name, _), r in by.items()
+                     if name in VLLM_METHODS and r.get("note")]
         best = max(vllm_rows, key=lambda r: r["e2e_tok_s"], default=None)
         # Accepted length does not hang on the session's speed: draft_model's
         # newest, from another session where this one did not run it.
@@ -262,10 +282,16 @@ def headline(rows: list[dict]) -> str:
         out.append(
             f"| {CELL_NAMES.get(task, task)} | {context // 1024}K | {batch} | "
             f"{x(plugin, plain, own_k)} | "
-            + (f"{x(best, plain)} `{best['mode']}` K={best['k']}" if best else "not run")
+            + (f"{x(best, plain)} `{best['mode']}` K={best['k']}" if best
+               else "left out (below)" if any(c == cell for c, _, _ in left_out)
+               else "not run")
             + f" | {plugin['acc_len']:.2f} / "
             + (f"[{draft['acc_len']:.2f}][{refs.setdefault(draft['file'], f'r{len(refs) + 1}')}] |"
                if draft else "not run |"))
+    for (task, context, batch), r, plain in left_out:
+        out.append("")
+        out.append(f"Left out of the best of vLLM's own at {context // 1024}K, batch "
+                   f"{batch}: `{r['mode']}` K={r['k']} {x(r, plain)}: {r['note']}.")
     missing = sorted(set(stale) - set(chosen))
     if missing:
         out.append("")

@@ -135,3 +135,35 @@ def test_the_signal_makes_no_sync():
     torch.cuda.synchronize()
     signal.read()
     assert signal.known.tolist() == [False, False, True, False]
+
+
+def test_a_stricter_rule_needs_more_looked_up_tokens():
+    """SPECEXTEND_CARRY_AFTER: 4 looked-up tokens accepted, or every proposal."""
+    slots = torch.tensor([0, 1, 2])
+    rejected = torch.tensor([0, 2, 5], dtype=torch.int32)  # 12, 10, 7 accepted
+    for after, want in [(1, [True, True, True]), (4, [True, True, True]),
+                        (5, [True, True, False]), (None, [True, False, False])]:
+        signal = CarrySignal(3, CPU, after)
+        signal.proposed(slots, 3)
+        signal.update(slots, K, rejected)
+        assert signal.carried.tolist() == want, after
+
+
+@pytest.mark.parametrize("value, want", [(None, 1), ("1", 1), ("4", 4), ("all", None)])
+def test_carry_after_reads_the_environment(monkeypatch, value, want):
+    from vllm_specextend.drafting.carry import carry_after
+
+    if value is None:
+        monkeypatch.delenv("SPECEXTEND_CARRY_AFTER", raising=False)
+    else:
+        monkeypatch.setenv("SPECEXTEND_CARRY_AFTER", value)
+    assert carry_after() == want
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "some", "1.5"])
+def test_carry_after_refuses_what_is_not_a_count(monkeypatch, value):
+    from vllm_specextend.drafting.carry import carry_after
+
+    monkeypatch.setenv("SPECEXTEND_CARRY_AFTER", value)
+    with pytest.raises(ValueError, match="SPECEXTEND_CARRY_AFTER.*from 1"):
+        carry_after()

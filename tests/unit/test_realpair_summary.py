@@ -218,3 +218,25 @@ def test_headline_names_each_cells_k_where_they_differ(results, monkeypatch):
     rows = [x for x in text.splitlines() if x.startswith("| copies")]
     assert len(rows) == 2
     assert "| 1 | [2.05×][r1] K=4 ·" in rows[0] and f"| 2 | [2.00×][r2] K={KD} ·" in rows[1]
+
+
+def test_a_row_drafted_from_cached_answers_is_left_out_of_the_best(results,
+                                                                   monkeypatch):
+    """A vLLM row measured unfairly keeps its figures in summary.json with
+    the reason, and the headline names it below the table instead of taking
+    it as the best of vLLM's own."""
+    folder = "20261206T0300Z_h200"
+    spec = {"drafts": 1, "draft_tokens": 8, "accepted_tokens": 8}
+    _write(results / folder, "suffix", 8, [
+        _record("a", 0, [1, 2, 3, 4], 0.5, 10.0, 10.2, spec=spec),
+        _record("b", 1, [5, 6, 7, 8, 9], 0.5, 20.0, 20.2, spec=spec)])
+    vllm = next(r for r in summarize.summary(results) if r["mode"] == "suffix")
+    key = (folder, vllm["mode"], vllm["task"], vllm["context"], vllm["batch"])
+    monkeypatch.setattr(summarize, "DRAFTED_FROM_ANSWERS", {key: "it read its answers"})
+    rows = summarize.summary(results)
+    noted = [r for r in rows if r.get("note")]
+    assert [(r["mode"], r["note"]) for r in noted] == [(vllm["mode"], "it read its answers")]
+    text = summarize.headline(rows)
+    assert f"`{vllm['mode']}` K={vllm['k']} [" not in text.split("Left out")[0]
+    assert "Left out of the best of vLLM's own" in text and "it read its answers" in text
+    assert "(drafted from cached answers)" in summarize.table(rows)

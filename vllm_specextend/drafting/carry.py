@@ -32,14 +32,35 @@ Shapes: B rows of the step, S request slots. Pure torch; no vLLM.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
 
-class CarrySignal:
-    """Per request slot: did its last verified step accept a looked-up token."""
+def carry_after() -> int | None:
+    """``SPECEXTEND_CARRY_AFTER=N`` (looked-up tokens, 1 by default) or
+    ``all``: how many of a step's looked-up tokens must have been accepted
+    for its row to carry (``all``: every proposal of the step, None here). An
+    experiment on the real pair (``benchmarks/realpair``): with 1, carried
+    steps accepted their second token 0.68 of the time against 0.79 where
+    the draft model drafted it (H100, 2026-12-06, 1636Z); read from the
+    workers' environment."""
+    value = os.environ.get("SPECEXTEND_CARRY_AFTER") or "1"
+    if value == "all":
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"SPECEXTEND_CARRY_AFTER={value!r}: use a count of "
+                         "looked-up tokens from 1 (the default) or all")
+    return int(value)
 
-    def __init__(self, num_slots: int, device: torch.device):
+
+class CarrySignal:
+    """Per request slot: did its last verified step accept enough looked-up
+    tokens (``after``: that many, 1 by default; None: every proposal)."""
+
+    def __init__(self, num_slots: int, device: torch.device, after: int | None = 1):
+        self.after = after
         self.carried = torch.zeros(num_slots, dtype=torch.bool, device=device)  # [S]
         # Tokens each slot's last proposal drafted (r or carry_drafts). [S]
         self.drafted = torch.zeros(num_slots, dtype=torch.int32, device=device)
@@ -81,7 +102,11 @@ class CarrySignal:
         ``num_spec_tokens`` proposals, of which ``num_rejected`` [B] (device)
         were rejected; ``slots`` [B] int64 on the device. Then publish."""
         accepted = num_spec_tokens - num_rejected.to(torch.int32)  # [B]
-        self.carried.index_copy_(0, slots, accepted > self.drafted[slots])
+        if self.after is None:
+            carried = accepted == num_spec_tokens
+        else:
+            carried = accepted >= self.drafted[slots] + self.after
+        self.carried.index_copy_(0, slots, carried)
         self._publish()
 
     def proposed(self, slots: torch.Tensor, drafted: int) -> None:

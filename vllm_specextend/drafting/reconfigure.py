@@ -25,7 +25,7 @@ from vllm_specextend.config import (
     resolve_prompt_pool,
     score_layer_index,
 )
-from vllm_specextend.drafting.carry import CarrySignal
+from vllm_specextend.drafting.carry import CarrySignal, carry_after
 from vllm_specextend.drafting.draft_vocab import vocab_rows
 from vllm_specextend.drafting.lookup import TokenHistory, lookup_min_match
 from vllm_specextend.drafting.prompt_pool import PromptPools
@@ -66,7 +66,8 @@ class Reconfigurable:
                                         margin, self.device, lookup_min_match())
         self.carry_signal = None  # carry_drafts (carry.py)
         if cfg.lookup_tokens and cfg.carry_drafts is not None:
-            self.carry_signal = CarrySignal(self.state.num_slots, self.device)
+            self.carry_signal = CarrySignal(self.state.num_slots, self.device,
+                                            carry_after())
         self.planner = StepPlanner(cfg, self.state, self._min_context, margin,
                                    self.pools)
         self.retriever.cfg, self.retriever.state = cfg, self.state
