@@ -146,11 +146,10 @@ COPY_TEXT, COPY_REPEAT = 500, 100
 model goes on repeating (the tiny random model never repeats a 3-gram)."""
 
 
-@pytest.mark.parametrize("draft_graph", ["off", "static"])
-def test_looked_up_tokens_are_accepted(smollm2_model, draft_graph):
-    """SmolLM2 drafting for itself with its full context (min_context past
-    the prompt): its r drafts are accepted, and the tokens at the positions
-    after them, which only the lookup proposes, are accepted too on a copy."""
+@pytest.fixture(scope="module")
+def smollm2_copy(smollm2_model):
+    """The copy prompt (a text, then its first tokens again) and plain
+    decoding's 48 tokens after it."""
     from transformers import AutoTokenizer
 
     from benchmarks import prompts as prompt_data
@@ -161,6 +160,15 @@ def test_looked_up_tokens_are_accepted(smollm2_model, draft_graph):
     plain = make_llm(smollm2_model, max_model_len=4096, **SMALL_BUDGET)
     want = generate(plain, prompt, max_tokens=48)
     shutdown(plain)
+    return prompt, want
+
+
+@pytest.mark.parametrize("draft_graph", ["off", "static"])
+def test_looked_up_tokens_are_accepted(smollm2_model, smollm2_copy, draft_graph):
+    """SmolLM2 drafting for itself with its full context (min_context past
+    the prompt): its r drafts are accepted, and the tokens at the positions
+    after them, which only the lookup proposes, are accepted too on a copy."""
+    prompt, want = smollm2_copy
     llm = make_llm(smollm2_model, smollm2_model,
                    {"min_context": 4096, "lookup_tokens": LOOKUP,
                     "draft_graph": draft_graph},
@@ -179,22 +187,14 @@ def test_looked_up_tokens_are_accepted(smollm2_model, draft_graph):
     assert per_pos[r - 1] > 0 and sum(per_pos[r:]) >= per_pos[r - 1], per_pos
 
 
-def test_carried_steps_are_lossless_and_replay_as_the_eager_path(smollm2_model):
+def test_carried_steps_are_lossless_and_replay_as_the_eager_path(smollm2_model,
+                                                                 smollm2_copy):
     """carry_drafts 1 of r = 2 on SmolLM2's copy: steps after one whose
     lookup held draft one token and look up three. Output stays plain
     decoding's, some steps carry (not all: a step carries only after one
     whose lookup held), and the routine (a routine per draft count) proposes
     what the eager path proposes, step for step."""
-    from transformers import AutoTokenizer
-
-    from benchmarks import prompts as prompt_data
-
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_model)
-    (text,) = prompt_data.long_prompts(tokenizer, [COPY_TEXT])
-    prompt = [text + text[:COPY_REPEAT]]
-    plain = make_llm(smollm2_model, max_model_len=4096, **SMALL_BUDGET)
-    want = generate(plain, prompt, max_tokens=48)
-    shutdown(plain)
+    prompt, want = smollm2_copy
     runs = {}
     for draft_graph in ("off", "static"):
         llm = make_llm(smollm2_model, smollm2_model,

@@ -153,9 +153,8 @@ def test_a_stricter_rule_needs_more_looked_up_tokens():
 def test_carry_after_reads_the_environment(monkeypatch, value, want):
     from vllm_specextend.drafting.carry import carry_after
 
-    if value is None:
-        monkeypatch.delenv("SPECEXTEND_CARRY_AFTER", raising=False)
-    else:
+    monkeypatch.delenv("SPECEXTEND_CARRY_AFTER", raising=False)
+    if value is not None:
         monkeypatch.setenv("SPECEXTEND_CARRY_AFTER", value)
     assert carry_after() == want
 
