@@ -65,7 +65,9 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
 Per prompt it records the output ids, the answer's check (``tasks.check``),
 end-to-end seconds (the ``generate`` call), first-token latency and decode
 seconds (vLLM's request stats), the spec-decode counters' deltas (batch 1;
-batch 8: per batch) and the GPU busy share (NVML) over the call.
+batch 8: per batch) and the GPU busy share (NVML) over the call; per cell,
+the plugin's counters' growth (``cell_counters``: steps carried, replayed,
+tokens looked up).
 
     python -m benchmarks.realpair.run --cases CASES --target DIR --draft DIR \\
         --mode spec_extend --k 4 --out FILE.json
@@ -80,7 +82,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.harness.drafter import worker_state
+from benchmarks.harness.drafter import stats_delta, worker_state
 from benchmarks.harness.gpu_busy import GpuBusy
 from benchmarks.harness.meta import plugin_env, run_metadata
 from benchmarks.harness.modes import Speculation, engine_settings
@@ -241,8 +243,19 @@ def resolved_keys(llm, kwargs: dict) -> dict | None:
     return {key: state[key] for key in ("draft_prompt_pool", "lookup_tokens")}
 
 
+def plugin_counters(llm, kwargs: dict) -> dict | None:
+    """The plugin's counters on rank 0 (``specextend_state``'s ``stats``),
+    taken around each cell: their growth (``cell_counters``) says how a
+    mode ran there (steps carried, replayed, looked-up tokens); None
+    without the plugin."""
+    if "additional_config" not in kwargs:
+        return None
+    return worker_state(llm)[0]["stats"]
+
+
 def write_result(args, header: dict, kwargs: dict, start_s: float, speculative: bool,
-                 records: list[dict], resolved: dict | None = None) -> None:
+                 records: list[dict], resolved: dict | None = None,
+                 cell_counters: dict | None = None) -> None:
     result = {
         "meta": run_metadata(args, engine_start_s=start_s, engine_kwargs=kwargs,
                              spec_extend_resolved=resolved,
@@ -254,6 +267,7 @@ def write_result(args, header: dict, kwargs: dict, start_s: float, speculative: 
                              cases_header=header),
         "mode": args.mode, "k": args.k if speculative else None,
         "records": records,
+        "cell_counters": cell_counters or None,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
@@ -319,18 +333,21 @@ def main(argv: list[str] | None = None) -> int:
     speculative = "speculative_config" in kwargs
     resolved = resolved_keys(llm, kwargs)
     warm_up(llm, cells[0][2][0])
-    records, call = [], 0
+    records, call, counters = [], 0, {}
     with GpuBusy() as busy:
         for cell, batch, picked in cells:
             empty_prefix_cache(llm)
             if args.mode == "suffix":  # its responses of earlier cells too
                 print(f"suffix: {arctic.empty_responses(llm)} cached responses "
                       "evicted", flush=True)
+            before = plugin_counters(llm, kwargs)
             done = []
             for i in range(0, len(picked), batch):
                 done += run_batch(llm, picked[i:i + batch], busy, speculative,
                                   call=call, batch=batch)
                 call += 1
+            if before is not None:
+                counters[cell] = stats_delta(before, plugin_counters(llm, kwargs))
             records += done
             tok = sum(r["output_tokens"] for r in done)
             calls = {r["call"]: r["e2e_s"] for r in done}
@@ -338,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{tok / sum(calls.values()):.1f} tok/s end to end, "
                   f"{sum(r['right'] is True for r in done)} right", flush=True)
             # After every cell: a mode cut short keeps the cells it finished.
-            write_result(args, header, kwargs, start_s, speculative, records, resolved)
+            write_result(args, header, kwargs, start_s, speculative, records, resolved,
+                         counters)
     # vLLM's engine process is not a daemon and outlives this one unless shut
     # down (it would hold the GPU's memory from the next mode's engine): a
     # bounded shutdown, then ``os._exit`` past any hang in the rest of it.

@@ -19,7 +19,7 @@ from test_lossless import SMALL_BUDGET
 from test_prefill_deferral import CHUNKED
 
 from benchmarks.harness.drafter import DraftRecorder, drafter, stats
-from benchmarks.realpair.run import resolved_keys
+from benchmarks.realpair.run import plugin_counters, resolved_keys
 
 pytestmark = pytest.mark.engine
 
@@ -117,7 +117,11 @@ def test_auto_looks_up_all_but_three_from_k_8(tiny_target, prompts, plain_output
         "draft_prompt_pool": None, "lookup_tokens": 5}
     outputs = generate(llm, prompts[:-1], MAX_TOKENS)
     counts, per_pos = stats(proposer), _accepted_per_pos(llm)
+    # What the real-pair benchmark records around each cell.
+    counters = plugin_counters(llm, {"additional_config": {}})
     shutdown(llm)
+    assert counters["lookup_tokens"] == counts["lookup_tokens"]
+    assert plugin_counters(None, {}) is None  # plain and vLLM's own modes
     assert outputs == plain_outputs[:-1]
     assert counts["lookup_tokens"] > 0 and counts["lookup_tokens"] % 5 == 0
     assert len(per_pos) == 8 and sum(per_pos[3:]) > 0, per_pos
