@@ -1,5 +1,5 @@
 """``carry.CarrySignal``: which rows' lookups held, per request slot, and the
-host's copy of it one step late (CPU: the copy lands at once)."""
+host's copy of it a step or two late (CPU: the copy lands at once, so one)."""
 
 from __future__ import annotations
 

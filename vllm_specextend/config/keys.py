@@ -163,7 +163,7 @@ class SpecExtendConfig:
     a uniform decode step drafts ``carry_drafts`` tokens through the draft
     model (the first forward writes the draft's KV of the verified tokens:
     at least 1) and looks up the rest of K where every row's last step known
-    to the host (one step late, no sync) accepted a looked-up token, and
+    to the host (one or two steps late, no sync) accepted a looked-up token, and
     ``K - lookup_tokens`` otherwise. Why: while an answer copies its prompt
     the lookup's tokens hold 91-95% of the time once the first holds, so the
     draft's further forwards (~1 ms each for the real pair's 0.5B on an
