@@ -17,7 +17,11 @@ with carried steps and the captured routine; the drafter's ``propose`` runs
 under ``torch.cuda.set_sync_debug_mode("warn")`` and every warning's Python
 stack is kept. A sync whose innermost project frame is the plugin's fails
 the test with its stack; syncs from vLLM's own code alone are reported, not
-failed (vLLM's drafting loop is not the plugin's to change).
+failed (vLLM's drafting loop is not the plugin's to change): a blind spot,
+since inputs the plugin hands vLLM could make vLLM's code sync; read the
+report. The tiny random target's lookups rarely hold, so the host's carry
+answer alternates here (as in ``test_draft_graph_gpu.py``) and every kind
+of step is asserted to have run.
 """
 
 from __future__ import annotations
@@ -53,7 +57,11 @@ def _site(stack: list[traceback.FrameSummary]) -> tuple[str, bool, str]:
 
 
 def test_propose_makes_no_sync_in_the_plugin(models, monkeypatch):  # noqa: F811
+    from vllm_specextend.drafting.carry import CarrySignal
     from vllm_specextend.proposer import SpecExtendMixin
+
+    answers = iter(int(i % 2) for i in range(10**6))
+    monkeypatch.setattr(CarrySignal, "carries", lambda self, slots: bool(next(answers)))
 
     syncs: Counter = Counter()
     stacks: dict[str, str] = {}
@@ -90,8 +98,14 @@ def test_propose_makes_no_sync_in_the_plugin(models, monkeypatch):  # noqa: F811
     run = _generate(models["target"], "draft_model", models["target"], prompts,
                     {**CMR, "lookup_tokens": 2, "carry_drafts": 1}, **CHUNKED)
 
-    assert run["captured"] and run["stats"]["graph_steps"] > 0
-    assert run["stats"]["deferred_prefill_passes"] > 0  # kept passes ran
+    counts = run["stats"]
+    assert run["captured"] and counts["graph_steps"] > 0
+    # Every kind of step ran: kept prompt passes (the 600-token prompt: the
+    # others pool, from 672 tokens at CMR's top_k), cut steps, pooled
+    # passes, carried steps.
+    for kind in ("deferred_prefill_passes", "split_prefill_steps",
+                 "pooled_prompt_passes", "carried_steps", "lookup_tokens"):
+        assert counts[kind] > 0, (kind, counts)
     report = "\n".join(f"{n} x {site}" for site, n in syncs.most_common())
     print(f"syncs in propose:\n{report or 'none'}")
     assert not plugin, "\n\n".join(f"{site}:\n{stacks[site]}" for site in plugin)

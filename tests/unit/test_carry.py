@@ -59,6 +59,13 @@ def test_a_slot_handed_on_starts_over():
     signal.forget(1)
     assert not signal.carries(np.array([1]))
     assert not signal.carried[1]
+    # Its first verification before a proposal of its own carries nothing,
+    # all accepted or not; after one, it counts.
+    signal.update(torch.tensor([1]), K, torch.tensor([0], dtype=torch.int32))
+    assert not signal.carried[1]
+    signal.proposed(torch.tensor([1]), 3)
+    signal.update(torch.tensor([1]), K, torch.tensor([0], dtype=torch.int32))
+    assert signal.carried[1]
 
 
 class _Event:

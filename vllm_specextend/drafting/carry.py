@@ -55,6 +55,10 @@ def carry_after() -> int | None:
     return int(value)
 
 
+_NEVER = 1 << 30
+"""A draft count no step reaches: a handed-on slot's until it proposes."""
+
+
 class CarrySignal:
     """Per request slot: did its last verified step accept enough looked-up
     tokens (``after``: that many, 1 by default; None: every proposal)."""
@@ -82,6 +86,9 @@ class CarrySignal:
         # scalar in torch 2.11 (it cost every request ~20 ms of first token,
         # the H100 grid of 2026-12-06, 1636Z).
         self.carried[slot : slot + 1].fill_(False)
+        # Past any count: its first update carries nothing (no step of its
+        # own recorded yet).
+        self.drafted[slot : slot + 1].fill_(_NEVER)
         self.known[slot] = False
         self._since[slot] = self._published
 

@@ -62,7 +62,10 @@ class LookupStep:
         """After ``_record_tokens``: a uniform decode step's verification into
         the carry signal, and whether this step carries (``carry.py``): it
         drafts as a decode step (``drafts_now``: no kept, cut or pooled pass)
-        and every row's last known step accepted a looked-up token."""
+        at a K with a carried count, and every row's last known step accepted
+        a looked-up token. Only steps whose rows all decode update the signal
+        (a prompt row of K + 1 tokens verified nothing): after steps that mix
+        prompt chunks in, the first uniform step reads an older value."""
         self._carrying = False
         signal = self.carry_signal
         if signal is None or self._lookup_rows is None:
@@ -70,10 +73,11 @@ class LookupStep:
         k, num_reqs = num_spec_tokens, cad.num_reqs
         slots = self._lookup_rows.slots
         signal.read()  # the last step's, before this one's copy is queued
-        if num_rejected is not None and k > 0 and cad.max_query_len == k + 1 \
-                and cad.num_actual_tokens == num_reqs * (k + 1):
+        if (num_rejected is not None and step is not None and step.drafting.all()
+                and cad.max_query_len == k + 1 and k > 0
+                and cad.num_actual_tokens == num_reqs * (k + 1)):
             signal.update(slots, k, num_rejected[:num_reqs])
-            self._carrying = (drafts_now and step is not None
+            self._carrying = (drafts_now and len(self._draft_counts(k)) > 1
                               and signal.carries(step.slots))
         if self._carrying:
             self.stats.carried_steps += 1
