@@ -270,10 +270,9 @@ def headline(rows: list[dict]) -> str:
     for cell in sorted(chosen):
         task, context, batch = cell
         by, plain, plugin = chosen[cell]
-        vllm_rows = [r for (name, _), r in by.items()
-                     if name in VLLM_METHODS and not r.get("note")]
-        left_out += [(cell, r, plain) for (name, _), r in by.items()
-                     if name in VLLM_METHODS and r.get("note")]
+        measured = [r for (name, _), r in by.items() if name in VLLM_METHODS]
+        vllm_rows = [r for r in measured if not r.get("note")]
+        left_out += [(cell, r, plain) for r in measured if r.get("note")]
         best = max(vllm_rows, key=lambda r: r["e2e_tok_s"], default=None)
         # Accepted length does not hang on the session's speed: draft_model's
         # newest, from another session where this one did not run it.
@@ -283,8 +282,7 @@ def headline(rows: list[dict]) -> str:
             f"| {CELL_NAMES.get(task, task)} | {context // 1024}K | {batch} | "
             f"{x(plugin, plain, own_k)} | "
             + (f"{x(best, plain)} `{best['mode']}` K={best['k']}" if best
-               else "left out (below)" if any(c == cell for c, _, _ in left_out)
-               else "not run")
+               else "left out (below)" if measured else "not run")
             + f" | {plugin['acc_len']:.2f} / "
             + (f"[{draft['acc_len']:.2f}][{refs.setdefault(draft['file'], f'r{len(refs) + 1}')}] |"
                if draft else "not run |"))

@@ -72,8 +72,7 @@ class CarrySignal:
         self._host = [torch.zeros(num_slots, dtype=torch.bool, pin_memory=cuda)
                       for _ in range(2)]  # 2 x [S]
         self._events = [torch.cuda.Event() for _ in range(2)] if cuda else None
-        self._seq = [-1, -1]  # each buffer's publication number
-        self._published = 0  # publications so far
+        self._published = 0  # publications so far; number n went to buffer n % 2
         self._read = -1  # the newest publication read
         # A slot's value counts from this publication on (a new owner). [S]
         self._since = np.zeros(num_slots, dtype=np.int64)
@@ -94,13 +93,14 @@ class CarrySignal:
 
     def read(self) -> None:
         """Take the newest published copy that has landed (no sync)."""
-        for i in sorted(range(2), key=lambda i: -self._seq[i]):
-            if self._seq[i] <= self._read:
+        for seq in (self._published - 1, self._published - 2):  # newest first
+            if seq <= self._read:
                 return
+            i = seq % 2
             if self._events is None or self._events[i].query():
-                fresh = self._since <= self._seq[i]
+                fresh = self._since <= seq
                 self.known[fresh] = self._host[i].numpy()[fresh]
-                self._read = self._seq[i]
+                self._read = seq
                 return
 
     def update(self, slots: torch.Tensor, num_spec_tokens: int,
@@ -130,5 +130,4 @@ class CarrySignal:
         self._host[i].copy_(self.carried, non_blocking=self._events is not None)
         if self._events is not None:
             self._events[i].record()
-        self._seq[i] = self._published
         self._published += 1

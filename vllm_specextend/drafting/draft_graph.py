@@ -57,6 +57,12 @@ def graph_view_tokens(working_set: int, min_view_context: int, retrieve_every: i
     return -(-need // block_size) * block_size
 
 
+def uniform_decode(*, batch: int, k: int, num_tokens: int, max_query_len: int,
+                   all_decoding: bool) -> bool:
+    """Every row decodes and verifies K drafts: K + 1 tokens a row."""
+    return all_decoding and num_tokens == batch * (k + 1) and max_query_len == k + 1
+
+
 def blocker(*, batch: int, num_spec_tokens: int, graph_k: int, captured: set[int],
             num_tokens: int, max_query_len: int, all_decoding: bool,
             longest_view: int, width_tokens: int, greedy: bool,
@@ -70,8 +76,8 @@ def blocker(*, batch: int, num_spec_tokens: int, graph_k: int, captured: set[int
         return "batch size not captured"
     if num_spec_tokens != graph_k:
         return "K differs from the captured K"
-    if not all_decoding or num_tokens != batch * (graph_k + 1) or \
-            max_query_len != graph_k + 1:
+    if not uniform_decode(batch=batch, k=graph_k, num_tokens=num_tokens,
+                          max_query_len=max_query_len, all_decoding=all_decoding):
         return "not a uniform decode batch"
     if longest_view > width_tokens:
         return "a row's view outgrows the graph's width"

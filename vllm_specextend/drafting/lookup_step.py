@@ -22,6 +22,7 @@ import torch
 
 from vllm_specextend import compat
 from vllm_specextend.drafting.carry import CarrySignal
+from vllm_specextend.drafting.draft_graph import uniform_decode
 from vllm_specextend.drafting.lookup import LookupRows, TokenHistory, drafted
 
 
@@ -37,14 +38,10 @@ class LookupStep:
     """This step drafts ``carry_drafts`` tokens (``_plan_carry``)."""
 
     def _drafted(self, num_spec_tokens: int) -> int:
-        """Tokens vLLM's loop drafts of the K the runner asks for."""
-        if self.history is None:
-            return num_spec_tokens
-        r = drafted(num_spec_tokens, self.cfg.lookup_tokens)
-        carry = self.cfg.carry_drafts
-        if self._carrying and carry is not None and carry < r < num_spec_tokens:
-            return carry
-        return r
+        """Tokens vLLM's loop drafts of the K the runner asks for: the
+        carried count on a step that carries, else the usual one."""
+        counts = self._draft_counts(num_spec_tokens)
+        return counts[-1] if self._carrying else counts[0]
 
     def _draft_counts(self, num_spec_tokens: int) -> tuple[int, ...]:
         """The draft counts a step at K can take, the usual one first: the
@@ -73,9 +70,11 @@ class LookupStep:
         k, num_reqs = num_spec_tokens, cad.num_reqs
         slots = self._lookup_rows.slots
         signal.read()  # the last step's, before this one's copy is queued
-        if (num_rejected is not None and step is not None and step.drafting.all()
-                and cad.max_query_len == k + 1 and k > 0
-                and cad.num_actual_tokens == num_reqs * (k + 1)):
+        if (num_rejected is not None and step is not None and k > 0
+                and uniform_decode(batch=num_reqs, k=k,
+                                   num_tokens=cad.num_actual_tokens,
+                                   max_query_len=cad.max_query_len,
+                                   all_decoding=bool(step.drafting.all()))):
             signal.update(slots, k, num_rejected[:num_reqs])
             self._carrying = (drafts_now and len(self._draft_counts(k)) > 1
                               and signal.carries(step.slots))
