@@ -4,7 +4,9 @@
 # profile.py a mode instead (CELL: one group:context), into DIR/profile_*.json.
 # The suffix mode alone has arctic-inference on its path (ARCTIC_DIR, host.sh
 # build installs it into /root/arctic); a mode that fails prints its log's
-# last line and the grid goes on.
+# last line and the grid goes on. ENGINE_ARGS (JSON), where set, goes to every
+# mode as --engine-args: '{"load_format": "dummy"}' profiles the pair's shapes
+# with random weights (speed only: no acceptance, no claim on real work).
 #   bash benchmarks/realpair/grid.sh [--profile] DIR CASES TARGET DRAFT "MODE[:K] ..." "CELL ..."
 set -uo pipefail
 profile=0
@@ -26,7 +28,8 @@ for m in $modes; do
   path=${PYTHONPATH:-}
   [ "$mode" = suffix ] && path=${path:+$path:}${ARCTIC_DIR:-/root/arctic}
   PYTHONPATH=$path timeout 900 python3 -m "benchmarks.realpair.${own[0]}" --cases "$cases" \
-    --target "$target" --draft "$draft" --mode "$mode" --k "$k" "${own[@]:1}" > "$dir/$name.log" 2>&1
+    --target "$target" --draft "$draft" --mode "$mode" --k "$k" "${own[@]:1}" \
+    ${ENGINE_ARGS:+--engine-args "$ENGINE_ARGS"} > "$dir/$name.log" 2>&1
   rc=$?
   echo "rc=$rc $(date +%T)"
   # No process may hold the GPU when the next engine starts (vLLM's start-up

@@ -288,7 +288,8 @@ def mode_parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--spec-extend", default=None, help="plugin config JSON")
     ap.add_argument("--engine-args", default=None,
                     help="more LLM keyword arguments as JSON (CPU tests: block_size, "
-                         "kv_cache_memory_bytes, dtype); recorded; none on a GPU")
+                         "kv_cache_memory_bytes, dtype; on a GPU only "
+                         "load_format dummy, for a speed-only profile); recorded")
     return ap
 
 
