@@ -86,7 +86,7 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses, PooledPasses, Lookup
         self.cfg = self.settings.config
         self.stats = SpecExtendStats()
         self.reporter: StatsReporter | None = None
-        self.staging = HostStaging(device)
+        self.staging = HostStaging(device, stats=self.stats)
         self.compactor: Compactor | None = None
         if self.settings.compaction_on:
             self.compactor = Compactor(

@@ -105,3 +105,24 @@ def test_staging_on_cpu_hands_back_the_arrays():
     staging.begin_step(8)
     a, b = staging.to_device(np.array([1, 2]), np.array([[3], [4]]))
     assert a.tolist() == [1, 2] and b.tolist() == [[3], [4]]
+
+
+def test_a_wait_is_counted_and_the_values_arrive():
+    """The ring inside ``HostStaging`` (on CPU with fake events, as on a GPU
+    with CUDA's): a step that had to wait counts in ``staging_waits``, the
+    metric that says the host ran that far ahead."""
+    import numpy as np
+
+    from vllm_specextend.retrieval.staging import HostStaging
+    from vllm_specextend.serving.stats import SpecExtendStats
+
+    stats = SpecExtendStats()
+    staging = HostStaging(torch.device("cpu"), stats=stats)
+    FakeEvent.made = []
+    staging._ring = PinnedRing(4, pin=False, new_event=FakeEvent, max_buffers=2)
+    staging._gpu, staging._dev = True, torch.empty(4, dtype=torch.int64)
+    for step in range(3):  # no copy ever runs: the third step must wait
+        staging.begin_step(3)
+        (out,) = staging.to_device(np.array([step, step + 1, step + 2]))
+        assert out.tolist() == [step, step + 1, step + 2]
+    assert stats.staging_waits == 1 and staging._ring.waits == 1

@@ -86,8 +86,9 @@ class PinnedRing:
 
 
 class HostStaging:
-    def __init__(self, device: torch.device, capacity: int = 4096):
+    def __init__(self, device: torch.device, capacity: int = 4096, stats=None):
         self.device = device
+        self.stats = stats  # SpecExtendStats: counts staging_waits
         self._gpu = device.type == "cuda"
         self._ring: PinnedRing | None = None
         self._host = torch.zeros(0, dtype=torch.int64)
@@ -106,7 +107,10 @@ class HostStaging:
             capacity = max(need, 2 * self._ring.capacity)
             self._ring.resize(capacity)
             self._dev = torch.empty(capacity, dtype=torch.int64, device=self.device)
+        waits = self._ring.waits
         self._host = self._ring.take()
+        if self.stats is not None and self._ring.waits > waits:
+            self.stats.staging_waits += 1
         self._used = 0
 
     def to_device(self, *arrays: np.ndarray) -> list[torch.Tensor]:

@@ -47,6 +47,9 @@ COUNTERS = {
     "carried_steps": "Draft steps that drafted carry_drafts tokens, the lookup "
                      "proposing the rest, since every row's lookup held in its "
                      "last known step (carry_drafts).",
+    "staging_waits": "Draft steps whose host waited for the GPU to copy a step's "
+                     "arrays out of the pinned staging ring (every buffer still "
+                     "queued): the host had run that far ahead.",
 }
 GAUGES = {
     "tracked_requests": "Requests holding SpecExtend selection state.",
@@ -79,6 +82,7 @@ class SpecExtendStats:
     pooled_decode_steps: int = 0
     lookup_tokens: int = 0
     carried_steps: int = 0
+    staging_waits: int = 0
     tracked_requests: int = 0
     request_slots: int = 0
     _pending: list = field(default_factory=list, repr=False)
@@ -157,5 +161,6 @@ def format_line(delta: dict, now: dict) -> str:
         f"draft context: {share:.1f}% of full, "
         f"scoring: {per:.3f} ms/step, "
         f"{compaction}{graphs}"
-        f"tracked requests: {now['tracked_requests']}"
+        + (f"staging waits: {delta['staging_waits']}, " if delta.get("staging_waits") else "")
+        + f"tracked requests: {now['tracked_requests']}"
     )
