@@ -20,6 +20,10 @@
 #        over 1, the first call's first-token window instead), into
 #        /root/pair/out/TAG/ (trace_*.json stay there: status packs only
 #        the summaries and logs).
+#   bash benchmarks/realpair/host.sh shapes TAG "MODE[:K] ..." group:context[:batch]
+#        the same profile on the pair's shapes with dummy weights (carry
+#        .gpu/pair/shapes and .gpu/wheel in that call: no pieces, no build):
+#        speed only, such as where a batch's first tokens wait.
 set -uo pipefail
 export PYTHONPATH=$PWD:/root/vsite PYTHONUNBUFFERED=1
 P=/root/pair
@@ -67,6 +71,16 @@ case "${1:-}" in
       $P/qwen25coder-0.5b-instruct-fp8 > $P/convert_fp8.log 2>&1 || tail -n 3 $P/convert_fp8.log
     [ -f $P/qwen25coder-0.5b-instruct/config.json ] && [ -f $P/qwen25coder-1.5b-instruct/config.json ] \
       && echo "pair built in $(( $(date +%s) - t0 )) s" ;;
+  shapes)
+    for _ in $(seq 300); do [ -f /root/vsite/.done ] && break; sleep 1; done
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
+      --target /root/vsite .gpu/wheel/*.whl 2>&1 | grep -v WARNING
+    rm -rf /root/shapes && cp -r .gpu/pair/shapes /root/shapes
+    SPECEXTEND_COMMIT=$(cut -d' ' -f1 .gpu/wheel/COMMIT 2>/dev/null) \
+      ENGINE_ARGS='{"load_format": "dummy"}' \
+      setsid bash benchmarks/realpair/grid.sh --profile $P/out/$2 /root/shapes/cases.jsonl.gz \
+      /root/shapes/target /root/shapes/draft "$3" "$4" > $P/out/$2.log 2>&1 < /dev/null &
+    echo "started $2" ;;
   grid|profile)
     # SPECEXTEND_COMMIT: the tree prepare.sh packed (benchmarks/gpu/host_run.sh).
     flag=; [ "$1" = profile ] && flag=--profile
@@ -83,5 +97,5 @@ case "${1:-}" in
     done
     cat $P/out/$2.log
     tar -C $P/out -czf "$OUT/$2.tgz" --exclude='trace_*' "$2" "$2.log" ;;
-  *) sed -n 2,21p "$0" >&2; exit 2 ;;
+  *) sed -n 2,26p "$0" >&2; exit 2 ;;
 esac

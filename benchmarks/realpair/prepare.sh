@@ -15,6 +15,11 @@
 #                          arctic-inference's suffix tree for the `suffix` mode
 #                          (arctic_wheel.sh: a 0.1 MiB CPython 3.12 wheel, built
 #                          once into ~/.cache, about a minute)
+#   .gpu/pair/shapes/      the pair without weights: target/ and draft/ configs read
+#                          from the GGUFs' headers, the tokenizer, the task set
+#                          (14 MiB, one call): speed-only profiles with
+#                          ENGINE_ARGS='{"load_format": "dummy"}' (grid.sh), such
+#                          as a batch's first tokens, with no pieces to stage
 # vLLM's own parts and the plugin wheel: benchmarks/gpu/prepare.sh (.gpu/p*, .gpu/wheel).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -42,6 +47,14 @@ import sys; from transformers import AutoTokenizer
 AutoTokenizer.from_pretrained(sys.argv[1], gguf_file='draft.gguf').save_pretrained(sys.argv[2])
 " "$CACHE/gguf" "$CACHE/tokenizer"
 "$PY" -m benchmarks.realpair.tasks build .gpu/pair/kit/cases.jsonl.gz --tokenizer "$CACHE/tokenizer"
+"$PY" -c "
+import pathlib, shutil, sys; from transformers import AutoConfig
+out = pathlib.Path(sys.argv[2])
+for name in ('target', 'draft'):
+    AutoConfig.from_pretrained(sys.argv[1], gguf_file=name + '.gguf').save_pretrained(out / name)
+shutil.copytree(sys.argv[3], out / 'target', dirs_exist_ok=True)
+" "$CACHE/gguf" .gpu/pair/shapes "$CACHE/tokenizer"
+cp .gpu/pair/kit/cases.jsonl.gz .gpu/pair/shapes/
 bash benchmarks/realpair/arctic_wheel.sh "$CACHE/arctic"
 cp "$CACHE"/arctic/arctic_inference-*.whl .gpu/pair/kit/
 du -sh .gpu/pair/* | sort -k2
