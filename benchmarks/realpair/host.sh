@@ -43,15 +43,27 @@ arctic_install() {
     | grep -v WARNING
   PYTHONPATH=$PYTHONPATH:$dir python3 -m benchmarks.realpair.arctic check
 }
+# The plugin's wheel into vLLM's site, once the detached install from the call
+# that staged vLLM's last part is done.
+plugin_install() {
+  for _ in $(seq 300); do [ -f /root/vsite/.done ] && break; sleep 1; done
+  [ -f /root/vsite/.done ] || { echo "vLLM is not installed in /root/vsite" >&2; exit 2; }
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
+    --target /root/vsite .gpu/wheel/*.whl 2>&1 | grep -v WARNING
+}
+# grid.sh detached: TAG FLAG CASES TARGET DRAFT MODES CELLS. SPECEXTEND_COMMIT:
+# the tree prepare.sh packed (benchmarks/gpu/host_run.sh).
+start_grid() {
+  SPECEXTEND_COMMIT=$(cut -d' ' -f1 .gpu/wheel/COMMIT 2>/dev/null) \
+    setsid bash benchmarks/realpair/grid.sh $2 $P/out/$1 "$3" "$4" "$5" "$6" "$7" \
+    > $P/out/$1.log 2>&1 < /dev/null &
+  echo "started $1"
+}
 case "${1:-}" in
   stage)
     mv "$2"/* $P/stage/ && ls $P/stage | wc -l ;;
   build)
-    # vLLM's install may still run, detached, from the call that staged its last part.
-    for _ in $(seq 300); do [ -f /root/vsite/.done ] && break; sleep 1; done
-    [ -f /root/vsite/.done ] || { echo "vLLM is not installed in /root/vsite" >&2; exit 2; }
-    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
-      --target /root/vsite .gpu/wheel/*.whl 2>&1 | grep -v WARNING
+    plugin_install
     tar -C /root/vsite -xzf .gpu/pair/kit/gguf_pkg.tgz
     arctic_install
     cp .gpu/pair/manifest.json $P/stage/ && cp .gpu/pair/kit/cases.jsonl.gz $P/
@@ -72,22 +84,14 @@ case "${1:-}" in
     [ -f $P/qwen25coder-0.5b-instruct/config.json ] && [ -f $P/qwen25coder-1.5b-instruct/config.json ] \
       && echo "pair built in $(( $(date +%s) - t0 )) s" ;;
   shapes)
-    for _ in $(seq 300); do [ -f /root/vsite/.done ] && break; sleep 1; done
-    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
-      --target /root/vsite .gpu/wheel/*.whl 2>&1 | grep -v WARNING
+    plugin_install
     rm -rf /root/shapes && cp -r .gpu/pair/shapes /root/shapes
-    SPECEXTEND_COMMIT=$(cut -d' ' -f1 .gpu/wheel/COMMIT 2>/dev/null) \
-      ENGINE_ARGS='{"load_format": "dummy"}' \
-      setsid bash benchmarks/realpair/grid.sh --profile $P/out/$2 /root/shapes/cases.jsonl.gz \
-      /root/shapes/target /root/shapes/draft "$3" "$4" > $P/out/$2.log 2>&1 < /dev/null &
-    echo "started $2" ;;
+    ENGINE_ARGS='{"load_format": "dummy"}' start_grid "$2" --profile \
+      /root/shapes/cases.jsonl.gz /root/shapes/target /root/shapes/draft "$3" "$4" ;;
   grid|profile)
-    # SPECEXTEND_COMMIT: the tree prepare.sh packed (benchmarks/gpu/host_run.sh).
     flag=; [ "$1" = profile ] && flag=--profile
-    SPECEXTEND_COMMIT=$(cut -d' ' -f1 .gpu/wheel/COMMIT 2>/dev/null) \
-      setsid bash benchmarks/realpair/grid.sh $flag $P/out/$2 $P/cases.jsonl.gz \
-      $P/qwen25coder-1.5b-instruct $P/qwen25coder-0.5b-instruct "$3" "$4" > $P/out/$2.log 2>&1 < /dev/null &
-    echo "started $2" ;;
+    start_grid "$2" "$flag" $P/cases.jsonl.gz $P/qwen25coder-1.5b-instruct \
+      $P/qwen25coder-0.5b-instruct "$3" "$4" ;;
   status|wait)
     # wait: a call that holds the machine while the detached grid runs (the host
     # goes back 30 s after a call returns), until it prints "done" or SECS pass.

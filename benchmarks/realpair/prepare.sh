@@ -47,13 +47,14 @@ import sys; from transformers import AutoTokenizer
 AutoTokenizer.from_pretrained(sys.argv[1], gguf_file='draft.gguf').save_pretrained(sys.argv[2])
 " "$CACHE/gguf" "$CACHE/tokenizer"
 "$PY" -m benchmarks.realpair.tasks build .gpu/pair/kit/cases.jsonl.gz --tokenizer "$CACHE/tokenizer"
-"$PY" -c "
-import pathlib, shutil, sys; from transformers import AutoConfig
-out = pathlib.Path(sys.argv[2])
+# The pair's configs, read from the GGUFs' headers once (about 25 s).
+[ -f "$CACHE/shapes/draft/config.json" ] || "$PY" -c "
+import sys; from transformers import AutoConfig
 for name in ('target', 'draft'):
-    AutoConfig.from_pretrained(sys.argv[1], gguf_file=name + '.gguf').save_pretrained(out / name)
-shutil.copytree(sys.argv[3], out / 'target', dirs_exist_ok=True)
-" "$CACHE/gguf" .gpu/pair/shapes "$CACHE/tokenizer"
+    AutoConfig.from_pretrained(sys.argv[1], gguf_file=name + '.gguf').save_pretrained(f'{sys.argv[2]}/{name}')
+" "$CACHE/gguf" "$CACHE/shapes"
+cp -r "$CACHE/shapes" .gpu/pair/shapes
+cp "$CACHE"/tokenizer/* .gpu/pair/shapes/target/
 cp .gpu/pair/kit/cases.jsonl.gz .gpu/pair/shapes/
 bash benchmarks/realpair/arctic_wheel.sh "$CACHE/arctic"
 cp "$CACHE"/arctic/arctic_inference-*.whl .gpu/pair/kit/

@@ -51,8 +51,12 @@ class PinnedRing:
         self.buffers = [self._buffer() for _ in range(2)]
         self._events: list = [None, None]
         self._turn = 0
-        self.grown = 0  # buffers added because a copy was still queued
         self.waits = 0  # turns that waited (the ring at max_buffers)
+
+    @property
+    def grown(self) -> int:
+        """Buffers added because a copy was still queued."""
+        return len(self.buffers) - 2
 
     def _buffer(self) -> torch.Tensor:
         return torch.empty(self.capacity, dtype=torch.int64, pin_memory=self._pin)
@@ -73,7 +77,6 @@ class PinnedRing:
             if len(self.buffers) < self._max:
                 self.buffers.insert(self._turn, self._buffer())
                 self._events.insert(self._turn, None)
-                self.grown += 1
             else:
                 self.waits += 1
                 event.synchronize()

@@ -155,12 +155,13 @@ def format_line(delta: dict, now: dict) -> str:
     # per reason by the proposer.
     graphs = (f"draft graph: {replays}/{replays + eager} steps, "
               if replays or eager else "")
+    waits = (f"staging waits: {delta['staging_waits']}, "
+             if delta.get("staging_waits") else "")
     return (
         f"SpecExtend metrics: retrievals: {delta['retrievals']}, "
         f"view rows: {delta['view_rows']}/{delta['decode_rows']}, "
         f"draft context: {share:.1f}% of full, "
         f"scoring: {per:.3f} ms/step, "
-        f"{compaction}{graphs}"
-        + (f"staging waits: {delta['staging_waits']}, " if delta.get("staging_waits") else "")
-        + f"tracked requests: {now['tracked_requests']}"
+        f"{compaction}{graphs}{waits}"
+        f"tracked requests: {now['tracked_requests']}"
     )
