@@ -156,9 +156,7 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses, PooledPasses, Lookup
     ) -> torch.Tensor:
         # Extends super(): plans the view (and retrieves) on the host, then
         # replays the captured draft routine when the step fits it, else sets
-        # the view for the funnel and drafts as vLLM does.
-        # K = 0 (vLLM's per-batch-size schedule turned drafting off) samples no
-        # draft, so no view is needed. A step of prompt chunks that sample
+        # the view for the funnel and drafts as vLLM does. K = 0: no view. A step of prompt chunks that sample
         # nothing keeps its pass for later, a step with such chunks at one end
         # is cut in two (kept_passes.py); others run the kept passes first.
         cad = common_attn_metadata
@@ -241,12 +239,14 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses, PooledPasses, Lookup
         self, common_attn_metadata, draft_index: int = 0
     ):
         # The funnel of every draft forward: read through the view, then super().
-        # A pooled prompt's pass (the first forward) reads its own view.
+        # The first forward: a pooled prompt's pass reads its own view, and a
+        # view's ``first`` cuts long prompt rows (``prompt_split.py``).
         view = self._view
         if draft_index == 0 and self._first_view is not None:
             view = self._first_view
         if view is not None:
-            common_attn_metadata = view.apply(common_attn_metadata)
+            common_attn_metadata = (view.first if draft_index == 0 else view.apply)(
+                common_attn_metadata)
         per_group, per_layer = super().build_per_group_and_layer_attn_metadata(
             common_attn_metadata, draft_index
         )

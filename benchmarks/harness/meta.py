@@ -94,7 +94,8 @@ def plugin_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("SPECEXTEND_")}
 
 
-TUNING_PREFIXES = ("SPECEXTEND_DRAFT_", "SPECEXTEND_EARLY_", "SPECEXTEND_POOL_")
+TUNING_PREFIXES = ("SPECEXTEND_DRAFT_", "SPECEXTEND_EARLY_", "SPECEXTEND_POOL_",
+                   "SPECEXTEND_PROMPT_")
 """The plugin's tuning switches (``tuning.DraftTuning``) among its variables."""
 
 VLLM_KERNEL_SWITCHES = ("VLLM_TEST_FORCE_FP8_MARLIN",

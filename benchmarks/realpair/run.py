@@ -31,7 +31,8 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
 * variants: ``spec_extend_pool256`` (a pool twice ``"auto"``'s 4 × top_k),
   ``spec_extend_prefill_window`` (the full pass, each chunk reading the sinks
   and the 2,048 tokens before it: ``draft_prefill_window``, which turns the
-  pool off), ``spec_extend_follow15`` (the pool, ``"auto"``, chosen as the
+  pool off; since 2026-12-06 night each piece of 1,024 inside a chunk too),
+  ``spec_extend_pw4k`` (that with a window of 4,096), ``spec_extend_follow15`` (the pool, ``"auto"``, chosen as the
   top chunks each with the 15 after it: ``SPECEXTEND_POOL_FOLLOW``),
   ``spec_extend_top64`` (a view of 64 chunks: acceptance nearer full KV's?),
   ``spec_extend_every2`` (a retrieval every 2 steps), ``spec_extend_vocab32k``
@@ -116,6 +117,9 @@ PLUGIN_CONFIGS = {
     # Steps the lookup carries skip the draft's second and third forwards.
     "spec_extend_carry": {"carry_drafts": 1},
     "spec_extend_carry_pw": {"carry_drafts": 1, "draft_prefill_window": 2048},
+    # The window inside a chunk (prompt_split.py, 2026-12-06 night): 2,048 is
+    # spec_extend_prefill_window's; a wider one for the acceptance it keeps.
+    "spec_extend_pw4k": {"draft_prefill_window": 4096},
     "spec_extend_carry_after4": {"carry_drafts": 1},
     "spec_extend_carry_all": {"carry_drafts": 1},
 }

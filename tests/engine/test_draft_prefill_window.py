@@ -78,3 +78,25 @@ def test_a_kept_pass_keeps_its_window(tiny_target, tiny_draft, prompts):
     assert in_step["stats"]["deferred_prefill_passes"] == 0
     assert deferred["proposals"] == in_step["proposals"], "the same drafts, step by step"
     assert deferred["outputs"] == in_step["outputs"]
+
+
+PIECE = 32
+"""``SPECEXTEND_PROMPT_PIECE``: pieces of 32 inside the 128-token chunks
+(``prompt_split.PIECE_TOKENS`` is 1,024, for prompts of GPU length)."""
+
+
+def test_pieces_inside_a_chunk_stay_lossless_and_keep_their_cut_when_kept(
+        tiny_target, tiny_draft, prompts, plain_outputs, full, monkeypatch):
+    # Each chunk's draft pass is cut into pieces of 32 that read the sinks and
+    # the 256 tokens before their piece: the draft's KV changes again, the
+    # output must not; a kept pass (deferral) cuts as the step would have.
+    monkeypatch.setenv("SPECEXTEND_PROMPT_PIECE", str(PIECE))
+    deferred = _engine_run(tiny_target, tiny_draft, prompts, WINDOW, defer=True)
+    in_step = _engine_run(tiny_target, tiny_draft, prompts, WINDOW, defer=False)
+    per_chunk = _run(tiny_target, tiny_draft, prompts, WINDOW)
+
+    assert deferred["stats"]["prompt_pieces"] > 0
+    assert deferred["stats"]["deferred_prefill_passes"] > 0
+    assert deferred["outputs"] == in_step["outputs"] == plain_outputs
+    assert deferred["proposals"] == in_step["proposals"], "the same drafts, step by step"
+    assert deferred["proposals"] != per_chunk["proposals"] != full["proposals"]

@@ -88,8 +88,11 @@ class SpecExtendConfig:
     draft_prefill_window: int | None = None
     """The draft's passes over a prompt attend to the sinks, the last
     ``draft_prefill_window`` tokens before each chunk and the chunk, through
-    the same block-table view as its decode steps: the draft's attention over a
-    prompt grows linearly with it instead of quadratically. On an H100 the
+    the same block-table view as its decode steps, and inside a chunk each
+    piece of 1,024 tokens to the sinks, the window before the piece and the
+    piece (``drafting/prompt_split.py``; a chunk's last token, where it
+    samples, reads the whole context): the draft's attention over a prompt
+    grows linearly with it instead of quadratically. On an H100 the
     1B draft's passes over a 16K prompt took a quarter of the target's time,
     more than its share of the weights (docs/results.md; issue #22). Its KV of
     the prompt then holds what each token saw of that window, which the draft

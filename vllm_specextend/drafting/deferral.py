@@ -84,6 +84,8 @@ def copy_metadata(cad):
     device after this copy, in stream order; on the host at once)."""
 
     def copy(value):
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return copy_metadata(value)  # a view inside a view (``SplitView``)
         if isinstance(value, torch.Tensor):
             return value.clone()
         if isinstance(value, np.ndarray):

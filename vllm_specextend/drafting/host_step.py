@@ -20,6 +20,7 @@ import torch
 
 from vllm_specextend import compat
 from vllm_specextend.drafting.prompt_pool import PoolRows
+from vllm_specextend.drafting.prompt_split import PromptSplit, SplitView, piece_tokens
 from vllm_specextend.drafting.view import View, ViewBuilder, ViewParams
 from vllm_specextend.retrieval.planner import BatchLens
 
@@ -100,13 +101,30 @@ class HostStep:
             )
         return self.view_builder
 
-    def _gather_view(self, step: Step, cad) -> View | None:
-        if not step.params.on.any():
+    def _gather_view(self, step: Step, cad) -> View | SplitView | None:
+        view = None
+        if step.params.on.any():
+            view = self.view_builder.gather(
+                step.params, step.slots, step.slots_dev, cad.block_table_tensor,
+                self.stats,
+            )
+        split = self._prompt_split(step)
+        return view if split is None else SplitView(view, split)
+
+    def _prompt_split(self, step: Step) -> PromptSplit | None:
+        """How the step's first forward cuts its long prompt rows
+        (``draft_prefill_window``, ``prompt_split.py``); None: it does not."""
+        if self.cfg.draft_prefill_window is None:
             return None
-        return self.view_builder.gather(
-            step.params, step.slots, step.slots_dev, cad.block_table_tensor,
-            self.stats,
-        )
+        lens, piece = step.lens, piece_tokens()
+        prompt = lens.q_start < lens.num_prompt
+        if not (prompt & (lens.seq - lens.q_start > 2 * piece)).any():
+            return None
+        return PromptSplit(
+            q_start=lens.q_start, prompt=prompt, samples=step.drafting.copy(),
+            window=self.cfg.draft_prefill_window,
+            sink_blocks=self.view_builder.sink_blocks, block_size=self.block_size,
+            max_rows=self.max_batch_size, piece=piece, stats=self.stats)
 
     def _staging_need(self, num_reqs: int) -> int:
         # slots 1, retrieval 4, view 3, compaction 2 values per row, plus 4 per

@@ -151,6 +151,11 @@ class View:
                     None if self.offsets_cpu is None else self.offsets_cpu[start:stop],
                     self.max_seq_len)
 
+    def first(self, cad):
+        """The first draft forward's metadata: as every forward's here
+        (``prompt_split.SplitView`` cuts that forward's prompt rows)."""
+        return self.apply(cad)
+
     def apply(self, cad):
         """vLLM's attention metadata ``cad`` read through this view: the view's
         table and each row's length less its offset, host shadows included.

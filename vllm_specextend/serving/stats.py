@@ -33,6 +33,9 @@ COUNTERS = {
                            "while the step's other rows drafted.",
     "prefill_window_rows": "Draft rows over prompt chunks that attended to the sinks "
                            "and a window only (draft_prefill_window).",
+    "prompt_pieces": "Pieces of long prompt rows whose draft pass attended to the "
+                     "sinks and the window before the piece only, inside a chunk "
+                     "(draft_prefill_window).",
     "dropped_prefill_passes": "Draft passes over prompt chunks not run: the prompt's "
                               "draft KV comes from its pooled pass (draft_prompt_pool).",
     "pooled_prompt_passes": "Prompts whose draft KV was written for the sinks, the "
@@ -76,6 +79,7 @@ class SpecExtendStats:
     deferred_prefill_passes: int = 0
     split_prefill_steps: int = 0
     prefill_window_rows: int = 0
+    prompt_pieces: int = 0
     dropped_prefill_passes: int = 0
     pooled_prompt_passes: int = 0
     pooled_passes_alone: int = 0

@@ -1,0 +1,185 @@
+"""``prompt_split``: a first draft forward's long prompt rows cut into pieces
+that read the sinks and a window before them (``draft_prefill_window``).
+
+The cut metadata is run through a naive paged attention (bottom-right causal,
+as vLLM's kernels read a row) and compared with attention masked by hand:
+each query of a piece sees the sink tokens, the tokens from its piece's
+window start to itself, nothing else; a sampling row's last query, and every
+row not cut, see what they saw before.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_specextend.drafting.deferral import copy_metadata
+from vllm_specextend.drafting.prompt_split import PromptSplit, SplitView, piece_tokens
+from vllm_specextend.drafting.view import View
+from vllm_specextend.serving.stats import SpecExtendStats
+
+BS = 4
+SINK_BLOCKS = 1
+WINDOW = 8
+PIECE = 6
+WIDTH = 24  # blocks a row's table holds
+
+
+def _cad(query_lens, seq_lens):
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    qsl = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
+    num_reqs = len(query_lens)
+    # Row r's logical block j is physical block WIDTH * r + j (all distinct).
+    table = torch.arange(num_reqs * WIDTH, dtype=torch.int32).view(num_reqs, WIDTH)
+    seq = torch.tensor(seq_lens, dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=torch.from_numpy(qsl), query_start_loc_cpu=torch.from_numpy(qsl),
+        seq_lens=seq, num_reqs=num_reqs, num_actual_tokens=int(qsl[-1]),
+        max_query_len=int(max(query_lens)), max_seq_len=int(max(seq_lens)),
+        block_table_tensor=table,
+        slot_mapping=torch.zeros(int(qsl[-1]), dtype=torch.int64),
+        _num_computed_tokens_cpu=seq - torch.tensor(query_lens, dtype=torch.int32),
+    )
+
+
+def _split(q_start, prompt, samples, stats=None, max_rows=64):
+    return PromptSplit(q_start=np.asarray(q_start, dtype=np.int64),
+                       prompt=np.asarray(prompt), samples=np.asarray(samples),
+                       window=WINDOW, sink_blocks=SINK_BLOCKS, block_size=BS,
+                       max_rows=max_rows, piece=PIECE, stats=stats)
+
+
+def _paged_attention(q, k_cache, v_cache, cad):
+    """What the attention kernels compute from ``cad``: row r's queries are
+    the last ones of its ``seq_lens[r]`` keys, read through its block table,
+    each seeing the keys up to its own place (bottom-right causal)."""
+    out = torch.zeros_like(q)
+    qsl = cad.query_start_loc.tolist()
+    for r in range(cad.num_reqs):
+        n, s = qsl[r + 1] - qsl[r], int(cad.seq_lens[r])
+        slots = (cad.block_table_tensor[r].long()[:, None] * BS
+                 + torch.arange(BS)).flatten()[:s]
+        k, v = k_cache[slots], v_cache[slots]
+        for i in range(n):
+            seen = s - n + i + 1
+            w = torch.softmax(q[qsl[r] + i] @ k[:seen].T, dim=-1)
+            out[qsl[r] + i] = w @ v[:seen]
+    return out
+
+
+def _masked_attention(q, k_cache, v_cache, cad, visible):
+    """Attention of each query over the keys ``visible(row, position)`` lists
+    (positions of the row), read from the real table."""
+    out = torch.zeros_like(q)
+    qsl = cad.query_start_loc.tolist()
+    for r in range(cad.num_reqs):
+        n, s = qsl[r + 1] - qsl[r], int(cad.seq_lens[r])
+        for i in range(n):
+            pos = s - n + i
+            keys = torch.tensor(visible(r, pos))
+            slots = cad.block_table_tensor[r].long()[keys // BS] * BS + keys % BS
+            w = torch.softmax(q[qsl[r] + i] @ k_cache[slots].T, dim=-1)
+            out[qsl[r] + i] = w @ v_cache[slots]
+    return out
+
+
+def _window_of(pos, query_start):
+    """The keys a cut row's query at ``pos`` sees: the sinks and its piece's
+    window, the piece counted from the row's first query past the window."""
+    sink_end = SINK_BLOCKS * BS
+    first_cut = sink_end + WINDOW + BS
+    if pos < max(query_start, first_cut):
+        return list(range(pos + 1))  # before any window drops a block
+    start = max(query_start, first_cut)
+    piece_start = start + (pos - start) // PIECE * PIECE
+    window = max(SINK_BLOCKS, (piece_start - WINDOW) // BS) * BS
+    return list(range(sink_end)) + list(range(window, pos + 1))
+
+
+def test_each_piece_reads_the_sinks_and_its_window_and_other_rows_are_unchanged():
+    # Row 0 decodes (3 queries at 40..42); row 1 ends its prompt (queries
+    # 10..63, samples: its last query reads the whole row); row 2 computes a
+    # prompt chunk that ends no prompt (queries 0..39, every one cut).
+    cad = _cad([3, 54, 40], [43, 64, 40])
+    gen = torch.Generator().manual_seed(0)
+    num_slots = 3 * WIDTH * BS
+    q = torch.randn(cad.num_actual_tokens, 8, generator=gen)
+    k_cache, v_cache = (torch.randn(num_slots, 8, generator=gen) for _ in range(2))
+    stats = SpecExtendStats()
+    split = _split([40, 10, 0], [False, True, True], [True, True, False], stats)
+
+    cut = split.apply(cad, cad)
+
+    def visible(r, pos):
+        if r == 0 or (r == 1 and pos == 63):
+            return list(range(pos + 1))
+        return _window_of(pos, [40, 10, 0][r])
+
+    expected = _masked_attention(q, k_cache, v_cache, cad, visible)
+    torch.testing.assert_close(_paged_attention(q, k_cache, v_cache, cut), expected)
+    assert cut.num_reqs > cad.num_reqs and cut.num_actual_tokens == cad.num_actual_tokens
+    assert torch.equal(cut.slot_mapping, cad.slot_mapping), "KV writes unchanged"
+    assert cut.max_query_len == SINK_BLOCKS * BS + WINDOW + BS  # row 2's whole-context part
+    assert stats.prompt_pieces > 0
+    # The cut is exactly what the masks say: a window drops keys somewhere.
+    full = _masked_attention(q, k_cache, v_cache, cad, lambda r, p: list(range(p + 1)))
+    assert not torch.allclose(expected, full)
+
+
+def test_rows_read_through_the_steps_view_keep_it():
+    # Row 0 decodes through a view that drops blocks 1..5 (offset 20); row 1
+    # is a prompt row cut into pieces: the view must stay on row 0 only.
+    cad = _cad([2, 40], [60, 40])
+    view = View(block_table=torch.cat([
+        torch.cat([cad.block_table_tensor[0, :1], cad.block_table_tensor[0, 6:]]),
+        torch.zeros(5, dtype=torch.int32)]).view(1, -1).repeat(2, 1),
+        offsets=torch.tensor([20, 0], dtype=torch.int32),
+        offsets_cpu=torch.tensor([20, 0], dtype=torch.int32))
+    view.block_table[1] = cad.block_table_tensor[1]
+    split = _split([58, 0], [False, True], [True, False])
+
+    cut = SplitView(view, split).first(cad)
+    later = SplitView(view, split).apply(cad)
+
+    assert later.num_reqs == 2 and torch.equal(later.seq_lens, view.apply(cad).seq_lens)
+    assert int(cut.seq_lens[0]) == 40 and torch.equal(cut.block_table_tensor[0],
+                                                      view.block_table[0])
+    assert cut.num_reqs > 2
+
+
+def test_no_row_long_enough_leaves_the_metadata_as_it_was():
+    cad = _cad([3, 2 * PIECE], [43, 2 * PIECE])
+    split = _split([40, 0], [False, True], [True, True])
+
+    assert split.apply(cad, cad) is cad
+
+
+def test_more_sub_rows_than_vllms_buffers_hold_get_longer_pieces():
+    qsl = np.array([0, 200], dtype=np.int32)
+    split = _split([0], [True], [True], max_rows=8)
+
+    sub = split.plan(qsl)
+
+    assert sub.src.size <= 8 and sub.lens.sum() == 200
+    assert split.piece == PIECE  # the split itself is unchanged
+
+
+def test_a_cut_step_and_a_kept_pass_keep_their_rows_split():
+    split = _split([40, 10, 0], [False, True, True], [True, True, False])
+    view = SplitView(None, split)
+
+    part = view.rows(1, 3)
+    kept = copy_metadata(part)
+
+    assert part.split.q_start.tolist() == [10, 0]
+    assert kept.split.samples.tolist() == [True, False]
+    assert kept.split.q_start is not part.split.q_start, "copied: the runner moves on"
+
+
+@pytest.mark.parametrize("value", ["0", "x", "-3"])
+def test_a_bad_piece_switch_is_refused_by_name(monkeypatch, value):
+    monkeypatch.setenv("SPECEXTEND_PROMPT_PIECE", value)
+    with pytest.raises(ValueError, match="SPECEXTEND_PROMPT_PIECE"):
+        piece_tokens()
