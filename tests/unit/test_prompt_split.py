@@ -44,11 +44,15 @@ def _cad(query_lens, seq_lens):
     )
 
 
-def _split(q_start, prompt, samples, stats=None, max_rows=64):
-    return PromptSplit(q_start=np.asarray(q_start, dtype=np.int64),
-                       prompt=np.asarray(prompt), samples=np.asarray(samples),
-                       window=WINDOW, sink_blocks=SINK_BLOCKS, block_size=BS,
-                       max_rows=max_rows, piece=PIECE, stats=stats)
+def _split(q_start, prompt, samples, stats=None):
+    return PromptSplit(**_fields(q_start, prompt, samples, stats))
+
+
+def _fields(q_start, prompt, samples, stats=None):
+    return dict(q_start=np.asarray(q_start, dtype=np.int64),
+                prompt=np.asarray(prompt), samples=np.asarray(samples),
+                window=WINDOW, sink_blocks=SINK_BLOCKS, block_size=BS,
+                piece=PIECE, stats=stats)
 
 
 def _paged_attention(q, k_cache, v_cache, cad):
@@ -156,14 +160,22 @@ def test_no_row_long_enough_leaves_the_metadata_as_it_was():
     assert split.apply(cad, cad) is cad
 
 
-def test_more_sub_rows_than_vllms_buffers_hold_get_longer_pieces():
-    qsl = np.array([0, 200], dtype=np.int32)
-    split = _split([0], [True], [True], max_rows=8)
+def test_a_step_over_vllms_row_limit_gets_longer_pieces_and_its_parts_keep_them():
+    # Three prompt chunks of 200 side by side: at pieces of 6 they need ~90
+    # sub-rows. Under a limit of 24 the step's pieces grow; a kept pass of
+    # its first row alone (a part of the step) must cut as the step did,
+    # not with the pieces one row alone would fit (GPU test, 2026-12-06).
+    q_lens = np.array([200, 200, 200])
+    step = PromptSplit.for_step(q_lens, 24, **_fields([0, 300, 600], [True] * 3,
+                                                       [False] * 3))
+    qsl = np.concatenate([[0], np.cumsum(q_lens + 1)])
 
-    sub = split.plan(qsl)
+    whole, part = step.plan(qsl), step.rows(0, 1).plan(qsl[:2])
 
-    assert sub.src.size <= 8 and sub.lens.sum() == 200
-    assert split.piece == PIECE  # the split itself is unchanged
+    assert step.piece > PIECE and whole.src.size <= 24
+    assert part.lens.tolist() == whole.lens[whole.src == 0].tolist()
+    assert PromptSplit.for_step(q_lens, 24, **_fields([0] * 3, [False] * 3,
+                                                       [False] * 3)) is None
 
 
 def test_a_cut_step_and_a_kept_pass_keep_their_rows_split():

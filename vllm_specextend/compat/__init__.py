@@ -93,6 +93,7 @@ from vllm_specextend.compat.distributed import (
 )
 from vllm_specextend.compat.engine import (
     additional_config,
+    attention_row_limit,
     batch_invariant_on,
     engine_facts,
     engine_index,
@@ -182,6 +183,7 @@ __all__ = [
     "target_attention",
     "layer_kv_cache", "live_req_ids", "lm_head_rows", "load", "log_stats_interval", "logger",
     "max_num_batched_tokens", "max_num_seqs", "reread_env", "batch_invariant_on",
+    "attention_row_limit",
     "copies_kv_blocks", "model_input_buffers", "prefill_deferral_blocker",
     "samples_no_row", "discarded_rows", "split_rows",
     "one_request_kv_bytes", "option_action", "report_errors_briefly",

@@ -92,6 +92,17 @@ def max_num_batched_tokens(vllm_config) -> int:
     return vllm_config.scheduler_config.max_num_batched_tokens
 
 
+def attention_row_limit(vllm_config) -> int:
+    """The most rows one attention metadata may hold.
+
+    vLLM 0.26: FlashAttention's builder keeps its ahead-of-time schedule
+    in a buffer sized for ``max(max_num_seqs, max_cudagraph_capture_size)``
+    rows (``FlashAttentionMetadataBuilder.scheduler_metadata``).
+    """
+    capture = vllm_config.compilation_config.max_cudagraph_capture_size or 0
+    return max(vllm_config.scheduler_config.max_num_seqs, capture)
+
+
 def served_model_name(vllm_config) -> str:
     """The ``model_name`` label of vLLM's own Prometheus series."""
     return str(vllm_config.model_config.served_model_name)

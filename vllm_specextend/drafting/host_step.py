@@ -118,13 +118,15 @@ class HostStep:
             return None
         lens, piece = step.lens, piece_tokens()
         prompt = lens.q_start < lens.num_prompt
-        if not (prompt & (lens.seq - lens.q_start > 2 * piece)).any():
+        q_lens = lens.seq - lens.q_start
+        if not (prompt & (q_lens > 2 * piece)).any():
             return None
-        return PromptSplit(
+        return PromptSplit.for_step(
+            q_lens, compat.attention_row_limit(self.vllm_config),
             q_start=lens.q_start, prompt=prompt, samples=step.drafting.copy(),
             window=self.cfg.draft_prefill_window,
             sink_blocks=self.view_builder.sink_blocks, block_size=self.block_size,
-            max_rows=self.max_batch_size, piece=piece, stats=self.stats)
+            piece=piece, stats=self.stats)
 
     def _staging_need(self, num_reqs: int) -> int:
         # slots 1, retrieval 4, view 3, compaction 2 values per row, plus 4 per

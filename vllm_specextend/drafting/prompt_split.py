@@ -55,8 +55,10 @@ def piece_tokens() -> int:
 
 @dataclass
 class PromptSplit:
-    """Which rows of a step's first draft forward are cut, and where their
-    queries start. [num_reqs] host arrays, the step's rows in order."""
+    """Which rows of a step's first draft forward are cut, where their
+    queries start, and the step's piece size. [num_reqs] host arrays, the
+    step's rows in order; a part of the step (``rows``: a kept pass, a cut
+    step's drafting rows) keeps the step's piece, so it cuts as the step."""
 
     q_start: np.ndarray  # int64, the first position each row computes
     prompt: np.ndarray  # bool, the row computes prompt tokens
@@ -64,9 +66,26 @@ class PromptSplit:
     window: int  # tokens before each piece it reads, past the sinks
     sink_blocks: int
     block_size: int
-    max_rows: int  # sub-rows at most (vLLM's attention buffers: max_num_seqs)
     piece: int = PIECE_TOKENS
     stats: object = None  # SpecExtendStats: counts prompt_pieces
+
+    @classmethod
+    def for_step(cls, q_lens: np.ndarray, max_rows: int, **fields) -> PromptSplit | None:
+        """The split of a step whose rows compute ``q_lens`` tokens each
+        ([num_reqs], host), with the longest piece that keeps its sub-rows
+        within ``max_rows`` (vLLM's attention buffers,
+        ``compat.attention_row_limit``); None where no row is long enough.
+        Counted with one query more a row: the draft's first forward can
+        add one (vLLM's ``extra_slots_per_request``), never fewer."""
+        split = cls(**fields)
+        qsl = np.concatenate([[0], np.cumsum(q_lens + 1)])
+        while True:
+            sub = split._plan(qsl, split.piece)
+            if sub is None:
+                return None
+            if sub.src.size <= max_rows:
+                return split
+            split.piece *= 2  # fewer, longer pieces
 
     def rows(self, start: int, stop: int) -> PromptSplit:
         """The split of rows ``start:stop`` only (a step cut in two)."""
@@ -78,12 +97,7 @@ class PromptSplit:
         """The sub-rows for a first forward whose rows start their queries at
         ``query_start_loc`` ([num_reqs + 1], host); None where no row is
         long enough to cut."""
-        piece = self.piece
-        while True:
-            sub = self._plan(query_start_loc, piece)
-            if sub is None or sub.src.size <= self.max_rows:
-                return sub
-            piece *= 2  # fewer, longer pieces: vLLM's buffers hold max_rows
+        return self._plan(query_start_loc, self.piece)
 
     def _plan(self, qsl: np.ndarray, piece: int) -> SubRows | None:
         bs = self.block_size
