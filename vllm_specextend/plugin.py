@@ -61,6 +61,9 @@ def on_engine_config(vllm_config) -> None:
     if settings.prompt_pool_note is not None:
         compat.logger.info("SpecExtend draft_prompt_pool auto: %s",
                            settings.prompt_pool_note)
+    if settings.prefill_window_note is not None:
+        compat.logger.info("SpecExtend draft_prefill_window auto: %s",
+                           settings.prefill_window_note)
     if settings.lookup_note is not None:
         compat.logger.info("SpecExtend lookup_tokens auto: %s", settings.lookup_note)
 

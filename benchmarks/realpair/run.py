@@ -32,7 +32,8 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
   ``spec_extend_prefill_window`` (the full pass, each chunk reading the sinks
   and the 2,048 tokens before it: ``draft_prefill_window``, which turns the
   pool off; since 2026-12-06 night each piece of 1,024 inside a chunk too),
-  ``spec_extend_pw4k`` (that with a window of 4,096), ``spec_extend_follow15`` (the pool, ``"auto"``, chosen as the
+  ``spec_extend_pw4k`` (that with a window of 4,096, what ``"auto"`` became
+  the same night), ``spec_extend_no_window`` (the full pass: null), ``spec_extend_follow15`` (the pool, ``"auto"``, chosen as the
   top chunks each with the 15 after it: ``SPECEXTEND_POOL_FOLLOW``),
   ``spec_extend_top64`` (a view of 64 chunks: acceptance nearer full KV's?),
   ``spec_extend_every2`` (a retrieval every 2 steps), ``spec_extend_vocab32k``
@@ -120,6 +121,8 @@ PLUGIN_CONFIGS = {
     # The window inside a chunk (prompt_split.py, 2026-12-06 night): 2,048 is
     # spec_extend_prefill_window's; a wider one for the acceptance it keeps.
     "spec_extend_pw4k": {"draft_prefill_window": 4096},
+    # The full pass, the default until draft_prefill_window became "auto".
+    "spec_extend_no_window": {"draft_prefill_window": None},
     "spec_extend_carry_after4": {"carry_drafts": 1},
     "spec_extend_carry_all": {"carry_drafts": 1},
 }
@@ -244,7 +247,8 @@ def resolved_keys(llm, kwargs: dict) -> dict | None:
     if "additional_config" not in kwargs:
         return None
     state = worker_state(llm)[0]
-    return {key: state[key] for key in ("draft_prompt_pool", "lookup_tokens")}
+    return {key: state.get(key) for key in ("draft_prompt_pool", "draft_prefill_window",
+                                            "lookup_tokens")}
 
 
 def plugin_counters(llm, kwargs: dict) -> dict | None:

@@ -10,11 +10,13 @@ import pytest
 from vllm_specextend.config import (
     ADDITIONAL_CONFIG_KEY,
     AUTO_POOL_PER_TOP_K,
+    AUTO_PREFILL_WINDOW,
     POLICIES,
     EngineFacts,
     SpecExtendConfig,
     SpecExtendConfigError,
     resolve_lookup,
+    resolve_prefill_window,
     resolve_prompt_pool,
     validate_engine,
 )
@@ -379,9 +381,39 @@ def test_validate_engine_rejects_draft_vocab_for_eagle_heads(method):
     validate_engine(cfg, good_facts(method="draft_model"))
 
 
-def test_draft_prefill_window_defaults_to_full_attention():
-    assert SpecExtendConfig().draft_prefill_window is None
+def test_draft_prefill_window_defaults_to_auto_which_resolves_per_engine():
+    # "auto": 4,096 where the engine can window a draft model's passes (the
+    # real pair, 2026-12-06 night), full attention where it cannot, logged.
+    assert SpecExtendConfig().draft_prefill_window == "auto"
     assert SpecExtendConfig.from_json('{"draft_prefill_window": 4096}').draft_prefill_window == 4096
+    validate_engine(SpecExtendConfig(), good_facts(method="eagle3"))  # auto never fails
+    cfg, note = resolve_prefill_window(SpecExtendConfig(), good_facts(**LONG))
+    assert cfg.draft_prefill_window == AUTO_PREFILL_WINDOW == 4096
+    assert note == "4096 tokens before each prompt piece"
+
+
+@pytest.mark.parametrize("cfg, facts, why", [
+    ({}, {"method": "eagle3"}, "the eagle3 head writes no draft KV"),
+    ({"self_draft": True}, {"model": "t", "draft_model": "t"}, "self_draft writes no"),
+    ({}, {"max_model_len": 65536, "draft_max_model_len": 8192}, "compacted"),
+    ({"policy": "full"}, {}, 'policy "full" builds no view'),
+    ({"draft_prompt_pool": "auto"}, {}, "draft_prompt_pool bounds"),
+    ({"draft_prompt_pool": 128}, {}, "draft_prompt_pool bounds"),
+])
+def test_auto_window_steps_aside_where_the_engine_cannot_window(cfg, facts, why):
+    facts = good_facts(**{**LONG, **facts})
+    cfg = SpecExtendConfig(**cfg)
+    validate_engine(cfg, facts)
+    cfg, _ = resolve_prompt_pool(cfg, facts)
+    resolved, note = resolve_prefill_window(cfg, facts)
+    assert resolved.draft_prefill_window is None
+    assert note.startswith("full attention over every prompt (") and why in note
+
+
+@pytest.mark.parametrize("value", [None, 2048])
+def test_a_named_window_is_left_as_it_is(value):
+    cfg = SpecExtendConfig(draft_prefill_window=value)
+    assert resolve_prefill_window(cfg, good_facts(**LONG)) == (cfg, None)
 
 
 @pytest.mark.parametrize("value", [0, -1, True, "4096", 4096.0])

@@ -46,7 +46,8 @@ class _VllmConfig:
 
 def test_resolve_draws_the_decisions():
     cfg = SpecExtendConfig(top_k=2, recent_tokens=64, retrieve_every=2,
-                           draft_prompt_pool=None, lookup_tokens=0)
+                           draft_prompt_pool=None, lookup_tokens=0,
+                           draft_prefill_window=None)
     full = Settings.resolve(cfg, _facts())
     assert not full.compaction_on and full.draft_len is None
     assert full.min_view_context == cfg.min_context
@@ -84,13 +85,17 @@ def test_from_vllm_without_spec_extend_uses_defaults():
     vllm_config = _VllmConfig()
     assert not enabled(vllm_config)
     resolved = Settings.from_vllm(vllm_config)
-    # The defaults: the draft's full pass; lookup_tokens "auto" off at K=3.
-    assert resolved.config == dataclasses.replace(SpecExtendConfig(), lookup_tokens=0)
+    # The defaults: the draft's full pass, windowed (draft_prefill_window
+    # "auto"); lookup_tokens "auto" off at K=3.
+    defaults = dataclasses.replace(SpecExtendConfig(), lookup_tokens=0,
+                                   draft_prefill_window=4096)
+    assert resolved.config == defaults
     assert resolved.prompt_pool_note is None
+    assert resolved.prefill_window_note == "4096 tokens before each prompt piece"
     assert resolved.lookup_note == ("off (num_speculative_tokens=3 is below 8, "
                                     "from which it is measured)")
     assert enabled(_VllmConfig({}))
     # "auto" resolved: no 4K prompt is long enough to pool.
     pooled = Settings.from_vllm(_VllmConfig({"draft_prompt_pool": "auto"}))
-    assert pooled.config == dataclasses.replace(SpecExtendConfig(), lookup_tokens=0)
+    assert pooled.config == defaults
     assert "max_model_len=4096" in pooled.prompt_pool_note

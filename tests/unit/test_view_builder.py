@@ -23,7 +23,7 @@ from vllm_specextend.serving.stats import SpecExtendStats
 
 BS = 16
 CFG = SpecExtendConfig(chunk_size=32, top_k=3, sink_tokens=32, recent_tokens=64,
-                       min_context=0)
+                       min_context=0, draft_prefill_window=None)
 CPU = torch.device("cpu")
 
 

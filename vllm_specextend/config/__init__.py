@@ -10,6 +10,7 @@ named. Pure Python, no vLLM import: every room may import it.
 
 from vllm_specextend.config.engine import (
     AUTO_POOL_PER_TOP_K,
+    AUTO_PREFILL_WINDOW,
     METHODS,
     EngineFacts,
     compaction_on,
@@ -18,6 +19,7 @@ from vllm_specextend.config.engine import (
     raise_if_prefill_window_unsupported,
     raise_if_prompt_pool_unsupported,
     replicated_draft,
+    resolve_prefill_window,
     resolve_prompt_pool,
     validate_engine,
 )
@@ -43,6 +45,7 @@ __all__ = [
     "AUTO_LOOKUP_DRAFTED",
     "AUTO_LOOKUP_MIN_K",
     "AUTO_POOL_PER_TOP_K",
+    "AUTO_PREFILL_WINDOW",
     "DRAFT_GRAPH_MODES",
     "DRAFT_PLACEMENTS",
     "METHODS",
@@ -60,6 +63,7 @@ __all__ = [
     "raise_if_prompt_pool_unsupported",
     "replicated_draft",
     "resolve_lookup",
+    "resolve_prefill_window",
     "resolve_prompt_pool",
     "score_layer_index",
     "validate_engine",

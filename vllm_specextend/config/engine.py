@@ -3,8 +3,9 @@ becomes on it.
 
 :class:`EngineFacts` are the parts of a resolved vLLM config the plugin
 depends on; :func:`validate_engine` refuses a setup it cannot serve, naming
-the fix; ``resolve_prompt_pool`` and ``resolve_lookup`` turn
-``draft_prompt_pool`` and ``lookup_tokens`` ``"auto"`` into this engine's.
+the fix; ``resolve_prompt_pool``, ``resolve_prefill_window`` and ``resolve_lookup``
+turn ``draft_prompt_pool``, ``draft_prefill_window`` and ``lookup_tokens``
+``"auto"`` into this engine's.
 Pure functions raising :class:`SpecExtendConfigError`, so they run the same
 at engine-config time, on a reconfigure and in unit tests. No vLLM import.
 """
@@ -149,8 +150,8 @@ def _raise_if_draft_vocab_on_eagle(cfg: SpecExtendConfig, facts: EngineFacts) ->
 def raise_if_prefill_window_unsupported(cfg: SpecExtendConfig,
                                         facts: EngineFacts) -> None:
     """At engine config, and when a benchmark reconfigures a live engine."""
-    if cfg.draft_prefill_window is None:
-        return
+    if cfg.draft_prefill_window in (None, "auto"):
+        return  # "auto" never fails: resolve_prefill_window turns it off instead
     if cfg.policy == "full":
         raise SpecExtendConfigError(
             'spec_extend.draft_prefill_window reads prompts through the view, '
@@ -158,6 +159,41 @@ def raise_if_prefill_window_unsupported(cfg: SpecExtendConfig,
             "or leave draft_prefill_window unset."
         )
     _raise_if_not_a_draft_model_at_its_positions("draft_prefill_window", cfg, facts)
+
+
+AUTO_PREFILL_WINDOW = 4096
+"""``draft_prefill_window: "auto"``: the window measured on the real pair
+(H100, 2026-12-06, night, ``benchmarks/results/realpair/20261206T2234Z_h100_pieces``):
+against the full pass, accepted length -3.4% (other 16K) to +3.0% (copy 30K),
+end to end +2% (copy 16K), +11% (copy 30K), +7% (copy 16K at batch 8),
++0.5% (other 16K). 2,048 was as fast but cost 7% of the other tasks'
+accepted length."""
+
+
+def resolve_prefill_window(cfg: SpecExtendConfig,
+                           facts: EngineFacts) -> tuple[SpecExtendConfig, str | None]:
+    """``cfg`` with ``draft_prefill_window: "auto"`` resolved for this engine:
+    ``AUTO_PREFILL_WINDOW`` where the engine can window the draft's passes
+    over a prompt, else None (full attention), and a line for the start-up
+    log; a config that names its window (or null) comes back as it is, with
+    None. After ``resolve_prompt_pool``: a pool bounds the pass instead."""
+    if cfg.draft_prefill_window != "auto":
+        return cfg, None
+    why = None
+    if cfg.policy == "full":
+        why = 'policy "full" builds no view'
+    elif cfg.draft_prompt_pool is not None:
+        why = "draft_prompt_pool bounds the draft's pass over a prompt instead"
+    else:
+        refusal = _not_a_draft_model_at_its_positions("draft_prefill_window", cfg, facts)
+        if refusal is not None:
+            why = refusal[0].removeprefix("spec_extend.draft_prefill_window ")
+            why = why.rstrip(";.:")
+    if why is not None:
+        return (dataclasses.replace(cfg, draft_prefill_window=None),
+                f"full attention over every prompt ({why})")
+    return (dataclasses.replace(cfg, draft_prefill_window=AUTO_PREFILL_WINDOW),
+            f"{AUTO_PREFILL_WINDOW} tokens before each prompt piece")
 
 
 def _raise_if_not_a_draft_model_at_its_positions(key: str, cfg: SpecExtendConfig,
@@ -215,7 +251,7 @@ def prompt_pool_refusal(cfg: SpecExtendConfig,
         return (f"spec_extend.draft_prompt_pool={pool} is below top_k={cfg.top_k}: "
                 "every selection chooses its top_k chunks from the pool.",
                 "Raise draft_prompt_pool, or leave it unset.")
-    if cfg.draft_prefill_window is not None:
+    if cfg.draft_prefill_window not in (None, "auto"):  # "auto" steps aside
         return ("spec_extend.draft_prompt_pool and draft_prefill_window both bound "
                 "the draft's pass over a prompt;", "set one of them.")
     refusal = _not_a_draft_model_at_its_positions("draft_prompt_pool", cfg, facts)

@@ -94,7 +94,7 @@ _OPTIONAL_COUNTS = (
 def _raise_if_bad_optional_counts(cfg: SpecExtendConfig) -> None:
     for name, meaning, unset in _OPTIONAL_COUNTS:
         value = getattr(cfg, name)
-        auto = name == "draft_prompt_pool"  # the one with an "auto"
+        auto = name in ("draft_prompt_pool", "draft_prefill_window")  # with "auto"
         if auto and value == "auto":
             continue
         if value is not None and (isinstance(value, bool)

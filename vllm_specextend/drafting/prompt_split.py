@@ -116,7 +116,10 @@ class PromptSplit:
             last = end - 1 if self.samples[r] else end
             # The queries whose window would reach the sinks read the whole
             # context, as one sub-row; pieces from the first one past it.
-            s = min(last, max(start, sink_end + self.window + bs))
+            s = max(start, sink_end + self.window + bs)
+            if s >= last:  # no piece would drop a block: the row as it is
+                subs.append((r, q, -1, 0))
+                continue
             subs.append((r, s - start, self.sink_blocks, s))
             while s < last:
                 t = min(s + piece, last)
@@ -126,6 +129,8 @@ class PromptSplit:
                 subs.append((r, 1, -1, 0))
         src, lens, window_block, ends = (
             np.asarray(column, dtype=np.int64) for column in zip(*subs, strict=True))
+        if not (window_block >= 0).any():
+            return None
         keep = (lens > 0) | (window_block < 0)  # a row passed through stays
         src, lens, window_block, ends = (
             src[keep], lens[keep], window_block[keep], ends[keep])

@@ -22,6 +22,7 @@ from vllm_specextend.config import (
     raise_if_prefill_window_unsupported,
     raise_if_prompt_pool_unsupported,
     resolve_lookup,
+    resolve_prefill_window,
     resolve_prompt_pool,
     score_layer_index,
 )
@@ -43,6 +44,8 @@ class Reconfigurable:
         if cfg.draft_prompt_pool == "auto":  # a benchmark's config (the
             # engine's own comes resolved: Settings.resolve)
             cfg, _ = resolve_prompt_pool(cfg, self.settings.facts)
+        if cfg.draft_prefill_window == "auto":
+            cfg, _ = resolve_prefill_window(cfg, self.settings.facts)
         if cfg.lookup_tokens == "auto":
             cfg, _ = resolve_lookup(cfg, self.settings.facts)
         if cfg.carry_drafts is not None:  # once the lookup's count is known

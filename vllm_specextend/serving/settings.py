@@ -24,6 +24,7 @@ from vllm_specextend.config import (
     raise_if_carry_unsupported,
     replicated_draft,
     resolve_lookup,
+    resolve_prefill_window,
     resolve_prompt_pool,
     validate_engine,
 )
@@ -53,6 +54,9 @@ class Settings:
     prompt_pool_note: str | None = None
     """What ``draft_prompt_pool: "auto"`` became here and why (None where the
     config named it), for the start-up log."""
+    prefill_window_note: str | None = None
+    """What ``draft_prefill_window: "auto"`` became here and why (None where
+    the config named a window or null), for the start-up log."""
     lookup_note: str | None = None
     """What ``lookup_tokens: "auto"`` became here and why (None where the
     config named a count), for the start-up log."""
@@ -65,6 +69,7 @@ class Settings:
         ``config`` holds what ``"auto"`` keys resolved to."""
         validate_engine(config, facts)
         config, pool_note = resolve_prompt_pool(config, facts)
+        config, window_note = resolve_prefill_window(config, facts)
         config, lookup_note = resolve_lookup(config, facts)
         raise_if_carry_unsupported(config, facts)
         compact = compaction_on(config, facts)
@@ -80,6 +85,7 @@ class Settings:
             replicated_draft=replicated_draft(config, facts),
             engine_index=engine_index,
             prompt_pool_note=pool_note,
+            prefill_window_note=window_note,
             lookup_note=lookup_note,
         )
 

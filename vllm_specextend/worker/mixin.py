@@ -94,8 +94,9 @@ class SpecExtendWorkerMixin:
             "request_slots": drafter.state.num_slots_held,
             "stats": drafter.stats.snapshot(),
             "draft_placement": getattr(drafter, "draft_placement", "sharded"),
-            # What draft_prompt_pool and lookup_tokens "auto" became here.
+            # What the "auto" keys became here.
             "draft_prompt_pool": drafter.cfg.draft_prompt_pool,
+            "draft_prefill_window": drafter.cfg.draft_prefill_window,
             "lookup_tokens": drafter.cfg.lookup_tokens,
         }
 
