@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 
+from test_pool_parts import _cad as pool_cad
+
 from vllm_specextend.drafting.deferral import copy_metadata
 from vllm_specextend.drafting.prompt_split import PromptSplit, SplitView, piece_tokens
 from vllm_specextend.drafting.view import View
@@ -27,21 +29,8 @@ WIDTH = 24  # blocks a row's table holds
 
 
 def _cad(query_lens, seq_lens):
-    from vllm.v1.attention.backend import CommonAttentionMetadata
-
-    qsl = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
-    num_reqs = len(query_lens)
-    # Row r's logical block j is physical block WIDTH * r + j (all distinct).
-    table = torch.arange(num_reqs * WIDTH, dtype=torch.int32).view(num_reqs, WIDTH)
-    seq = torch.tensor(seq_lens, dtype=torch.int32)
-    return CommonAttentionMetadata(
-        query_start_loc=torch.from_numpy(qsl), query_start_loc_cpu=torch.from_numpy(qsl),
-        seq_lens=seq, num_reqs=num_reqs, num_actual_tokens=int(qsl[-1]),
-        max_query_len=int(max(query_lens)), max_seq_len=int(max(seq_lens)),
-        block_table_tensor=table,
-        slot_mapping=torch.zeros(int(qsl[-1]), dtype=torch.int64),
-        _num_computed_tokens_cpu=seq - torch.tensor(query_lens, dtype=torch.int32),
-    )
+    """Row r's logical block j is physical block 100 * r + j (all distinct)."""
+    return pool_cad(query_lens, seq_lens, width=WIDTH)
 
 
 def _split(q_start, prompt, samples, stats=None):
@@ -108,7 +97,7 @@ def test_each_piece_reads_the_sinks_and_its_window_and_other_rows_are_unchanged(
     # prompt chunk that ends no prompt (queries 0..39, every one cut).
     cad = _cad([3, 54, 40], [43, 64, 40])
     gen = torch.Generator().manual_seed(0)
-    num_slots = 3 * WIDTH * BS
+    num_slots = (100 * 2 + WIDTH) * BS  # row 2's last block is the highest
     q = torch.randn(cad.num_actual_tokens, 8, generator=gen)
     k_cache, v_cache = (torch.randn(num_slots, 8, generator=gen) for _ in range(2))
     stats = SpecExtendStats()
