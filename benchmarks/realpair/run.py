@@ -26,7 +26,9 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
   defaults: what a user gets.
 * ``spec_extend_window``: policy ``streaming`` (sinks + a recent window of the
   same budget), ``spec_extend_full_pass``: ``draft_prompt_pool: null`` (the
-  default since 2026-12-06: ``spec_extend`` ran ``"auto"`` before),
+  default since 2026-12-06: ``spec_extend`` ran ``"auto"`` before) and,
+  since ``draft_prefill_window`` became ``"auto"``, ``draft_prefill_window:
+  null`` (the draft's pass over every prompt token, unwindowed),
   ``spec_extend_pool``: ``"auto"``.
 * variants: ``spec_extend_pool256`` (a pool twice ``"auto"``'s 4 × top_k),
   ``spec_extend_prefill_window`` (the full pass, each chunk reading the sinks
@@ -96,7 +98,7 @@ MODES = ("plain", "draft_model", "ngram", "ngram_gpu", "suffix", "spec_extend",
 PLUGIN_CONFIGS = {
     "spec_extend": {},
     "spec_extend_window": {"policy": "streaming"},
-    "spec_extend_full_pass": {"draft_prompt_pool": None},
+    "spec_extend_full_pass": {"draft_prompt_pool": None, "draft_prefill_window": None},
     "spec_extend_pool": {"draft_prompt_pool": "auto"},
     "spec_extend_pool256": {"draft_prompt_pool": 256},
     "spec_extend_prefill_window": {"draft_prefill_window": 2048},

@@ -93,10 +93,13 @@ def test_pieces_inside_a_chunk_stay_lossless_and_keep_their_cut_when_kept(
     monkeypatch.setenv("SPECEXTEND_PROMPT_PIECE", str(PIECE))
     deferred = _engine_run(tiny_target, tiny_draft, prompts, WINDOW, defer=True)
     in_step = _engine_run(tiny_target, tiny_draft, prompts, WINDOW, defer=False)
-    per_chunk = _run(tiny_target, tiny_draft, prompts, WINDOW)
 
     assert deferred["stats"]["prompt_pieces"] > 0
     assert deferred["stats"]["deferred_prefill_passes"] > 0
     assert deferred["outputs"] == in_step["outputs"] == plain_outputs
     assert deferred["proposals"] == in_step["proposals"], "the same drafts, step by step"
-    assert deferred["proposals"] != per_chunk["proposals"] != full["proposals"]
+    # The draft reads less than the whole prompt: it drafts otherwise. (Against
+    # the chunk's window alone this tiny random draft may draft alike: each
+    # chunk's first piece reads that window, its last token too where it
+    # samples; the pieces' reads are checked exactly in test_prompt_split.py.)
+    assert deferred["proposals"] != full["proposals"]

@@ -10,6 +10,8 @@ row not cut, see what they saw before.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -17,8 +19,10 @@ import torch
 from test_pool_parts import _cad as pool_cad
 
 from vllm_specextend.drafting.deferral import copy_metadata
+from vllm_specextend.drafting.host_step import HostStep
 from vllm_specextend.drafting.prompt_split import PromptSplit, SplitView, piece_tokens
 from vllm_specextend.drafting.view import View
+from vllm_specextend.retrieval.planner import BatchLens
 from vllm_specextend.serving.stats import SpecExtendStats
 
 BS = 4
@@ -115,7 +119,9 @@ def test_each_piece_reads_the_sinks_and_its_window_and_other_rows_are_unchanged(
     assert cut.num_reqs > cad.num_reqs and cut.num_actual_tokens == cad.num_actual_tokens
     assert torch.equal(cut.slot_mapping, cad.slot_mapping), "KV writes unchanged"
     assert cut.max_query_len == SINK_BLOCKS * BS + WINDOW + BS  # row 2's whole-context part
-    assert stats.prompt_pieces > 0
+    # Pieces that drop blocks: row 1's 16..63 in 6s, row 2's 16..39 (the
+    # rows' whole-context heads are not pieces).
+    assert stats.prompt_pieces == 8 + 4
     # The cut is exactly what the masks say: a window drops keys somewhere.
     full = _masked_attention(q, k_cache, v_cache, cad, lambda r, p: list(range(p + 1)))
     assert not torch.allclose(expected, full)
@@ -168,7 +174,8 @@ def test_a_step_over_vllms_row_limit_gets_longer_pieces_and_its_parts_keep_them(
 
 
 def test_a_cut_step_and_a_kept_pass_keep_their_rows_split():
-    split = _split([40, 10, 0], [False, True, True], [True, True, False])
+    stats = SpecExtendStats()
+    split = _split([40, 10, 0], [False, True, True], [True, True, False], stats)
     view = SplitView(None, split)
 
     part = view.rows(1, 3)
@@ -177,6 +184,35 @@ def test_a_cut_step_and_a_kept_pass_keep_their_rows_split():
     assert part.split.q_start.tolist() == [10, 0]
     assert kept.split.samples.tolist() == [True, False]
     assert kept.split.q_start is not part.split.q_start, "copied: the runner moves on"
+    assert kept.split.stats is stats, "a kept pass counts its pieces where the step would"
+
+
+def test_the_step_splits_its_rows_and_a_chunk_that_ends_its_prompt_samples():
+    # Row 0 decodes; row 1's chunk ends its 9,000-token prompt (its last
+    # query samples the first draft token: it reads the row whole); row 2's
+    # chunk of 5,000 ends no prompt. HostStep._prompt_split on a stand-in
+    # proposer (what it reads of one).
+    lens = BatchLens(seq=np.array([20_000, 9_000, 5_000]),
+                     num_prompt=np.array([100, 9_000, 12_000]),
+                     q_start=np.array([19_996, 1_000, 0]))
+    step = SimpleNamespace(lens=lens, drafting=np.array([True, False, False]))
+    proposer = SimpleNamespace(
+        cfg=SimpleNamespace(draft_prefill_window=1024), block_size=16, stats=None,
+        view_builder=SimpleNamespace(sink_blocks=2),
+        vllm_config=SimpleNamespace(
+            scheduler_config=SimpleNamespace(max_num_seqs=256),
+            compilation_config=SimpleNamespace(max_cudagraph_capture_size=512)))
+
+    split = HostStep._prompt_split(proposer, step)
+
+    assert split.prompt.tolist() == [False, True, True]
+    assert split.samples.tolist() == [True, True, False]  # row 0 samples, uncut
+    qsl = np.concatenate([[0], np.cumsum(lens.seq - lens.q_start + 1)])
+    sub = split.plan(qsl)
+    assert sub.src.tolist()[-1] == 2 and (sub.window_block[sub.src == 1] == -1).sum() == 1
+    assert sub.lens[(sub.src == 1) & (sub.window_block == -1)].tolist() == [1]
+    proposer.cfg.draft_prefill_window = None
+    assert HostStep._prompt_split(proposer, step) is None
 
 
 @pytest.mark.parametrize("value", ["0", "x", "-3"])

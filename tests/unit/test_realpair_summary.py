@@ -103,7 +103,8 @@ def test_engine_kwargs_per_mode():
     assert ngram == {"method": "ngram", "num_speculative_tokens": 8}
     full = engine_kwargs("spec_extend_full_pass", "T", "D", 4)
     assert full["speculative_config"]["model"] == "D"
-    assert full["additional_config"] == {"spec_extend": {"draft_prompt_pool": None}}
+    assert full["additional_config"] == {"spec_extend": {"draft_prompt_pool": None,
+                                                         "draft_prefill_window": None}}
     assert engine_kwargs("spec_extend", "T", "D", 4)["additional_config"] == {
         "spec_extend": {}}
     for mode, k, m in (("spec_extend_lookup", 8, 5), ("spec_extend_lookup4", 5, 4),

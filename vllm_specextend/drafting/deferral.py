@@ -34,6 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from vllm_specextend.serving.stats import SpecExtendStats
+
 
 @dataclass
 class KeptPass:
@@ -84,6 +86,8 @@ def copy_metadata(cad):
     device after this copy, in stream order; on the host at once)."""
 
     def copy(value):
+        if isinstance(value, SpecExtendStats):
+            return value  # the proposer's counters, shared (``PromptSplit.stats``)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             return copy_metadata(value)  # a view inside a view (``SplitView``)
         if isinstance(value, torch.Tensor):

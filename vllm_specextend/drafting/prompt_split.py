@@ -142,12 +142,14 @@ class PromptSplit:
         """The first forward's metadata: ``viewed`` (vLLM's ``real`` metadata
         through the step's view, or ``real`` itself) with its cut rows as
         sub-rows, their tables gathered from ``real``'s block table."""
+        if any(getattr(real, name, None) is not None for name in _PER_ROW_UNCUT):
+            return viewed  # per-row fields this split does not cut (below)
         qsl = real.query_start_loc_cpu[: real.num_reqs + 1].numpy()
         sub = self.plan(qsl)
         if sub is None:
             return viewed
-        if self.stats is not None:
-            self.stats.prompt_pieces += int((sub.window_block >= 0).sum())
+        if self.stats is not None:  # pieces that drop blocks (not a row's head)
+            self.stats.prompt_pieces += int((sub.window_block > self.sink_blocks).sum())
         device = real.query_start_loc.device
         n = sub.src.size
         qsl_new = np.zeros(n + 1, dtype=np.int32)
@@ -184,8 +186,15 @@ class PromptSplit:
             _num_computed_tokens_cache=None,
             _token_to_req_indices_cache=None,
             is_prefilling=_rows(viewed.is_prefilling, src_host, src_d),
-            rswa_prefix_lens=_rows(viewed.rswa_prefix_lens, src_host, src_d),
         )
+
+
+_PER_ROW_UNCUT = ("dcp_local_seq_lens", "encoder_seq_lens", "mm_req_doc_ranges",
+                  "rswa_prefix_lens")
+"""Per-row fields of vLLM's metadata the split does not cut: a step with
+any of them (decode context parallelism, cross-attention, multimodal
+prefix ranges, reference sliding windows, whose buffers hold
+``max_num_seqs`` rows) keeps its rows whole."""
 
 
 @dataclass
