@@ -155,10 +155,10 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses, PooledPasses, Lookup
         slot_mappings=None,
     ) -> torch.Tensor:
         # Extends super(): plans the view (and retrieves) on the host, then
-        # replays the captured draft routine when the step fits it, else sets
-        # the view for the funnel and drafts as vLLM does. K = 0: no view. A step of prompt chunks that sample
-        # nothing keeps its pass for later, a step with such chunks at one end
-        # is cut in two (kept_passes.py); others run the kept passes first.
+        # replays the captured draft routine when the step fits, else sets the
+        # view for the funnel and drafts as vLLM does (K = 0: no view). Prompt
+        # chunks that sample nothing keep their pass for later; a step with such
+        # chunks at one end is cut in two (kept_passes.py); others run them first.
         cad = common_attn_metadata
         drop = self._drops_pass(cad, mm_embed_inputs)
         keep = drop or self._keeps_pass(mm_embed_inputs, num_rejected_tokens_gpu)

@@ -35,8 +35,9 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
   and the 2,048 tokens before it: ``draft_prefill_window``, which turns the
   pool off; since 2026-12-06 night each piece of 1,024 inside a chunk too),
   ``spec_extend_pw4k`` (that with a window of 4,096, what ``"auto"`` became
-  the same night), ``spec_extend_no_window`` (the full pass: null), ``spec_extend_follow15`` (the pool, ``"auto"``, chosen as the
-  top chunks each with the 15 after it: ``SPECEXTEND_POOL_FOLLOW``),
+  the same night), ``spec_extend_no_window`` (the full pass: null),
+  ``spec_extend_follow15`` (the pool, ``"auto"``, chosen as the top chunks
+  each with the 15 after it: ``SPECEXTEND_POOL_FOLLOW``),
   ``spec_extend_top64`` (a view of 64 chunks: acceptance nearer full KV's?),
   ``spec_extend_every2`` (a retrieval every 2 steps), ``spec_extend_vocab32k``
   (greedy drafts from the first 32,768 of the 151,936 ids: a cheaper draft

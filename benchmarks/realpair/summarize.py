@@ -201,8 +201,8 @@ full pass (null), ``top_k`` became 64, then ``lookup_tokens`` became
 K=12 against K=8 in one session), then ``draft_prefill_window`` became
 ``"auto"`` (4,096, windowed inside a chunk: 2234Z ran it as
 ``spec_extend_pw4k`` K=12; its ``spec_extend`` is the full pass before).
-Before 1131Z every plugin mode ran K=4 without the lookup. Folders not named here ran today's defaults as
-``DEFAULTS_RUN``."""
+Before 1131Z every plugin mode ran K=4 without the lookup. Folders not
+named here ran today's defaults as ``DEFAULTS_RUN``."""
 
 
 def defaults_run(folder: str) -> tuple[str, int] | None:

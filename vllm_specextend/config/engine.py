@@ -164,7 +164,7 @@ def raise_if_prefill_window_unsupported(cfg: SpecExtendConfig,
 AUTO_PREFILL_WINDOW = 4096
 """``draft_prefill_window: "auto"``: the window measured on the real pair
 (H100, 2026-12-06, night, ``benchmarks/results/realpair/20261206T2234Z_h100_pieces``):
-against the full pass, accepted length -3.4% (other 16K) to +3.0% (copy 30K),
+against the full pass, accepted length -3.3% (other 16K) to +3.0% (copy 30K),
 end to end +2% (copy 16K), +11% (copy 30K), +7% (copy 16K at batch 8),
 +0.5% (other 16K). 2,048 was as fast but cost 7% of the other tasks'
 accepted length."""

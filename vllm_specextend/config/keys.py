@@ -106,7 +106,7 @@ class SpecExtendConfig:
     default since 2026-12-06, night; ``config.resolve_prefill_window``):
     ``AUTO_PREFILL_WINDOW`` (4,096) where the engine can, else None, the
     start-up log says which and why. On the real pair (H100, 16 prompts a
-    cell, K=12) 4,096 kept the accepted length within -3.4% to +3.0% of the
+    cell, K=12) 4,096 kept the accepted length within -3.3% to +3.0% of the
     full pass and ran copy tasks at 30K 1.11x faster end to end
     (docs/evaluation.md, "The draft's pass windowed inside a chunk")."""
 

@@ -116,19 +116,16 @@ class HostStep:
         (``draft_prefill_window``, ``prompt_split.py``); None: it does not."""
         if self.cfg.draft_prefill_window is None:
             return None
-        lens, piece = step.lens, piece_tokens()
-        prompt = lens.q_start < lens.num_prompt
-        q_lens = lens.seq - lens.q_start
-        if not (prompt & (q_lens + 1 > 2 * piece)).any():  # + 1: for_step's count
-            return None
+        lens = step.lens
         # A chunk that ends its prompt samples the first draft token from its
         # last query (``step.drafting`` holds the rows that read a view).
         return PromptSplit.for_step(
-            q_lens, compat.attention_row_limit(self.vllm_config),
-            q_start=lens.q_start, prompt=prompt, samples=lens.seq >= lens.num_prompt,
+            lens.seq - lens.q_start, compat.attention_row_limit(self.vllm_config),
+            q_start=lens.q_start, prompt=lens.q_start < lens.num_prompt,
+            samples=lens.seq >= lens.num_prompt,
             window=self.cfg.draft_prefill_window,
             sink_blocks=self.view_builder.sink_blocks, block_size=self.block_size,
-            piece=piece, stats=self.stats)
+            piece=piece_tokens(), stats=self.stats)
 
     def _staging_need(self, num_reqs: int) -> int:
         # slots 1, retrieval 4, view 3, compaction 2 values per row, plus 4 per

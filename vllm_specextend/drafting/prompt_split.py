@@ -108,22 +108,20 @@ class PromptSplit:
             return None
         subs = []  # (row, queries, first window block or -1, end position)
         for r, q in enumerate(q_lens.tolist()):
-            if not cut[r]:
-                subs.append((r, q, -1, 0))
-                continue
             start = int(self.q_start[r])
             end = start + q
             last = end - 1 if self.samples[r] else end
             # The queries whose window would reach the sinks read the whole
             # context, as one sub-row; pieces from the first one past it.
             s = max(start, sink_end + self.window + bs)
-            if s >= last:  # no piece would drop a block: the row as it is
+            if not cut[r] or s >= last:  # no piece would drop a block: as it is
                 subs.append((r, q, -1, 0))
                 continue
-            subs.append((r, s - start, self.sink_blocks, s))
-            while s < last:
+            if s > start:  # its head: reads from the sinks on, dropping nothing
+                subs.append((r, s - start, self.sink_blocks, s))
+            while s < last:  # pieces: each window past the sinks' block
                 t = min(s + piece, last)
-                subs.append((r, t - s, max(self.sink_blocks, (s - self.window) // bs), t))
+                subs.append((r, t - s, (s - self.window) // bs, t))
                 s = t
             if last < end:  # the sampled token reads the row as the step's view has it
                 subs.append((r, 1, -1, 0))
@@ -131,9 +129,6 @@ class PromptSplit:
             np.asarray(column, dtype=np.int64) for column in zip(*subs, strict=True))
         if not (window_block >= 0).any():
             return None
-        keep = (lens > 0) | (window_block < 0)  # a row passed through stays
-        src, lens, window_block, ends = (
-            src[keep], lens[keep], window_block[keep], ends[keep])
         offsets = (window_block - self.sink_blocks) * bs
         return SubRows(src, lens, window_block,
                        np.where(window_block >= 0, ends - offsets, 0))
