@@ -4,7 +4,8 @@ vLLM loads it in every process (API server, engine core, workers) before the
 CLI parser and the worker class are built. ``register`` checks the vLLM pin
 and applies the process-wide patches (``compat.patches``): every engine
 parser gets our flags (:func:`on_cli_parser`), every engine's arguments go
-through :func:`on_engine_args` before its config resolves and every resolved
+through :func:`on_engine_args` before its config resolves (and
+:func:`on_batch_defaults` once vLLM set its step budget) and every resolved
 config through :func:`on_engine_config`. Idempotent; failures raise, so startup
 stops instead of silently running without the plugin.
 """
@@ -35,6 +36,14 @@ def on_engine_args(args) -> None:
     self_draft.speculative_config_for(args)
     scheduling.async_by_default(args)
     allreduce_fusion.fusion_off_without_multicast(args)
+
+
+def on_batch_defaults(args, draft_slots: int, user_budget: bool) -> None:
+    """Once vLLM has set its default step budget on ``args``: keep it for the
+    target's tokens, the draft's slots on top (``scheduling.plain_step_budget``)."""
+    from vllm_specextend.serving import scheduling
+
+    scheduling.plain_step_budget(args, draft_slots, user_budget)
 
 
 def on_engine_config(vllm_config) -> None:
@@ -91,5 +100,6 @@ def register() -> None:
     from vllm_specextend import compat
 
     compat.check_vllm_version()
-    compat.apply_process_patches(on_cli_parser, on_engine_config, on_engine_args)
+    compat.apply_process_patches(on_cli_parser, on_engine_config, on_engine_args,
+                                 on_batch_defaults)
     _registered = True

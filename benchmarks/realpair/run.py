@@ -61,8 +61,11 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
   1 or 3 drafted, 11 or 9 looked up), ``spec_extend_carry_pw`` (that with
   ``spec_extend_prefill_window``'s window), ``spec_extend_carry_after4`` and
   ``spec_extend_carry_all`` (a row carries after a step that accepted 4 of
-  its looked-up tokens, or every proposal: ``SPECEXTEND_CARRY_AFTER``), and
-  ``spec_extend_<name>`` with
+  its looked-up tokens, or every proposal: ``SPECEXTEND_CARRY_AFTER``),
+  ``spec_extend_draft2`` (2 drafted at K=12, 10 looked up),
+  ``spec_extend_step15k`` (the defaults under vLLM's own step budget:
+  ``max_num_batched_tokens`` 16,384 given, so 15,360 a step on an H100:
+  ``MODE_ENGINE_ARGS``), and ``spec_extend_<name>`` with
   ``--spec-extend JSON``.
   Modes that name no ``lookup_tokens`` take ``"auto"``: off at K=4, K − 3
   looked up from K=8.
@@ -128,7 +131,16 @@ PLUGIN_CONFIGS = {
     "spec_extend_no_window": {"draft_prefill_window": None},
     "spec_extend_carry_after4": {"carry_drafts": 1},
     "spec_extend_carry_all": {"carry_drafts": 1},
+    # Two drafted a step at K=12 (10 looked up): a third fewer draft forwards.
+    "spec_extend_draft2": {"lookup_tokens": 10},
+    # The defaults with vLLM's step budget (MODE_ENGINE_ARGS): before
+    # serving/scheduling.plain_step_budget, 15,360 tokens a step on an H100.
+    "spec_extend_step15k": {},
 }
+MODE_ENGINE_ARGS = {"spec_extend_step15k": {"max_num_batched_tokens": 16384}}
+"""A mode's own ``LLM`` arguments beyond vLLM's defaults (recorded with the
+engine's arguments): ``max_num_batched_tokens`` given is a budget the user
+set, which the plugin leaves to vLLM's rule (a slot per sequence off it)."""
 FP8_DRAFT_MODES = ("spec_extend_fp8draft",)
 """Modes that run the draft's fp8 copy (``fp8_draft``): a prompt pass on fp8
 GEMMs, the cost that keeps 30K and batch 8 near plain (2026-12-06)."""
@@ -168,9 +180,11 @@ def engine_kwargs(mode: str, target: str, draft: str, k: int,
         if config is None and spec_extend is None:
             raise ValueError(f"mode {mode} needs --spec-extend JSON")
         config = {**(config or {}), **(spec_extend or {})}
+    extra = MODE_ENGINE_ARGS.get(mode, {})
+    if mode.startswith("spec_extend"):
         mode = "spec_extend"
     spec = Speculation(draft=draft, num_spec_tokens=k, spec_extend=config or {})
-    return {**kwargs, **engine_settings(mode, spec)}
+    return {**kwargs, **extra, **engine_settings(mode, spec)}
 
 
 def request_times(output) -> dict:

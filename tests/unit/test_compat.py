@@ -36,7 +36,8 @@ def undo_new_patches(tmp_path):
         yield
     metrics.uninstall_collector()
     undone = compat.REGISTRY.undo_since(before)
-    if any(p in (patches.ENGINE_ARGS_CLI, patches.ENGINE_ARGS_CONFIG) for p in undone):
+    if any(p in (patches.ENGINE_ARGS_CLI, patches.ENGINE_ARGS_CONFIG,
+                 patches.ENGINE_ARGS_BATCH_DEFAULTS) for p in undone):
         plugin._registered = False
 
 
@@ -233,6 +234,8 @@ def test_register_is_idempotent(monkeypatch):
     assert engine_args.create_engine_config is create
     _assert_wrapped_once(engine_args.add_cli_args)
     _assert_wrapped_once(engine_args.create_engine_config)
+    _assert_wrapped_once(engine_args.create_speculative_config)
+    _assert_wrapped_once(engine_args._set_default_max_num_seqs_and_batched_tokens_args)
     assert isinstance(engine_args.__dict__["add_cli_args"], staticmethod)
 
 
@@ -488,6 +491,7 @@ def test_declared_patches():
     assert [p.name for p in compat.PATCHES] == [
         "EngineArgs.add_cli_args",
         "EngineArgs.create_engine_config",
+        "EngineArgs.batch_defaults",
         "sys.excepthook",
         "env.VLLM_USE_V2_MODEL_RUNNER",
         "additional_config_action.__class__",

@@ -112,6 +112,11 @@ def test_engine_kwargs_per_mode():
         lookup = engine_kwargs(mode, "T", "D", k)
         assert lookup["additional_config"] == {"spec_extend": {"lookup_tokens": m}}
         assert lookup["speculative_config"]["num_speculative_tokens"] == k
+    # vLLM's own step budget: a budget given, which the plugin leaves alone.
+    old_budget = engine_kwargs("spec_extend_step15k", "T", "D", 12)
+    assert old_budget["max_num_batched_tokens"] == 16384
+    assert old_budget["additional_config"] == {"spec_extend": {}}
+    assert "max_num_batched_tokens" not in engine_kwargs("spec_extend", "T", "D", 12)
     with pytest.raises(ValueError, match="needs --spec-extend"):
         engine_kwargs("spec_extend_other", "T", "D", 4)
     with pytest.raises(ValueError, match="unknown mode"):

@@ -1,4 +1,5 @@
-"""Async scheduling on by default under --spec-extend, and only there."""
+"""Async scheduling on by default under --spec-extend, and only there; a
+step's token budget as without speculation where the user set none."""
 
 from __future__ import annotations
 
@@ -73,3 +74,60 @@ def test_cpu_platform_is_left_to_vllm(monkeypatch):
     args = _args()
     assert not scheduling.async_by_default(args)
     assert args.async_scheduling is None
+
+
+# --- the step budget ------------------------------------------------------------------
+
+
+def _budget_args(spec_extend=True, batched=16384, seqs=1024):
+    """``EngineArgs`` as vLLM's batch defaults leave them."""
+    extra = {"spec_extend": {}} if spec_extend else {}
+    return types.SimpleNamespace(additional_config=extra, max_num_batched_tokens=batched,
+                                 max_num_scheduled_tokens=None, max_num_seqs=seqs)
+
+
+def test_the_draft_slots_go_on_top_of_the_default_budget():
+    args = _budget_args()
+    assert scheduling.plain_step_budget(args, draft_slots=1, user_budget=False)
+    assert args.max_num_scheduled_tokens == 16384, "a step as without speculation"
+    assert args.max_num_batched_tokens == 16384 + 1024
+
+
+@pytest.mark.parametrize("args, slots, user_budget", [
+    (_budget_args(), 1, True),  # --max-num-batched-tokens (or the scheduled one) stands
+    (_budget_args(), 0, False),  # EAGLE: no slot, vLLM takes nothing off
+    (_budget_args(spec_extend=False), 1, False),  # vLLM's draft_model alone
+], ids=["user-budget", "no-slots", "no-plugin"])
+def test_budget_left_alone(args, slots, user_budget):
+    assert not scheduling.plain_step_budget(args, slots, user_budget)
+    assert (args.max_num_batched_tokens, args.max_num_scheduled_tokens) == (16384, None)
+
+
+def _scheduler_config(model, draft=None, spec_extend=True, **kwargs):
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_specextend import plugin
+
+    plugin.register()
+    spec = None if draft is None else {"method": "draft_model", "model": draft,
+                                       "num_speculative_tokens": 4}
+    extra = {"spec_extend": {}} if spec_extend and draft else {}
+    args = EngineArgs(model=model, speculative_config=spec, additional_config=extra,
+                      max_model_len=2048, block_size=32, **kwargs)
+    return args.create_engine_config().scheduler_config
+
+
+def test_an_engine_schedules_plain_decodings_budget(tiny_target, tiny_draft):
+    """Through vLLM's own config resolution: with the plugin a step schedules
+    what plain decoding's does; vLLM's ``draft_model`` alone takes a slot per
+    sequence off it, and a budget the user gives keeps vLLM's rule."""
+    plain = _scheduler_config(tiny_target)
+    ours = _scheduler_config(tiny_target, tiny_draft)
+    theirs = _scheduler_config(tiny_target, tiny_draft, spec_extend=False)
+    assert ours.max_num_scheduled_tokens == plain.max_num_batched_tokens
+    assert ours.max_num_batched_tokens == plain.max_num_batched_tokens + ours.max_num_seqs
+    assert theirs.max_num_scheduled_tokens == (plain.max_num_batched_tokens
+                                               - theirs.max_num_seqs)
+    given = _scheduler_config(tiny_target, tiny_draft, max_num_batched_tokens=4096)
+    assert given.max_num_batched_tokens == 4096
+    assert given.max_num_scheduled_tokens == 4096 - given.max_num_seqs

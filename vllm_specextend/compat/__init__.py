@@ -6,6 +6,7 @@ vLLM symbol                                         how         why
 ``vllm.__version__``                                read        pin check
 ``EngineArgs.add_cli_args``                         patch       add ``--spec-extend`` and aliases
 ``EngineArgs.create_engine_config``                 patch       validate, select our worker class
+``EngineArgs.batch_defaults``                       patch       a step's budget as without drafts
 ``sys.excepthook``                                  patch       engine-time config errors in one line
 ``additional_config_action.__class__``              patch       merge ``--additional-config``
 ``middleware_action.__class__``                     patch       ``--middleware``: API key at parse time

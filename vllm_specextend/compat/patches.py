@@ -32,6 +32,7 @@ from vllm_specextend.compat.model_patches import (
 from vllm_specextend.compat.startup_patches import (
     BRIEF_CONFIG_ERRORS,
     CHECKED_MIDDLEWARE,
+    ENGINE_ARGS_BATCH_DEFAULTS,
     ENGINE_ARGS_CLI,
     ENGINE_ARGS_CONFIG,
     MERGING_ADDITIONAL_CONFIG,
@@ -46,6 +47,7 @@ from vllm_specextend.patching import PatchRegistry
 PATCHES = (
     ENGINE_ARGS_CLI,
     ENGINE_ARGS_CONFIG,
+    ENGINE_ARGS_BATCH_DEFAULTS,
     BRIEF_CONFIG_ERRORS,
     V1_MODEL_RUNNER,
     MERGING_ADDITIONAL_CONFIG,
@@ -67,21 +69,25 @@ REGISTRY = PatchRegistry(PATCHES)
 
 
 def apply_process_patches(
-    on_parser: Callable, on_config: Callable, on_args: Callable = lambda args: None
+    on_parser: Callable, on_config: Callable, on_args: Callable = lambda args: None,
+    on_batch_defaults: Callable = lambda args, slots, user_budget: None,
 ) -> None:
     """Hook vLLM's engine arguments: ``on_parser(parser)`` after each engine
     parser is built, ``on_args(engine_args)`` before and ``on_config(vllm_config)``
-    after each engine config resolves. Idempotent."""
+    after each engine config resolves, ``on_batch_defaults(engine_args,
+    draft_slots, user_budget)`` once vLLM has set its step budget. Idempotent."""
     engine_args = load("EngineArgs")
     if not REGISTRY.is_applied(ENGINE_ARGS_CLI, engine_args):
         REGISTRY.apply(ENGINE_ARGS_CLI, engine_args, on_parser)
     if not REGISTRY.is_applied(ENGINE_ARGS_CONFIG, engine_args):
         REGISTRY.apply(ENGINE_ARGS_CONFIG, engine_args, on_args, on_config)
+    if not REGISTRY.is_applied(ENGINE_ARGS_BATCH_DEFAULTS, engine_args):
+        REGISTRY.apply(ENGINE_ARGS_BATCH_DEFAULTS, engine_args, on_batch_defaults)
 
 
 def undo_process_patches() -> None:
     engine_args = load("EngineArgs")
-    for patch in (ENGINE_ARGS_CLI, ENGINE_ARGS_CONFIG):
+    for patch in (ENGINE_ARGS_CLI, ENGINE_ARGS_CONFIG, ENGINE_ARGS_BATCH_DEFAULTS):
         if REGISTRY.is_applied(patch, engine_args):
             REGISTRY.undo(patch, engine_args)
 

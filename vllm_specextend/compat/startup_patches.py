@@ -72,6 +72,57 @@ ENGINE_ARGS_CONFIG = Patch(
     },
 )
 
+DRAFT_SLOTS_ATTR = "_spec_extend_draft_slots"
+"""Where ``create_speculative_config`` leaves, on the ``EngineArgs`` it ran
+for, how many slots a step's drafting adds per request (vLLM's
+``SpeculativeConfig.max_num_new_slots_for_drafting``; 0 without speculation)."""
+
+
+def _noting_draft_slots(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def create_speculative_config(self, *args, **kwargs):
+        spec = original(self, *args, **kwargs)
+        slots = 0 if spec is None else spec.max_num_new_slots_for_drafting
+        vars(self)[DRAFT_SLOTS_ATTR] = slots
+        return spec
+
+    return create_speculative_config
+
+
+def _then_on_defaults(original: Callable, on_defaults: Callable) -> Callable:
+    """``original`` (vLLM's batch defaults), then ``on_defaults(engine_args,
+    draft_slots, user_budget)``: ``user_budget`` tells whether the user set
+    ``max_num_batched_tokens`` or ``max_num_scheduled_tokens`` before."""
+
+    @functools.wraps(original)
+    def set_defaults(self, *args, **kwargs):
+        user_budget = (self.max_num_batched_tokens is not None
+                       or self.max_num_scheduled_tokens is not None)
+        original(self, *args, **kwargs)
+        on_defaults(self, vars(self).get(DRAFT_SLOTS_ATTR, 0), user_budget)
+
+    return set_defaults
+
+
+ENGINE_ARGS_BATCH_DEFAULTS = Patch(
+    name="EngineArgs.batch_defaults",
+    target="vllm.engine.arg_utils.EngineArgs.create_speculative_config and "
+    "._set_default_max_num_seqs_and_batched_tokens_args",
+    why="vLLM 0.26 takes a draft model's slot per request (one for each of "
+    "max_num_seqs, 1,024 on an H100) out of the default step budget, so a step "
+    "schedules 15,360 tokens where plain decoding schedules 16,384: a 16K prompt "
+    "then needs two steps. The budget is resolved in create_engine_config, past "
+    "the plugin's argument hook; these wrappers let it add the slots on top of "
+    "vLLM's default instead, where the user set no budget.",
+    attrs=("create_speculative_config", "_set_default_max_num_seqs_and_batched_tokens_args"),
+    replace=lambda engine_args, on_defaults: {
+        "create_speculative_config": _noting_draft_slots(
+            engine_args.create_speculative_config),
+        "_set_default_max_num_seqs_and_batched_tokens_args": _then_on_defaults(
+            engine_args._set_default_max_num_seqs_and_batched_tokens_args, on_defaults),
+    },
+)
+
 BRIEF_CONFIG_ERRORS = Patch(
     name="sys.excepthook",
     target="sys.excepthook (processes that build vLLM's CLI parser)",
