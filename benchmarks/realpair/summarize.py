@@ -191,7 +191,7 @@ DEFAULTS_AS: dict[str, tuple[str, int] | None] = {
     "20261206T1423Z_h100_k12": None,
     "20261206T1431Z_h100_batch8_lookup": None,
     "20261206T1636Z_h100_carry": None,
-    "20261206T2234Z_h100_pieces": ("spec_extend_pw4k", 12),
+    "20261206T2234Z_h100_pieces": None,
 }
 """Run folders measured before today's defaults, and the mode and K that ran
 them there (None: none did). On 2026-12-06 ``draft_prompt_pool`` became the
@@ -200,8 +200,10 @@ full pass (null), ``top_k`` became 64, then ``lookup_tokens`` became
 ``spec_extend_lookup`` K=8), then the quick start's K became 12 (1423Z:
 K=12 against K=8 in one session), then ``draft_prefill_window`` became
 ``"auto"`` (4,096, windowed inside a chunk: 2234Z ran it as
-``spec_extend_pw4k`` K=12; its ``spec_extend`` is the full pass before).
-Before 1131Z every plugin mode ran K=4 without the lookup. Folders not
+``spec_extend_pw4k`` K=12; its ``spec_extend`` is the full pass before),
+then a step schedules plain decoding's token budget (2026-12-07,
+``scheduling.plain_step_budget``: every folder before ran vLLM's, 15,360 a
+step; 0050Z ran that as ``spec_extend_step15k``). Before 1131Z every plugin mode ran K=4 without the lookup. Folders not
 named here ran today's defaults as ``DEFAULTS_RUN``."""
 
 
