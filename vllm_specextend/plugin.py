@@ -38,12 +38,12 @@ def on_engine_args(args) -> None:
     allreduce_fusion.fusion_off_without_multicast(args)
 
 
-def on_batch_defaults(args, draft_slots: int, user_budget: bool) -> None:
+def on_batch_defaults(args, defaults) -> None:
     """Once vLLM has set its default step budget on ``args``: keep it for the
     target's tokens, the draft's slots on top (``scheduling.plain_step_budget``)."""
     from vllm_specextend.serving import scheduling
 
-    scheduling.plain_step_budget(args, draft_slots, user_budget)
+    scheduling.plain_step_budget(args, defaults)
 
 
 def on_engine_config(vllm_config) -> None:

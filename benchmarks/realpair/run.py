@@ -175,13 +175,12 @@ def engine_kwargs(mode: str, target: str, draft: str, k: int,
     if mode not in ("plain", "draft_model") and not mode.startswith("spec_extend"):
         raise ValueError(f"unknown mode {mode!r}; choose from {MODES} or spec_extend_<name>")
     config = None
+    extra = MODE_ENGINE_ARGS.get(mode, {})
     if mode.startswith("spec_extend"):
         config = PLUGIN_CONFIGS.get(mode)
         if config is None and spec_extend is None:
             raise ValueError(f"mode {mode} needs --spec-extend JSON")
         config = {**(config or {}), **(spec_extend or {})}
-    extra = MODE_ENGINE_ARGS.get(mode, {})
-    if mode.startswith("spec_extend"):
         mode = "spec_extend"
     spec = Speculation(draft=draft, num_spec_tokens=k, spec_extend=config or {})
     return {**kwargs, **extra, **engine_settings(mode, spec)}

@@ -86,21 +86,31 @@ def _budget_args(spec_extend=True, batched=16384, seqs=1024):
                                  max_num_scheduled_tokens=None, max_num_seqs=seqs)
 
 
+def _defaults(slots=1, user_budget=False, max_model_len=32768, batched_dp_moe=False):
+    return scheduling.compat.BatchDefaults(slots, user_budget, max_model_len, batched_dp_moe)
+
+
 def test_the_draft_slots_go_on_top_of_the_default_budget():
     args = _budget_args()
-    assert scheduling.plain_step_budget(args, draft_slots=1, user_budget=False)
+    assert scheduling.plain_step_budget(args, _defaults())
     assert args.max_num_scheduled_tokens == 16384, "a step as without speculation"
     assert args.max_num_batched_tokens == 16384 + 1024
 
 
-@pytest.mark.parametrize("args, slots, user_budget", [
-    (_budget_args(), 1, True),  # --max-num-batched-tokens (or the scheduled one) stands
-    (_budget_args(), 0, False),  # EAGLE: no slot, vLLM takes nothing off
-    (_budget_args(spec_extend=False), 1, False),  # vLLM's draft_model alone
-], ids=["user-budget", "no-slots", "no-plugin"])
-def test_budget_left_alone(args, slots, user_budget):
-    assert not scheduling.plain_step_budget(args, slots, user_budget)
-    assert (args.max_num_batched_tokens, args.max_num_scheduled_tokens) == (16384, None)
+@pytest.mark.parametrize("args, defaults", [
+    # --max-num-batched-tokens (or the scheduled one) stands
+    (_budget_args(), _defaults(user_budget=True)),
+    (_budget_args(), _defaults(slots=0)),  # EAGLE: no slot, vLLM takes nothing off
+    (_budget_args(spec_extend=False), _defaults()),  # vLLM's draft_model alone
+    # vLLM capped its default at max_num_seqs * max_model_len: every sequence
+    # fits whole, and a budget past the cap makes vLLM warn at start.
+    (_budget_args(batched=8192, seqs=1), _defaults(max_model_len=8192)),
+    (_budget_args(batched=256, seqs=256), _defaults(batched_dp_moe=True)),
+], ids=["user-budget", "no-slots", "no-plugin", "capped", "batched-dp-moe"])
+def test_budget_left_alone(args, defaults):
+    before = args.max_num_batched_tokens
+    assert not scheduling.plain_step_budget(args, defaults)
+    assert (args.max_num_batched_tokens, args.max_num_scheduled_tokens) == (before, None)
 
 
 def _scheduler_config(model, draft=None, spec_extend=True, **kwargs):
@@ -131,3 +141,6 @@ def test_an_engine_schedules_plain_decodings_budget(tiny_target, tiny_draft):
     given = _scheduler_config(tiny_target, tiny_draft, max_num_batched_tokens=4096)
     assert given.max_num_batched_tokens == 4096
     assert given.max_num_scheduled_tokens == 4096 - given.max_num_seqs
+    # One sequence: vLLM caps its default at max_model_len, and so it stays.
+    one = _scheduler_config(tiny_target, tiny_draft, max_num_seqs=1)
+    assert (one.max_num_batched_tokens, one.max_num_scheduled_tokens) == (2048, 2047)

@@ -70,12 +70,12 @@ REGISTRY = PatchRegistry(PATCHES)
 
 def apply_process_patches(
     on_parser: Callable, on_config: Callable, on_args: Callable = lambda args: None,
-    on_batch_defaults: Callable = lambda args, slots, user_budget: None,
+    on_batch_defaults: Callable = lambda args, defaults: None,
 ) -> None:
     """Hook vLLM's engine arguments: ``on_parser(parser)`` after each engine
     parser is built, ``on_args(engine_args)`` before and ``on_config(vllm_config)``
     after each engine config resolves, ``on_batch_defaults(engine_args,
-    draft_slots, user_budget)`` once vLLM has set its step budget. Idempotent."""
+    BatchDefaults)`` once vLLM has set its step budget. Idempotent."""
     engine_args = load("EngineArgs")
     if not REGISTRY.is_applied(ENGINE_ARGS_CLI, engine_args):
         REGISTRY.apply(ENGINE_ARGS_CLI, engine_args, on_parser)

@@ -11,6 +11,7 @@ them.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Any
 
@@ -89,17 +90,35 @@ def _noting_draft_slots(original: Callable) -> Callable:
     return create_speculative_config
 
 
+@dataclass(frozen=True)
+class BatchDefaults:
+    """What the plugin's step-budget hook reads once vLLM has set its batch
+    defaults on an ``EngineArgs``."""
+
+    draft_slots: int
+    """Slots a step's drafting adds per request (0 without speculation)."""
+    user_budget: bool
+    """The user set ``max_num_batched_tokens`` or ``max_num_scheduled_tokens``."""
+    max_model_len: int
+    batched_dp_moe: bool
+    """vLLM's default budget is a per-rank MoE dispatch size there, not a step's."""
+
+
 def _then_on_defaults(original: Callable, on_defaults: Callable) -> Callable:
     """``original`` (vLLM's batch defaults), then ``on_defaults(engine_args,
-    draft_slots, user_budget)``: ``user_budget`` tells whether the user set
-    ``max_num_batched_tokens`` or ``max_num_scheduled_tokens`` before."""
+    BatchDefaults)``."""
 
     @functools.wraps(original)
-    def set_defaults(self, *args, **kwargs):
+    def set_defaults(self, usage_context, model_config, parallel_config):
         user_budget = (self.max_num_batched_tokens is not None
                        or self.max_num_scheduled_tokens is not None)
-        original(self, *args, **kwargs)
-        on_defaults(self, vars(self).get(DRAFT_SLOTS_ATTR, 0), user_budget)
+        original(self, usage_context, model_config, parallel_config)
+        on_defaults(self, BatchDefaults(
+            draft_slots=vars(self).get(DRAFT_SLOTS_ATTR, 0),
+            user_budget=user_budget,
+            max_model_len=model_config.max_model_len,
+            batched_dp_moe=bool(getattr(parallel_config, "use_batched_dp_moe", False)),
+        ))
 
     return set_defaults
 

@@ -290,8 +290,9 @@ at the default top_k of 64, the pool measured as ``"auto"`` when top_k was
 the view's chunks the pooled pass cost no accepted tokens 40 real-weight
 prompts could tell; pools under 1.5 times the view cost 3-6% in 6-prompt
 hints (docs/evaluation.md, "A pooled prompt pass"). 4 times 64 chunks would
-make a pass of 8,517 tokens, past vLLM serve's step budget of 8,192 on an
-H100, so "auto" would never pool there."""
+make a pass of 8,517 tokens, past vLLM serve's default step budget of 8,192
+on an H100 (before the draft's slots went on top of it, 2026-12-07: 9,216
+now), so "auto" would not have pooled there."""
 
 
 def resolve_prompt_pool(cfg: SpecExtendConfig,

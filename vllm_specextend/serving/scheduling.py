@@ -31,7 +31,7 @@ from vllm_specextend.config import ADDITIONAL_CONFIG_KEY
 def async_by_default(args) -> bool:
     """Before vLLM resolves ``args`` (its ``EngineArgs``): ask for async
     scheduling where the user left it unset. Returns whether it did."""
-    if ADDITIONAL_CONFIG_KEY not in (args.additional_config or {}):
+    if not _spec_extend_on(args):
         return False
     if args.async_scheduling is not None or compat.is_cpu_platform():
         return False  # the user's choice; vLLM's CPU platform has none
@@ -45,23 +45,32 @@ def async_by_default(args) -> bool:
     return True
 
 
-def plain_step_budget(args, draft_slots: int, user_budget: bool) -> bool:
+def plain_step_budget(args, defaults) -> bool:
     """After vLLM set its default ``max_num_batched_tokens`` on ``args`` (its
-    ``EngineArgs``): a step schedules that many tokens, as without
-    speculation, and the draft's ``draft_slots`` per request go on top.
-    Nothing where the user set a budget or no draft adds slots. Returns
-    whether it changed ``args``."""
-    if ADDITIONAL_CONFIG_KEY not in (args.additional_config or {}):
+    ``EngineArgs``; ``defaults`` a ``compat.BatchDefaults``): a step schedules
+    that many tokens, as without speculation, and the draft's slots per
+    request go on top. Nothing where the user set a budget, no draft adds
+    slots, the default already holds every sequence at full length (vLLM caps
+    it there and would warn past it), or the budget is a batched
+    data-parallel MoE's dispatch size. Returns whether it changed ``args``."""
+    if not _spec_extend_on(args):
         return False
-    if user_budget or draft_slots <= 0:
+    if defaults.user_budget or defaults.draft_slots <= 0 or defaults.batched_dp_moe:
         return False
     budget = args.max_num_batched_tokens
+    total = budget + defaults.draft_slots * args.max_num_seqs
+    if total > args.max_num_seqs * defaults.max_model_len:
+        return False
     args.max_num_scheduled_tokens = budget
-    args.max_num_batched_tokens = budget + draft_slots * args.max_num_seqs
+    args.max_num_batched_tokens = total
     compat.logger.info(
         "SpecExtend: a step schedules %d tokens, as without speculation; "
         "max_num_batched_tokens %d holds the draft's %d slot(s) for each of %d "
         "sequences (--max-num-batched-tokens sets the budget instead).",
-        budget, args.max_num_batched_tokens, draft_slots, args.max_num_seqs,
+        budget, total, defaults.draft_slots, args.max_num_seqs,
     )
     return True
+
+
+def _spec_extend_on(args) -> bool:
+    return ADDITIONAL_CONFIG_KEY in (args.additional_config or {})
