@@ -169,7 +169,8 @@ from vllm_specextend.compat.startup_patches import BatchDefaults
 from vllm_specextend.compat.symbols import LAZY, load, logger
 
 __all__ = [
-    "BatchDefaults", "LAZY", "PADDING_SLOT_ID", "PATCHES", "PLATFORM_WORKERS", "REGISTRY", "SKIP_VERSION_CHECK_ENV",
+    "BatchDefaults", "LAZY", "PADDING_SLOT_ID", "PATCHES", "PLATFORM_WORKERS", "REGISTRY",
+    "SKIP_VERSION_CHECK_ENV",
     "SUPPORTED_VLLM", "add_kv_blocks", "additional_config", "allow_long_drafts",
     "apply_process_patches", "attention_layer", "capture_stream", "batch_num_prompt_tokens", "row_token_ids",
     "batch_req_ids", "batch_seq_lens_cpu", "block_table_width",
