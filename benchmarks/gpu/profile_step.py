@@ -216,7 +216,8 @@ def window_work(trace_events: list[dict], begin: float, end: float,
     ``category`` (summed, so overlaps count twice there), and per vLLM runner
     scope (spans of at least ``min_us``) the spans it overlaps, their clipped
     ms and the busy ms inside them; where the GPU waited (``idle_gaps``) and
-    how many copies came from pageable host memory. Plain decoding on Model
+    how many copies came from pageable host memory, and where the host
+    itself waited (``host_waits``). Plain decoding on Model
     Runner V2 opens no scopes: its window has the kernels only."""
     def clip(b: float, e: float) -> tuple[float, float] | None:
         b, e = max(b, begin), min(e, end)
@@ -244,6 +245,7 @@ def window_work(trace_events: list[dict], begin: float, end: float,
         "kernel_ms_by_category": dict(sorted(by_cat.items())),
         "scopes": scopes,
         "idle": idle_gaps(trace_events, work, begin, end),
+        "host_waits": host_waits(trace_events, begin, end),
         # A copy from pageable host memory waits for the stream: the host
         # loses its lead over the GPU (staging.copy_to).
         "pageable_copies": sum("Pageable" in name for _, name in work),
@@ -252,6 +254,66 @@ def window_work(trace_events: list[dict], begin: float, end: float,
 
 HOST_EVENTS = ("user_annotation", "cpu_op")
 """The trace's host-side spans: what the host ran while the GPU waited."""
+
+
+def host_spans(trace_events: list[dict]):
+    """``innermost(cat, at)``: the name of the innermost host span of ``cat``
+    (one of ``HOST_EVENTS``) open at ``at`` (µs), or None."""
+    host = {cat: sorted((ev["ts"], ev["ts"] + ev.get("dur", 0.0), ev["name"])
+                        for ev in trace_events if ev.get("cat") == cat
+                        and ev.get("name") != GENERATE_MARK)
+            for cat in HOST_EVENTS}
+    starts = {cat: [h[0] for h in rows] for cat, rows in host.items()}
+
+    def innermost(cat: str, at: float) -> str | None:
+        rows, i = host[cat], bisect.bisect_right(starts[cat], at)
+        for b, e, name in reversed(rows[max(0, i - 256):i]):
+            if e >= at:
+                return name
+        return None
+
+    return innermost
+
+
+RUNTIME_EVENTS = ("cuda_runtime", "cuda_driver")
+BLOCKING_CALLS = ("Synchronize", "cudaFree", "cudaMalloc", "cudaHostAlloc", "cudaMemcpy")
+"""CUDA API calls that can hold the host until the GPU catches up:
+synchronisations, frees (the caching allocator's retry after a failed
+allocation frees its cache and synchronises the device), allocations, and
+copies (``cudaMemcpyAsync`` from pageable memory waits for the stream)."""
+
+
+def host_waits(trace_events: list[dict], begin: float, end: float,
+               stall_us: float = 1000.0, top: int = 8) -> dict:
+    """Where the host itself waited inside a window: the CUDA API calls that
+    can block it (``BLOCKING_CALLS``; count and ms by name) and any API call,
+    launches included, that took at least ``stall_us`` (a launch that long
+    found the GPU's queue full: the host had caught up with the GPU), the
+    ``top`` longest with the innermost host span and op around each. Under
+    async scheduling a step's output is read only after the next step is
+    launched, so a host wait there delays first tokens even while the GPU is
+    busy; ``idle_gaps`` cannot see it."""
+    innermost = host_spans(trace_events)
+    by_name: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    stalls = []
+    for ev in trace_events:
+        if ev.get("cat") not in RUNTIME_EVENTS or not begin <= ev["ts"] < end:
+            continue
+        name, dur = ev["name"], ev.get("dur", 0.0)
+        if any(b in name for b in BLOCKING_CALLS):
+            by_name[name][0] += 1
+            by_name[name][1] += dur / 1000.0
+        if dur >= stall_us:
+            mid = ev["ts"] + dur / 2
+            stalls.append({"at_ms": round((ev["ts"] - begin) / 1000.0, 3),
+                           "ms": round(dur / 1000.0, 3), "call": name,
+                           "host": innermost("user_annotation", mid) or "(none)",
+                           "op": innermost("cpu_op", mid)})
+    stalls.sort(key=lambda r: -r["ms"])
+    return {"blocking": {n: {"calls": c, "ms": round(ms, 3)}
+                         for n, (c, ms) in sorted(by_name.items(), key=lambda kv: -kv[1][1])},
+            "stalls": len(stalls), "stall_ms": round(sum(r["ms"] for r in stalls), 3),
+            "top": stalls[:top]}
 
 
 def idle_gaps(trace_events: list[dict], work: list, begin: float, end: float,
@@ -272,19 +334,7 @@ def idle_gaps(trace_events: list[dict], work: list, begin: float, end: float,
             reach, last = e, name
     if end - reach >= min_us:
         gaps.append((reach, end, last, None))
-    host = {cat: sorted((ev["ts"], ev["ts"] + ev.get("dur", 0.0), ev["name"])
-                        for ev in trace_events if ev.get("cat") == cat
-                        and ev.get("name") != GENERATE_MARK)
-            for cat in HOST_EVENTS}
-    starts = {cat: [h[0] for h in rows] for cat, rows in host.items()}
-
-    def innermost(cat: str, at: float) -> str | None:
-        rows, i = host[cat], bisect.bisect_right(starts[cat], at)
-        for b, e, name in reversed(rows[max(0, i - 256):i]):
-            if e >= at:
-                return name
-        return None
-
+    innermost = host_spans(trace_events)
     by_host: dict[str, float] = defaultdict(float)
     rows = []
     for b, e, before, after in gaps:

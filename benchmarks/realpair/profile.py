@@ -17,7 +17,10 @@ serves several rows, so there is no per-step breakdown; instead the first
 call's ``first_token_window`` (``profile_step``): the GPU's work from the
 call's start to its last first token, per runner scope, with its idle gaps:
 where eight fresh prompts' first tokens wait (2026-12-06: 0.49 s for the
-first of eight 16K prompts against plain's 0.14 s). Each prompt's
+first of eight 16K prompts against plain's 0.14 s), with where the host
+itself waited in it (``host_waits``: blocking CUDA calls, launches that
+found the queue full) and the caching allocator's counters over the calls
+(``allocator``: a retry synchronises the device). Each prompt's
 prefill is in the trace too: the scopes' figures are medians over their
 spans, which decode steps outnumber (``profile_step.scope_spans``). For
 profiling only: the profiler's host tracing slows the host, so ``host_ms``
@@ -59,6 +62,21 @@ def step_profile(spans: dict[str, dict], wall_ms_per_step: float) -> dict:
             "host_ms": round(max(0.0, wall_ms_per_step - gpu), 3)}
 
 
+ALLOCATOR_COUNTS = ("num_alloc_retries", "num_sync_all_streams", "num_device_alloc",
+                    "num_device_free")
+"""``torch.cuda.memory_stats`` counters that mark the host waiting on the
+GPU's memory: retries (the cache freed, the device synchronised), whole
+synchronisations, and cudaMalloc/cudaFree calls."""
+
+
+def allocator_counts(torch) -> dict[str, int]:
+    """``ALLOCATOR_COUNTS`` now; empty without CUDA."""
+    if not torch.cuda.is_available():
+        return {}
+    stats = torch.cuda.memory_stats()
+    return {k: int(stats.get(k, 0)) for k in ALLOCATOR_COUNTS}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = run.mode_parser(__doc__.split("\n\n")[0])
     ap.add_argument("--cell", default="copy:16384",
@@ -94,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
+    alloc_before = allocator_counts(torch)
     with torch.profiler.profile(activities=activities) as prof:
         start = time.perf_counter()
         for i, call in enumerate(calls):
@@ -109,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             if i == 0 and all(t["ttft_s"] is not None for t in times):
                 first_ttft = max(t["ttft_s"] for t in times)
         wall = time.perf_counter() - start
+    alloc = {k: v - alloc_before.get(k, 0) for k, v in allocator_counts(torch).items()}
     spec = counter_delta(counts, spec_counters(llm)) if counts is not None else None
     # Decode steps: each gives one token plus those it accepted, after each
     # prompt's first token (its prefill's). vLLM counts drafts only on steps
@@ -139,13 +159,17 @@ def main(argv: list[str] | None = None) -> int:
         # fresh prompts' first tokens wait).
         "first_token_s": first_ttft,
         "first_token_window": first_token_window(events, first_ttft),
+        # The caching allocator over the profiled calls (in-process engine):
+        # a retry frees its cache and synchronises the device.
+        "allocator": alloc,
         "scope_spans": spans,
         "scope_kernels": scope_kernels(events),
         "runner_scopes": runner_scopes(prof.key_averages()),
     }
     (args.out_dir / f"profile_{name}.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: summary[k] for k in ("mode", "k", "cell", "batch", "steps",
-                                             "acc_len", "step", "first_token_s")},
+                                             "acc_len", "step", "first_token_s",
+                                             "allocator")},
                      indent=1))  # noqa: T201
     llm.llm_engine.engine_core.shutdown()
     return 0

@@ -63,6 +63,8 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
   ``spec_extend_carry_all`` (a row carries after a step that accepted 4 of
   its looked-up tokens, or every proposal: ``SPECEXTEND_CARRY_AFTER``),
   ``spec_extend_draft2`` (2 drafted at K=12, 10 looked up),
+  ``spec_extend_min1`` (the defaults, the lookup taking a match of 1 token
+  where no longer one exists),
   ``spec_extend_step15k`` (the defaults under vLLM's own step budget:
   ``max_num_batched_tokens`` 16,384 given, so 15,360 a step on an H100:
   ``MODE_ENGINE_ARGS``), and ``spec_extend_<name>`` with
@@ -136,6 +138,9 @@ PLUGIN_CONFIGS = {
     # The defaults with vLLM's step budget (MODE_ENGINE_ARGS): before
     # serving/scheduling.plain_step_budget, 15,360 tokens a step on an H100.
     "spec_extend_step15k": {},
+    # The lookup's shortest match 1 (SPECEXTEND_LOOKUP_MIN_MATCH): replayed
+    # on the 0050Z answers it looks up 3-19% more (lookup_replay.py).
+    "spec_extend_min1": {},
 }
 MODE_ENGINE_ARGS = {"spec_extend_step15k": {"max_num_batched_tokens": 16384}}
 """A mode's own ``LLM`` arguments beyond vLLM's defaults (recorded with the
@@ -148,6 +153,7 @@ PLUGIN_ENV = {"spec_extend_follow15": {"SPECEXTEND_POOL_FOLLOW": "15"},
               "spec_extend_lookup_min1": {"SPECEXTEND_LOOKUP_MIN_MATCH": "1"},
               "spec_extend_carry_after4": {"SPECEXTEND_CARRY_AFTER": "4"},
               "spec_extend_carry_all": {"SPECEXTEND_CARRY_AFTER": "all"},
+              "spec_extend_min1": {"SPECEXTEND_LOOKUP_MIN_MATCH": "1"},
               "suffix": arctic.SUFFIX_ENV}
 """A mode's environment, set in this process before the engine starts (its
 processes inherit it) and recorded (meta ``mode_env``): a variant's

@@ -150,6 +150,8 @@ def test_window_work_clips_kernels_and_scopes_to_the_window():
     work = window_work(TRACE, 9000.0, 25000.0)
     idle = work.pop("idle")
     assert work.pop("pageable_copies") == 0
+    assert work.pop("host_waits") == {"blocking": {}, "stalls": 0, "stall_ms": 0,
+                                      "top": []}
     assert work == {
         "ms": 16.0, "busy_ms": 9.0,
         "kernel_ms_by_category": {"attention": 7.0, "copy": 2.0},
@@ -189,6 +191,29 @@ def test_idle_gaps_name_the_host_span_the_gpu_waited_on():
     assert idle["top"][1] == {"at_ms": 0.2, "ms": 1.0, "host": "specextend: pool",
                               "op": "aten::nonzero", "before": "b", "after": "c"}
     assert idle["top"][2]["after"] is None  # the window's end
+
+
+def test_host_waits_count_blocking_calls_and_launch_stalls():
+    """Inside the window only: blocking CUDA calls by name; any call of a
+    millisecond or more (a launch that found the queue full) with the host
+    span and op open around it."""
+    events = [
+        _ev("user_annotation", "gpu_model_runner: draft", 0.0, 9000.0),
+        _ev("cpu_op", "aten::mm", 1000.0, 3000.0),
+        _ev("cuda_runtime", "cudaLaunchKernel", 100.0, 5.0),
+        _ev("cuda_runtime", "cudaLaunchKernel", 1500.0, 2500.0),  # a stall
+        _ev("cuda_runtime", "cudaStreamSynchronize", 5000.0, 800.0),
+        _ev("cuda_driver", "cuMemFree_v2", 6000.0, 10.0),
+        _ev("cuda_runtime", "cudaFree", 6100.0, 1200.0),
+        _ev("cuda_runtime", "cudaStreamSynchronize", 9500.0, 800.0),  # past the end
+    ]
+    waits = window_work(events, 0.0, 9000.0)["host_waits"]
+    assert waits["blocking"] == {"cudaFree": {"calls": 1, "ms": 1.2},
+                                 "cudaStreamSynchronize": {"calls": 1, "ms": 0.8}}
+    assert waits["stalls"] == 2 and waits["stall_ms"] == 3.7
+    assert waits["top"][0] == {"at_ms": 1.5, "ms": 2.5, "call": "cudaLaunchKernel",
+                               "host": "gpu_model_runner: draft", "op": "aten::mm"}
+    assert waits["top"][1]["call"] == "cudaFree" and waits["top"][1]["op"] is None
 
 
 def test_window_work_counts_copies_from_pageable_memory():

@@ -36,3 +36,18 @@ def test_a_cell_is_one_group_context_and_an_optional_batch(cell, capsys):
               "--out-dir", "o"])
     assert stop.value.code == 2
     assert "one group:context[:batch]" in capsys.readouterr().err
+
+
+def test_allocator_counts_read_torchs_counters_and_nothing_without_cuda():
+    import types
+
+    from benchmarks.realpair.profile import ALLOCATOR_COUNTS, allocator_counts
+
+    stats = {"num_alloc_retries": 2, "num_device_free": 5, "allocated_bytes.all.current": 9}
+    cuda = types.SimpleNamespace(is_available=lambda: True, memory_stats=lambda: stats)
+    counts = allocator_counts(types.SimpleNamespace(cuda=cuda))
+    assert counts == {"num_alloc_retries": 2, "num_sync_all_streams": 0,
+                      "num_device_alloc": 0, "num_device_free": 5}
+    assert set(counts) == set(ALLOCATOR_COUNTS)
+    no_gpu = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: False))
+    assert allocator_counts(no_gpu) == {}
