@@ -276,11 +276,16 @@ def host_spans(trace_events: list[dict]):
 
 
 RUNTIME_EVENTS = ("cuda_runtime", "cuda_driver")
-BLOCKING_CALLS = ("Synchronize", "cudaFree", "cudaMalloc", "cudaHostAlloc", "cudaMemcpy")
-"""CUDA API calls that can hold the host until the GPU catches up:
-synchronisations, frees (the caching allocator's retry after a failed
-allocation frees its cache and synchronises the device), allocations, and
-copies (``cudaMemcpyAsync`` from pageable memory waits for the stream)."""
+BLOCKING_CALLS = ("cudaFree", "cudaMalloc", "cudaHostAlloc", "cudaMemcpy", "cudaMemcpy2D")
+"""CUDA API calls that can hold the host until the GPU catches up, besides
+every ``*Synchronize``: frees (the caching allocator's retry after a failed
+allocation frees its cache and synchronises the device), allocations and
+synchronous copies. ``cudaMemcpyAsync`` waits only from pageable memory,
+which ``window_work`` counts apart (``pageable_copies``)."""
+
+
+def blocking(name: str) -> bool:
+    return name in BLOCKING_CALLS or "Synchronize" in name
 
 
 def host_waits(trace_events: list[dict], begin: float, end: float,
@@ -292,20 +297,26 @@ def host_waits(trace_events: list[dict], begin: float, end: float,
     ``top`` longest with the innermost host span and op around each. Under
     async scheduling a step's output is read only after the next step is
     launched, so a host wait there delays first tokens even while the GPU is
-    busy; ``idle_gaps`` cannot see it."""
+    busy; ``idle_gaps`` cannot see it. Calls count by their overlap with the
+    window; a wait is put on the innermost span open at its middle on any
+    host thread (the engine's steps run on one)."""
     innermost = host_spans(trace_events)
     by_name: dict[str, list] = defaultdict(lambda: [0, 0.0])
     stalls = []
     for ev in trace_events:
-        if ev.get("cat") not in RUNTIME_EVENTS or not begin <= ev["ts"] < end:
+        if ev.get("cat") not in RUNTIME_EVENTS:
             continue
-        name, dur = ev["name"], ev.get("dur", 0.0)
-        if any(b in name for b in BLOCKING_CALLS):
+        name = ev["name"]
+        b, e = max(ev["ts"], begin), min(ev["ts"] + ev.get("dur", 0.0), end)
+        if e <= b:
+            continue
+        dur = e - b
+        if blocking(name):
             by_name[name][0] += 1
             by_name[name][1] += dur / 1000.0
         if dur >= stall_us:
-            mid = ev["ts"] + dur / 2
-            stalls.append({"at_ms": round((ev["ts"] - begin) / 1000.0, 3),
+            mid = (b + e) / 2
+            stalls.append({"at_ms": round((b - begin) / 1000.0, 3),
                            "ms": round(dur / 1000.0, 3), "call": name,
                            "host": innermost("user_annotation", mid) or "(none)",
                            "op": innermost("cpu_op", mid)})

@@ -9,8 +9,9 @@ verified context ends with the step's bonus token, the draft model's
 measure), and ``TokenHistory.look_up`` proposes ``--looked-up`` tokens,
 accepted up to the first that differs from the answer; the step then moves
 past them, as verification does. So the figures are what the lookup adds
-where the draft holds: an upper bound of its share, comparable between
-rules, not an accepted length.
+where the draft holds: an upper bound of its share per step (a real run's
+steps fall at other positions), comparable between rules, not an accepted
+length. The cases must be the outputs' (``cases_sha256``).
 
     python -m benchmarks.realpair.lookup_replay --cases CASES \\
         --outputs benchmarks/results/realpair/<run>/plain_k4.json --out FILE.json
@@ -71,10 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.min_match) < 1 or any(m > n for m in args.min_match for n in args.longest):
         ap.error("--min-match: 1 to the smallest --longest")
 
-    _, cases = tasks.load_cases(args.cases)
+    header, cases = tasks.load_cases(args.cases)
+    outputs = json.loads(args.outputs.read_text())
+    if outputs["meta"].get("cases_sha256") != header["sha256"]:
+        ap.error(f"{args.outputs} answered other cases than {args.cases} "
+                 "(their cases_sha256 differ)")
     prompts = {c.id: c.prompt_ids for c in cases}
-    records = [r for r in json.loads(args.outputs.read_text())["records"]
-               if r["batch"] == 1 and r["id"] in prompts]
+    records = [r for r in outputs["records"] if r["batch"] == 1 and r["id"] in prompts]
     rows = []
     for min_match in args.min_match:
         for longest in args.longest:
@@ -94,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                     # Bonus, drafts and accepted looked-up tokens a step.
                     "tokens_per_step": round(1 + args.drafted + accepted / steps, 3),
                 })
-    result = {"meta": run_metadata(args), "drafted": args.drafted,
+    result = {"meta": run_metadata(args, cases_sha256=header["sha256"]),
+              "drafted": args.drafted,
               "looked_up": args.looked_up, "outputs": str(args.outputs), "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

@@ -205,11 +205,13 @@ def test_host_waits_count_blocking_calls_and_launch_stalls():
         _ev("cuda_runtime", "cudaStreamSynchronize", 5000.0, 800.0),
         _ev("cuda_driver", "cuMemFree_v2", 6000.0, 10.0),
         _ev("cuda_runtime", "cudaFree", 6100.0, 1200.0),
+        _ev("cuda_runtime", "cudaMemcpyAsync", 7400.0, 50.0),  # not blocking by itself
+        _ev("cuda_runtime", "cudaStreamSynchronize", 8800.0, 800.0),  # 200 µs inside
         _ev("cuda_runtime", "cudaStreamSynchronize", 9500.0, 800.0),  # past the end
     ]
     waits = window_work(events, 0.0, 9000.0)["host_waits"]
     assert waits["blocking"] == {"cudaFree": {"calls": 1, "ms": 1.2},
-                                 "cudaStreamSynchronize": {"calls": 1, "ms": 0.8}}
+                                 "cudaStreamSynchronize": {"calls": 2, "ms": 1.0}}
     assert waits["stalls"] == 2 and waits["stall_ms"] == 3.7
     assert waits["top"][0] == {"at_ms": 1.5, "ms": 2.5, "call": "cudaLaunchKernel",
                                "host": "gpu_model_runner: draft", "op": "aten::mm"}
