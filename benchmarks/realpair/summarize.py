@@ -203,8 +203,9 @@ K=12 against K=8 in one session), then ``draft_prefill_window`` became
 ``spec_extend_pw4k`` K=12; its ``spec_extend`` is the full pass before),
 then a step schedules plain decoding's token budget (2026-12-07,
 ``scheduling.plain_step_budget``: every folder before ran vLLM's, 15,360 a
-step; 0050Z ran that as ``spec_extend_step15k``). Before 1131Z every plugin mode ran K=4 without the lookup. Folders not
-named here ran today's defaults as ``DEFAULTS_RUN``."""
+step; 0050Z ran that as ``spec_extend_step15k``). Before 1131Z every
+plugin mode ran K=4 without the lookup. Folders not named here ran today's
+defaults as ``DEFAULTS_RUN``."""
 
 
 def defaults_run(folder: str) -> tuple[str, int] | None:

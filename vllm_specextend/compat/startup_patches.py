@@ -11,8 +11,8 @@ them.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from vllm_specextend.patching import Patch

@@ -34,7 +34,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vllm_specextend.serving.stats import SpecExtendStats
+SHARED = {"shared": True}
+"""Field metadata (``dataclasses.field(metadata=SHARED)``) of what a copy
+shares instead of copying: per-engine state a kept pass writes, such as the
+proposer's counters."""
 
 
 @dataclass
@@ -83,11 +86,10 @@ def copy_metadata(cad):
     """A copy of a dataclass of tensors (vLLM's CommonAttentionMetadata, a
     ``view.View``) whose tensors and arrays are copies: the runner's
     persistent buffers behind them are rewritten by the next step (on the
-    device after this copy, in stream order; on the host at once)."""
+    device after this copy, in stream order; on the host at once). Fields
+    marked ``SHARED`` are kept as they are."""
 
     def copy(value):
-        if isinstance(value, SpecExtendStats):
-            return value  # the proposer's counters, shared (``PromptSplit.stats``)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             return copy_metadata(value)  # a view inside a view (``SplitView``)
         if isinstance(value, torch.Tensor):
@@ -98,5 +100,5 @@ def copy_metadata(cad):
 
     return dataclasses.replace(cad, **{
         f.name: copy(getattr(cad, f.name)) for f in dataclasses.fields(cad)
-        if f.init
+        if f.init and not f.metadata.get("shared")
     })

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from vllm_specextend.drafting.deferral import SHARED
 from vllm_specextend.drafting.view import View, build_view
 
 PIECE_TOKENS = 1024
@@ -67,7 +68,8 @@ class PromptSplit:
     sink_blocks: int
     block_size: int
     piece: int = PIECE_TOKENS
-    stats: object = None  # SpecExtendStats: counts prompt_pieces
+    stats: object = dataclasses.field(default=None, metadata=SHARED)
+    """SpecExtendStats: counts prompt_pieces; a kept pass's copy shares it."""
 
     @classmethod
     def for_step(cls, q_lens: np.ndarray, max_rows: int, **fields) -> PromptSplit | None:
