@@ -154,11 +154,10 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses, PooledPasses, Lookup
         num_rejected_tokens_gpu=None,
         slot_mappings=None,
     ) -> torch.Tensor:
-        # Extends super(): plans the view (and retrieves) on the host, then
-        # replays the captured draft routine when the step fits, else sets the
-        # view for the funnel and drafts as vLLM does (K = 0: no view). Prompt
-        # chunks that sample nothing keep their pass for later; a step with such
-        # chunks at one end is cut in two (kept_passes.py); others run them first.
+        # Extends super(): plans the view (and retrieves) on the host, fills pools,
+        # then replays the captured draft routine or drafts as vLLM does through
+        # the view (K = 0: no view). Prompt chunks that sample nothing keep their
+        # pass for later, or are cut off their step (kept_passes.py).
         cad = common_attn_metadata
         drop = self._drops_pass(cad, mm_embed_inputs)
         keep = drop or self._keeps_pass(mm_embed_inputs, num_rejected_tokens_gpu)
@@ -174,6 +173,7 @@ class SpecExtendMixin(Reconfigurable, HostStep, KeptPasses, PooledPasses, Lookup
                                        num_rejected_tokens_gpu)
             self._record_tokens(step, cad, target_token_ids, target_positions,
                                 next_token_ids, num_rejected_tokens_gpu)
+            self._fill_pools(step, cad)  # draft KV for the pools' new chunks
             pooled = step is not None and step.pool is not None
             self._plan_carry(step, cad, num_speculative_tokens, num_rejected_tokens_gpu,
                              drafts_now=not (keep or pooled or cut is not None))

@@ -65,6 +65,8 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
   ``spec_extend_draft2`` (2 drafted at K=12, 10 looked up),
   ``spec_extend_min1`` (the defaults, the lookup taking a match of 1 token
   where no longer one exists),
+  ``spec_extend_fill8`` and ``spec_extend_fill16`` (``draft_prompt_pool``
+  ``"auto"`` grown by 8 or 16 chunks at each refresh: ``draft_pool_fill``),
   ``spec_extend_step15k`` (the defaults under vLLM's own step budget:
   ``max_num_batched_tokens`` 16,384 given, so 15,360 a step on an H100:
   ``MODE_ENGINE_ARGS``), and ``spec_extend_<name>`` with
@@ -141,6 +143,10 @@ PLUGIN_CONFIGS = {
     # The lookup's shortest match 1 (SPECEXTEND_LOOKUP_MIN_MATCH): replayed
     # on the 0050Z answers it looks up 3-19% more (lookup_replay.py).
     "spec_extend_min1": {},
+    # The pool ("auto": 128 chunks, its first token) grown at every refresh by
+    # the 8 or 16 chunks the target ranks top without draft KV (pool_fill.py).
+    "spec_extend_fill8": {"draft_prompt_pool": "auto", "draft_pool_fill": 8},
+    "spec_extend_fill16": {"draft_prompt_pool": "auto", "draft_pool_fill": 16},
 }
 MODE_ENGINE_ARGS = {"spec_extend_step15k": {"max_num_batched_tokens": 16384}}
 """A mode's own ``LLM`` arguments beyond vLLM's defaults (recorded with the

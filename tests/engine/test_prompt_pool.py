@@ -42,27 +42,32 @@ def prompts(long_prompts):
 _RUNS: dict[tuple, dict] = {}
 
 
-def _run(target, draft, prompts, pool=None, draft_graph=None):
+def _run(target, draft, prompts, pool=None, draft_graph=None, fill=None):
     """One engine's run over ``prompts``, read from the first ask: greedy
     outputs, proposals and counters; the draft's first-layer KV of prompt 0
-    right after the step that ends it (``_record_kv_at_prompt_end``); pooled,
-    prompt 0 once more, from the prefix cache."""
-    key = (target, draft, tuple(map(tuple, prompts)), pool, draft_graph)
+    right after the step that ends it (``_record_kv_at_prompt_end``) and, with
+    a fill, at its last step (``_record_kv_while_live``); pooled, prompt 0 once
+    more, from the prefix cache."""
+    key = (target, draft, tuple(map(tuple, prompts)), pool, draft_graph, fill)
     if key in _RUNS:
         return _RUNS[key]
     spec_extend = {**CMR, "draft_prompt_pool": pool}  # None: the full pass
     if draft_graph is not None:
         spec_extend["draft_graph"] = draft_graph
+    if fill is not None:
+        spec_extend["draft_pool_fill"] = fill
     llm = make_llm(target, draft, spec_extend, **CHUNKED)
     proposer = drafter(llm)
     replays = _record_pooled_replays(proposer)
     seen = _record_kv_at_prompt_end(proposer, len(prompts[0]))
+    last = _record_kv_while_live(proposer, len(prompts[0])) if fill else {}
     recorder = DraftRecorder(llm)
     recorder.enabled = True
-    run = dict(outputs=generate(llm, prompts, max_tokens=MAX_TOKENS), seen=seen)
+    run = dict(outputs=generate(llm, prompts, max_tokens=MAX_TOKENS), seen=seen,
+               last=last)
     run.update(proposals=list(recorder.proposals.values()), stats=stats(proposer),
                replays=replays)
-    if pool is not None:
+    if pool is not None and fill is None:
         recorder.enabled = False
         run["again"] = generate(llm, prompts[:1], max_tokens=MAX_TOKENS)
         run["hits"] = counter(llm, "vllm:prefix_cache_hits")
@@ -109,6 +114,35 @@ def _record_kv_at_prompt_end(proposer, prompt_len: int) -> dict:
             if proposer.pools is not None:
                 seen["pool"] = proposer.pools.chunks[slot].tolist()
                 seen["window_start"] = int(proposer.state.window_start[slot])
+        return drafts
+
+    proposer.propose = recording
+    return seen
+
+
+def _record_kv_while_live(proposer, prompt_len: int) -> dict:
+    """Fills the dict it returns at every step holding the first request (the
+    first step's row 0): the draft's first-layer KV blocks of its prompt and
+    which chunks its selections may read (``PromptPools.allowed``), as they
+    stand after the step; the last such step's remain."""
+    from vllm_specextend import compat
+
+    layer = compat.attention_layer(proposer.vllm_config,
+                                   sorted(proposer._draft_attn_layer_names)[0])
+    propose, seen = proposer.propose, {}
+
+    def recording(*args, **kwargs):
+        drafts = propose(*args, **kwargs)
+        cad = args[6] if len(args) > 6 else kwargs["common_attn_metadata"]
+        ids = compat.batch_req_ids(proposer.runner, cad.num_reqs)
+        seen.setdefault("req", ids[0])
+        if seen["req"] in ids:
+            row = list(ids).index(seen["req"])
+            blocks = cad.block_table_tensor[row, : prompt_len // proposer.block_size]
+            seen["kv"] = compat.layer_kv_cache(layer)[blocks.long()].clone()
+            slot = proposer.state.slot_of(seen["req"])
+            seen["allowed"] = proposer.pools.allowed[slot].tolist()
+            seen["pool"] = proposer.pools.chunks[slot].tolist()
         return drafts
 
     proposer.propose = recording
@@ -218,3 +252,52 @@ def test_pooled_passes_too_many_for_one_forward_pass_alone(
     assert counts["pooled_prompt_passes"] == 3
     assert counts["pooled_passes_alone"] >= 1
     assert outputs == plain
+
+
+FILL = 4
+
+
+@pytest.fixture(scope="module")
+def filled(tiny_target, tiny_draft, prompts):
+    return _run(tiny_target, tiny_draft, prompts, POOL, fill=FILL)
+
+
+def test_a_growing_pool_stays_lossless_and_changes_the_drafts(plain_outputs, pooled,
+                                                              filled):
+    """``draft_pool_fill``: each refresh of a pooled request adds its FILL
+    top-ranked chunks without draft KV to its pool and writes their KV."""
+    assert filled["stats"]["pooled_prompt_passes"] == 3
+    assert filled["stats"]["pool_fills"] > 0
+    assert filled["outputs"] == plain_outputs
+    assert filled["proposals"] != pooled["proposals"]
+
+
+def test_the_fill_writes_the_draft_kv_of_its_chunks(prompts, full, filled):
+    """The first layer's KV depends on a token and its position only: at the
+    first request's last step every chunk its selections may read (the
+    sinks, the pool, the chunks the refreshes filled and the window) holds
+    the full pass's first-layer KV, and the fills went past the pool."""
+    last, reference = filled["last"], full["seen"]["kv"]
+    chunks = len(prompts[0]) // 32
+    allowed = [c for c in range(chunks) if last["allowed"][c]]
+    sinks = range(CMR.get("sink_tokens", 32) // 32)
+    grown = set(allowed) - set(last["pool"]) - set(sinks)
+    assert len(grown) > 0
+    same = [torch.allclose(last["kv"][c], reference[c], rtol=1e-4, atol=1e-5)
+            for c in range(chunks)]
+    assert all(same[c] for c in allowed), "where the views may read"
+    # Fewer elsewhere than before the fills (the pooled pass's test): another
+    # prompt's fill may have written a shared block of the text's start.
+    assert sum(not same[c] for c in range(chunks) if c not in allowed) > 0
+
+
+def test_a_growing_pool_replays_the_draft_routine_after_its_fill(
+        tiny_target, tiny_draft, prompts, plain_outputs, filled):
+    """``draft_graph: static``: steps whose pools grow run the fill's forward,
+    then the routine's code, and draft what the eager path drafts."""
+    static = _run(tiny_target, tiny_draft, prompts, POOL, draft_graph="static",
+                  fill=FILL)
+    assert static["stats"]["pool_fills"] == filled["stats"]["pool_fills"]
+    assert static["stats"]["graph_steps"] > 0
+    assert static["proposals"] == filled["proposals"], "the same drafts, step by step"
+    assert static["outputs"] == plain_outputs

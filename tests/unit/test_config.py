@@ -507,6 +507,23 @@ def test_validate_engine_refuses_a_prompt_pool_it_cannot_serve(cfg, facts, match
         validate_engine(cfg, good_facts(**facts))
 
 
+@pytest.mark.parametrize("value", [0, -1, True, "16", 16.0, "auto"])
+def test_draft_pool_fill_must_be_a_positive_integer(value):
+    with pytest.raises(SpecExtendConfigError,
+                       match=r"spec_extend\.draft_pool_fill=.* positive integer"):
+        SpecExtendConfig.from_dict({"draft_prompt_pool": 128, "draft_pool_fill": value})
+
+
+def test_validate_engine_refuses_a_pool_fill_without_a_pool():
+    cfg = SpecExtendConfig(draft_pool_fill=16)  # draft_prompt_pool null
+    with pytest.raises(SpecExtendConfigError,
+                       match="draft_pool_fill=16 adds chunks to a prompt pool, but "
+                             "draft_prompt_pool is null. Set draft_prompt_pool"):
+        validate_engine(cfg, good_facts())
+    validate_engine(SpecExtendConfig(draft_prompt_pool=128, draft_pool_fill=16),
+                    good_facts(max_model_len=65536, draft_max_model_len=65536))
+
+
 def test_a_prompt_pool_applies_past_what_it_holds():
     cfg = SpecExtendConfig(draft_prompt_pool=128)
     validate_engine(cfg, good_facts(max_model_len=65536, draft_max_model_len=65536))

@@ -8,6 +8,7 @@ import torch
 from vllm_specextend.config import SpecExtendConfig
 from vllm_specextend.drafting.view import view_blocks
 from vllm_specextend.retrieval.selection import (
+    choose_fill,
     chunk_mass,
     held_chunks,
     num_candidates,
@@ -314,3 +315,16 @@ def test_pool_follow_switch(monkeypatch):
     monkeypatch.setenv("SPECEXTEND_POOL_FOLLOW", "x")
     with pytest.raises(ValueError, match="SPECEXTEND_POOL_FOLLOW"):
         pool_follow()
+
+
+def test_choose_fill_takes_the_top_chunks_without_draft_kv_first():
+    mass = torch.tensor([[0.0, 0.3, 0.1, 0.2, 0.05, 0.25, 0.1],
+                         [0.0, 0.3, 0.1, 0.2, 0.05, 0.25, 0.1]])
+    lo, hi = torch.tensor([1, 1]), torch.tensor([6, 6])  # chunk 6: past the range
+    has_kv = torch.tensor([[True, True, False, False, True, False, False],
+                           [True, True, True, True, True, False, False]])
+    chosen = choose_fill(mass, lo, hi, has_kv, 3)
+    # Row 0: 2, 3, 5 lack KV (ranked 5, 3, 2); row 1: only 5 does, then the
+    # top ones with KV (1, then 3), in document order.
+    assert chosen.tolist() == [[2, 3, 5], [1, 3, 5]]
+    assert chosen.dtype == torch.int32

@@ -97,6 +97,7 @@ def validate_engine(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
     _raise_if_replicated_not_draft_model(cfg, facts)
     raise_if_prefill_window_unsupported(cfg, facts)
     raise_if_prompt_pool_unsupported(cfg, facts)
+    _raise_if_fill_without_pool(cfg)
     raise_if_lookup_unsupported(cfg, facts)
     _raise_if_unpadded_drafter_batch(facts)
     _raise_if_chunk_not_block_multiple(cfg, facts)
@@ -236,6 +237,16 @@ def raise_if_prompt_pool_unsupported(cfg: SpecExtendConfig,
     refusal = prompt_pool_refusal(cfg, facts)
     if refusal is not None:
         raise SpecExtendConfigError(" ".join(refusal))
+
+
+def _raise_if_fill_without_pool(cfg: SpecExtendConfig) -> None:
+    """``draft_pool_fill`` grows a prompt pool; ``"auto"`` may resolve to
+    none on an engine that cannot pool (the fill then has nothing to grow)."""
+    if cfg.draft_pool_fill is not None and cfg.draft_prompt_pool is None:
+        raise SpecExtendConfigError(
+            f"spec_extend.draft_pool_fill={cfg.draft_pool_fill} adds chunks to a "
+            "prompt pool, but draft_prompt_pool is null. Set draft_prompt_pool "
+            '(a number or "auto"), or leave draft_pool_fill unset.')
 
 
 def prompt_pool_refusal(cfg: SpecExtendConfig,

@@ -135,6 +135,18 @@ class SpecExtendConfig:
     ``draft_prefill_window`` or ``self_draft``), at least ``top_k``. Prompts
     shorter than ``pool_min_prompt`` pass in full."""
 
+    draft_pool_fill: int | None = None
+    """With ``draft_prompt_pool``: chunks each refresh adds to a pooled
+    prompt's draft KV (``drafting/pool_fill.py``). At every retrieval of a
+    pooled request the ``N`` chunks the target ranks top among those without
+    draft KV get it, in one draft forward over their tokens (reading the
+    sinks and each other, in document order) before the step drafts, and the
+    selection then chooses among all chunks with draft KV: the pooled pass's
+    first token without its pool's fixed choice, which left out the chunks
+    copy answers read later (the real-weights issue). Lossless (the target
+    verifies every draft). None: the pool stays as the prompt's end chose
+    it."""
+
     draft_placement: str = "auto"
     """Where a draft model runs under tensor parallelism (``replicated.py``).
     ``sharded``: split over the ranks as the target (vLLM's draft_model);

@@ -88,6 +88,8 @@ _OPTIONAL_COUNTS = (
      "attends to", "full attention over the prompt"),
     ("draft_prompt_pool", "prompt chunks the draft computes its KV of",
      "the draft's pass over every prompt token"),
+    ("draft_pool_fill", "chunks each refresh adds to a pooled prompt's draft KV",
+     "a pool fixed at the prompt's end"),
 )
 
 

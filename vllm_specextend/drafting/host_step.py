@@ -23,6 +23,7 @@ from vllm_specextend.drafting.prompt_pool import PoolRows
 from vllm_specextend.drafting.prompt_split import PromptSplit, SplitView, piece_tokens
 from vllm_specextend.drafting.view import View, ViewBuilder, ViewParams
 from vllm_specextend.retrieval.planner import BatchLens
+from vllm_specextend.retrieval.retriever import FillRows
 
 
 @dataclass
@@ -38,6 +39,8 @@ class Step:
     """Rows whose first draft forward is their prompt's pooled pass."""
     block_table: torch.Tensor | None = None
     """The step's real block table [num_reqs, max_blocks], for pooled views."""
+    fill: FillRows | None = None
+    """Rows whose pool grows before the step drafts (``draft_pool_fill``)."""
 
 
 class HostStep:
@@ -63,8 +66,9 @@ class HostStep:
         self.staging.begin_step(self._staging_need(num_reqs))
         slots, slots_dev = self.state.slots_for(req_ids, self.staging)
         request = self.planner.plan(lens, slots)
+        fill = None
         if request.rows.size:
-            self.retriever.retrieve(
+            fill = self.retriever.retrieve(
                 request, lens, slots, slots_dev, cad, token_indices_to_sample,
                 num_rejected, self.stats,
             )
@@ -74,7 +78,7 @@ class HostStep:
             drafting[pool.rows] = True  # through their selection, as decode rows
         params = builder.params(seq, drafting, slots, self.stats, lens.q_start)
         return Step(lens, drafting, slots, slots_dev, params, pool,
-                    cad.block_table_tensor)
+                    cad.block_table_tensor, fill)
 
     def _pool_rows(self, request, lens: BatchLens, slots) -> PoolRows | None:
         """The rows that end a pooled prompt this step (``draft_prompt_pool``)."""
@@ -133,5 +137,6 @@ class HostStep:
         # A pooled prompt's step (``prompt_pool.py``): 2 more per pooled row,
         # 4 per row for each of its two pooled views at most.
         prefix = self.cfg.draft_budget_tokens // self.block_size
-        pool = 10 if self.pools is not None else 0
+        # A pool's fill: 2 per row.
+        pool = 12 if self.pools is not None else 0
         return num_reqs * (10 + pool + (4 * prefix if self.compactor else 0))

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from vllm_specextend import compat
+from vllm_specextend.drafting.pool_fill import fill_inputs
 from vllm_specextend.drafting.prompt_pool import fit, substitute, tails
 
 
@@ -137,6 +138,27 @@ class PooledPasses:
         finally:
             self._view = saved
             self._first_view = self._first_pass = None
+
+    def _fill_pools(self, step, cad) -> None:
+        """The draft's KV of the chunks the step's retrieval added to pools
+        (``draft_pool_fill``, ``pool_fill.py``): one forward with K = 0, as a
+        kept pass runs, before the step drafts. ``step`` None: no plan."""
+        fill = None if step is None else step.fill
+        if fill is None:
+            return
+        prompt_ids = [self._prompt_ids(int(r), int(end)) for r, end
+                      in zip(fill.rows, fill.prompt_end, strict=True)]
+        token_ids, positions, next_ids, one, self._first_pass = fill_inputs(
+            fill, prompt_ids, cad, self.cfg.sink_tokens, self.cfg.chunk_size,
+            self.block_size)
+        saved = self._view, self._first_view
+        self._view = self._first_view = None
+        try:
+            self._first_pass_only(token_ids, positions, next_ids, one)
+        finally:
+            self._view, self._first_view = saved
+            self._first_pass = None
+        self.stats.pool_fills += int(fill.chunks.numel())
 
     def _prompt_ids(self, row: int, seq: int) -> torch.Tensor:
         """Batch row ``row``'s first ``seq`` token ids, on the device."""

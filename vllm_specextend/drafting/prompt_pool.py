@@ -177,8 +177,11 @@ class FirstPassPositions:
     index: torch.Tensor  # [m] int64, tokens of the first forward
     positions: torch.Tensor  # [m] int64
     rows: torch.Tensor  # [m] int64, their rows of the batch
+    slots: bool = True
+    """False: the forward's table maps its own positions to these tokens'
+    slots already (``pool_fill.fill_inputs``): only the positions change."""
 
-    def slots(self, block_table: torch.Tensor, block_size: int) -> torch.Tensor:
+    def real_slots(self, block_table: torch.Tensor, block_size: int) -> torch.Tensor:
         """The tokens' KV slots through the real table. [m] int64"""
         blocks = block_table[self.rows, self.positions // block_size].long()
         return blocks * block_size + self.positions % block_size
@@ -186,8 +189,9 @@ class FirstPassPositions:
     def apply(self, positions: torch.Tensor, cad, block_size: int) -> None:
         """Into the forward's position buffer and its metadata's slots."""
         positions[self.index] = self.positions.to(positions.dtype)
-        cad.slot_mapping[self.index] = self.slots(
-            cad.block_table_tensor, block_size).to(cad.slot_mapping.dtype)
+        if self.slots:
+            cad.slot_mapping[self.index] = self.real_slots(
+                cad.block_table_tensor, block_size).to(cad.slot_mapping.dtype)
 
 
 def substitute(pool: PoolRows, prompt_ids: list[torch.Tensor], token_ids, positions,

@@ -17,6 +17,8 @@ the same view even if the reductions differ in the last bit.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -25,6 +27,7 @@ from vllm_specextend.config import SpecExtendConfig
 from vllm_specextend.retrieval.planner import BatchLens, ScoreRequest
 from vllm_specextend.retrieval.scoring import block_lse
 from vllm_specextend.retrieval.selection import (
+    choose_fill,
     chunk_mass,
     followed_mass,
     num_candidates,
@@ -34,6 +37,15 @@ from vllm_specextend.retrieval.selection import (
 from vllm_specextend.retrieval.staging import HostStaging
 from vllm_specextend.retrieval.state import SelectionState
 from vllm_specextend.serving.stats import SpecExtendStats
+
+
+@dataclass
+class FillRows:
+    """The rows of a step whose pool grows before it drafts."""
+
+    rows: np.ndarray  # [m] batch rows
+    prompt_end: np.ndarray  # [m] tokens from which no chunk is filled (host)
+    chunks: torch.Tensor  # [m, F] int32, chunk ids in document order (device)
 
 
 class Retriever:
@@ -75,7 +87,9 @@ class Retriever:
 
     def retrieve(self, request: ScoreRequest, lens: BatchLens, slots: np.ndarray,
                  slots_dev: torch.Tensor, cad, token_indices_to_sample,
-                 num_rejected, stats: SpecExtendStats) -> None:
+                 num_rejected, stats: SpecExtendStats) -> FillRows | None:
+        """Chooses the rows' chunks; returns the rows whose prompt pool
+        grows this step (``draft_pool_fill``), or None."""
         cfg = self.cfg
         rows_np = request.rows
         timer = stats.start_timer(self.device)
@@ -97,9 +111,10 @@ class Retriever:
             query_rows, cad.block_table_tensor[rows], ctx_lens,
             int(lens.seq[rows_np].max()),
         )  # [n, num_chunks]
-        allowed = None
+        allowed, fill = None, None
         if self.pools is not None:
             self._choose_pools(request, mass, lo_d, hi_d, slots, slots_dev[rows])
+            fill = self._choose_fill(request, lens, mass, lo, slots, slots_dev[rows])
             allowed = self.pools.allowed[slots_dev[rows]]
         selected = select_chunks(mass, lo_d, hi_d, min(cfg.top_k, mass.shape[1]),
                                  allowed)
@@ -112,6 +127,7 @@ class Retriever:
         stats.retrievals += int(rows_np.size)
         stats.retrieval_steps += 1
         stats.stop_timer(timer)
+        return fill
 
     def _choose_pools(self, request: ScoreRequest, mass, lo_d, hi_d, slots,
                       slots_dev) -> None:
@@ -127,6 +143,32 @@ class Retriever:
             chunks = compat.tp_broadcast(chunks.contiguous())
         window_chunk = hi_d[at]
         self.pools.put(slots[request.rows[pool]], slots_dev[at], chunks, window_chunk)
+
+    def _choose_fill(self, request: ScoreRequest, lens: BatchLens, mass, lo, slots,
+                     slots_dev) -> FillRows | None:
+        """The rows whose pool grows (``draft_pool_fill``): pooled requests
+        refreshing past their prompt's end, with enough prompt chunks left of
+        their window; their chunks to fill join the pool (``allowed``)."""
+        count, size = self.cfg.draft_pool_fill, self.cfg.chunk_size
+        if count is None:
+            return None
+        rows = request.rows
+        ended = np.zeros(rows.size, dtype=bool) if request.pool is None else request.pool
+        prompt_end = np.minimum(request.window_start // size * size,
+                                lens.num_prompt[rows] // size * size)
+        grow = (self.pools.pooled[slots[rows]] & ~ended
+                & (prompt_end // size - lo >= count))
+        if not grow.any():
+            return None
+        at = np.flatnonzero(grow)
+        at_d, hi_d = self.staging.to_device(at, prompt_end[at] // size)
+        lo_d = torch.full_like(hi_d, int(lo[0]))  # the sinks' chunks, every row
+        slot_d = slots_dev[at_d]
+        chunks = choose_fill(mass[at_d], lo_d, hi_d, self.pools.allowed[slot_d], count)
+        if self.tp_size > 1:
+            chunks = compat.tp_broadcast(chunks.contiguous())
+        self.pools.allowed[slot_d[:, None], chunks.long()] = True
+        return FillRows(rows[at], prompt_end[at], chunks)
 
     def chunk_masses(self, query_rows: torch.Tensor, block_table: torch.Tensor,
                      ctx_lens: torch.Tensor, max_ctx: int) -> torch.Tensor:

@@ -88,6 +88,23 @@ def select_chunks(
     return torch.sort(key, dim=1).values.to(torch.int32)
 
 
+def choose_fill(mass: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
+                has_kv: torch.Tensor, count: int) -> torch.Tensor:
+    """The ``count`` chunks in ``[lo, hi)`` to fill per row, in document
+    order: the top ones by ``mass`` among those without draft KV, then, where
+    fewer are left, the top ones with it. ``mass`` [R, C] fp32 (attention
+    mass, 0 to 1); ``lo``, ``hi`` [R] int; ``has_kv`` [R, >= C] bool. Each
+    row has at least ``count`` chunks in range (the caller checks on the
+    host). Returns [R, count] int32."""
+    ids = torch.arange(mass.shape[1], device=mass.device)[None, :]
+    in_range = (ids >= lo[:, None]) & (ids < hi[:, None])
+    # Unfilled in [0, 1], filled in [-2, -1], out of range -3.
+    key = torch.where(has_kv[:, : mass.shape[1]], mass - 2.0, mass)
+    key = torch.where(in_range, key, torch.full_like(mass, -3.0))
+    top = torch.topk(key, count, dim=1).indices
+    return torch.sort(top, dim=1).values.to(torch.int32)
+
+
 def followed_mass(mass: torch.Tensor, follow: int) -> torch.Tensor:
     """Each chunk scored by the most mass among itself and the ``follow``
     chunks before it, [R, C] fp32, ties broken by its own mass: a pool chosen

@@ -45,6 +45,8 @@ COUNTERS = {
     "pooled_decode_steps": "Steps ending pooled prompts, any other rows decoding, "
                            "that ran those passes first, then drafted as a decode "
                            "step.",
+    "pool_fills": "Prompt chunks whose draft KV a refresh added to a pooled "
+                  "prompt's (draft_pool_fill).",
     "lookup_tokens": "Draft tokens proposed by a lookup in the request's own context "
                      "instead of a draft forward (lookup_tokens).",
     "carried_steps": "Draft steps that drafted carry_drafts tokens, the lookup "
@@ -84,6 +86,7 @@ class SpecExtendStats:
     pooled_prompt_passes: int = 0
     pooled_passes_alone: int = 0
     pooled_decode_steps: int = 0
+    pool_fills: int = 0
     lookup_tokens: int = 0
     carried_steps: int = 0
     staging_waits: int = 0
