@@ -56,15 +56,18 @@ def _run(target, draft, prompts, pool=None, draft_graph=None, fill=None):
         spec_extend["draft_graph"] = draft_graph
     if fill is not None:
         spec_extend["draft_pool_fill"] = fill
-    llm = make_llm(target, draft, spec_extend, **CHUNKED)
+    budget = dict(max_num_batched_tokens=FILL_BUDGET) if fill else {}
+    llm = make_llm(target, draft, spec_extend, **{**CHUNKED, **budget})
     proposer = drafter(llm)
     replays = _record_pooled_replays(proposer)
     seen = _record_kv_at_prompt_end(proposer, len(prompts[0]))
-    last = _record_kv_while_live(proposer, len(prompts[0])) if fill else {}
+    last = _record_kv_while_live(proposer, [len(p) for p in prompts[:2]]) \
+        if fill or pool is None else {}
+    fills = _record_fill_forwards(proposer) if fill else []
     recorder = DraftRecorder(llm)
     recorder.enabled = True
     run = dict(outputs=generate(llm, prompts, max_tokens=MAX_TOKENS), seen=seen,
-               last=last)
+               last=last, fills=fills, max_num_tokens=proposer.max_num_tokens)
     run.update(proposals=list(recorder.proposals.values()), stats=stats(proposer),
                replays=replays)
     if pool is not None and fill is None:
@@ -120,11 +123,12 @@ def _record_kv_at_prompt_end(proposer, prompt_len: int) -> dict:
     return seen
 
 
-def _record_kv_while_live(proposer, prompt_len: int) -> dict:
-    """Fills the dict it returns at every step holding the first request (the
-    first step's row 0): the draft's first-layer KV blocks of its prompt and
-    which chunks its selections may read (``PromptPools.allowed``), as they
-    stand after the step; the last such step's remain."""
+def _record_kv_while_live(proposer, prompt_lens: list[int]) -> dict:
+    """Fills the dict it returns at every step holding the first step's
+    rows 0, 1, ... (one per length in ``prompt_lens``): for each, the
+    draft's first-layer KV blocks of its prompt and, pooled, which chunks its
+    selections may read (``PromptPools.allowed``) and its pool, as they stand
+    after the step; the last such step's remain."""
     from vllm_specextend import compat
 
     layer = compat.attention_layer(proposer.vllm_config,
@@ -134,19 +138,47 @@ def _record_kv_while_live(proposer, prompt_len: int) -> dict:
     def recording(*args, **kwargs):
         drafts = propose(*args, **kwargs)
         cad = args[6] if len(args) > 6 else kwargs["common_attn_metadata"]
-        ids = compat.batch_req_ids(proposer.runner, cad.num_reqs)
-        seen.setdefault("req", ids[0])
-        if seen["req"] in ids:
-            row = list(ids).index(seen["req"])
-            blocks = cad.block_table_tensor[row, : prompt_len // proposer.block_size]
-            seen["kv"] = compat.layer_kv_cache(layer)[blocks.long()].clone()
-            slot = proposer.state.slot_of(seen["req"])
-            seen["allowed"] = proposer.pools.allowed[slot].tolist()
-            seen["pool"] = proposer.pools.chunks[slot].tolist()
+        ids = list(compat.batch_req_ids(proposer.runner, cad.num_reqs))
+        if not seen and len(ids) >= len(prompt_lens):
+            seen.update({req: {} for req in ids[: len(prompt_lens)]})
+        for (req, last), length in zip(seen.items(), prompt_lens):
+            if req not in ids:
+                continue
+            blocks = cad.block_table_tensor[ids.index(req), : length // proposer.block_size]
+            last["kv"] = compat.layer_kv_cache(layer)[blocks.long()].clone()
+            if proposer.pools is not None:
+                slot = proposer.state.slot_of(req)
+                last["allowed"] = proposer.pools.allowed[slot].tolist()
+                last["pool"] = proposer.pools.chunks[slot].tolist()
         return drafts
 
     proposer.propose = recording
     return seen
+
+
+def _record_fill_forwards(proposer) -> list[list[int]]:
+    """Fills the list it returns: for each step whose pools grow, the token
+    count of each of its fill forwards."""
+    fill_pools, first_pass_only, steps = proposer._fill_pools, proposer._first_pass_only, []
+    inside = []
+
+    def filling(step, cad):
+        if step is None or step.fill is None:
+            return fill_pools(step, cad)
+        steps.append([])
+        inside.append(True)
+        try:
+            return fill_pools(step, cad)
+        finally:
+            inside.clear()
+
+    def counting(token_ids, positions, next_token_ids, cad):
+        if inside:
+            steps[-1].append(int(token_ids.shape[0] + next_token_ids.shape[0]))
+        return first_pass_only(token_ids, positions, next_token_ids, cad)
+
+    proposer._fill_pools, proposer._first_pass_only = filling, counting
+    return steps
 
 
 @pytest.fixture(scope="module")
@@ -254,7 +286,11 @@ def test_pooled_passes_too_many_for_one_forward_pass_alone(
     assert outputs == plain
 
 
-FILL = 4
+FILL = 8
+FILL_BUDGET = 512
+"""256 tokens a growing row (FILL chunks of 32): under this step budget the
+drafter's buffers hold two such rows, so three rows growing in one step fill
+in two forwards."""
 
 
 @pytest.fixture(scope="module")
@@ -265,30 +301,39 @@ def filled(tiny_target, tiny_draft, prompts):
 def test_a_growing_pool_stays_lossless_and_changes_the_drafts(plain_outputs, pooled,
                                                               filled):
     """``draft_pool_fill``: each refresh of a pooled request adds its FILL
-    top-ranked chunks without draft KV to its pool and writes their KV."""
+    top-ranked chunks without draft KV to its pool and writes their KV, in
+    forwards that fit the drafter's buffers."""
     assert filled["stats"]["pooled_prompt_passes"] == 3
     assert filled["stats"]["pool_fills"] > 0
     assert filled["outputs"] == plain_outputs
     assert filled["proposals"] != pooled["proposals"]
+    forwards = [n for step in filled["fills"] for n in step]
+    assert forwards and max(forwards) <= filled["max_num_tokens"]
+    assert any(len(step) > 1 for step in filled["fills"]), "a step's rows in two forwards"
+    assert sum(forwards) == filled["stats"]["pool_fills"] * 32
 
 
 def test_the_fill_writes_the_draft_kv_of_its_chunks(prompts, full, filled):
-    """The first layer's KV depends on a token and its position only: at the
-    first request's last step every chunk its selections may read (the
-    sinks, the pool, the chunks the refreshes filled and the window) holds
-    the full pass's first-layer KV, and the fills went past the pool."""
-    last, reference = filled["last"], full["seen"]["kv"]
-    chunks = len(prompts[0]) // 32
-    allowed = [c for c in range(chunks) if last["allowed"][c]]
-    sinks = range(CMR.get("sink_tokens", 32) // 32)
-    grown = set(allowed) - set(last["pool"]) - set(sinks)
-    assert len(grown) > 0
-    same = [torch.allclose(last["kv"][c], reference[c], rtol=1e-4, atol=1e-5)
-            for c in range(chunks)]
-    assert all(same[c] for c in allowed), "where the views may read"
-    # Fewer elsewhere than before the fills (the pooled pass's test): another
-    # prompt's fill may have written a shared block of the text's start.
-    assert sum(not same[c] for c in range(chunks) if c not in allowed) > 0
+    """The first layer's KV depends on a token and its position only: at
+    each of the first two requests' last steps every chunk their selections
+    may read (the sinks, the pool, the chunks the refreshes filled and the
+    window) holds the full pass's first-layer KV, and the fills went past
+    the pool and the window the prompt's end allowed. The second request
+    fills as the second row of a forward (its next token read by offset)."""
+    for (_, last), (_, reference), prompt in zip(filled["last"].items(),
+                                                  full["last"].items(), prompts,
+                                                  strict=False):
+        chunks = len(prompt) // 32
+        allowed = [c for c in range(chunks) if last["allowed"][c]]
+        first_window = min(c for c in range(max(last["pool"]) + 1, chunks + 1)
+                           if all(last["allowed"][c:chunks]))
+        sinks = range(CMR.get("sink_tokens", 32) // 32)
+        grown = set(allowed) - set(last["pool"]) - set(sinks) - set(
+            range(first_window, chunks))
+        assert len(grown) > 0, "chunks the fills added"
+        same = [torch.allclose(last["kv"][c], reference["kv"][c], rtol=1e-4, atol=1e-5)
+                for c in range(chunks)]
+        assert all(same[c] for c in allowed), "where the views may read"
 
 
 def test_a_growing_pool_replays_the_draft_routine_after_its_fill(

@@ -524,6 +524,16 @@ def test_validate_engine_refuses_a_pool_fill_without_a_pool():
                     good_facts(max_model_len=65536, draft_max_model_len=65536))
 
 
+def test_validate_engine_refuses_a_pool_fill_past_the_step_budget():
+    cfg = SpecExtendConfig(draft_prompt_pool=128, draft_pool_fill=300)
+    with pytest.raises(SpecExtendConfigError,
+                       match=r"draft_pool_fill=300 fills 9600 tokens a request in one "
+                             r"draft forward, more than max_num_batched_tokens=8192\. "
+                             "Lower draft_pool_fill"):
+        validate_engine(cfg, good_facts(max_model_len=65536, draft_max_model_len=65536,
+                                        max_num_batched_tokens=8192))
+
+
 def test_a_prompt_pool_applies_past_what_it_holds():
     cfg = SpecExtendConfig(draft_prompt_pool=128)
     validate_engine(cfg, good_facts(max_model_len=65536, draft_max_model_len=65536))

@@ -20,13 +20,14 @@ from vllm_specextend.retrieval.selection import select_chunks
 def test_a_pool_allows_its_chunks_and_those_from_the_window_on():
     pools = PromptPools(num_slots=3, pool=2, max_chunks=10, device=torch.device("cpu"))
     pools.put(np.array([1]), torch.tensor([1]), torch.tensor([[2, 5]], dtype=torch.int32),
-              torch.tensor([7]))
+              torch.tensor([7]), np.array([4]))
     assert pools.allowed[1].nonzero().flatten().tolist() == [2, 5, 7, 8, 9]
+    assert pools.unfilled.tolist() == [0, 4, 0]
     assert pools.allowed[0].all() and pools.allowed[2].all(), "other slots untouched"
     assert pools.chunks[1].tolist() == [2, 5]
     assert pools.pooled.tolist() == [False, True, False]
     pools.reset(np.array([0, 1]))  # their prompts start again
-    assert pools.allowed.all() and not pools.pooled.any()
+    assert pools.allowed.all() and not pools.pooled.any() and not pools.unfilled.any()
 
 
 def test_selection_keeps_to_the_allowed_chunks():

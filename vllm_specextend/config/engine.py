@@ -97,7 +97,7 @@ def validate_engine(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
     _raise_if_replicated_not_draft_model(cfg, facts)
     raise_if_prefill_window_unsupported(cfg, facts)
     raise_if_prompt_pool_unsupported(cfg, facts)
-    _raise_if_fill_without_pool(cfg)
+    _raise_if_bad_pool_fill(cfg, facts)
     raise_if_lookup_unsupported(cfg, facts)
     _raise_if_unpadded_drafter_batch(facts)
     _raise_if_chunk_not_block_multiple(cfg, facts)
@@ -239,14 +239,24 @@ def raise_if_prompt_pool_unsupported(cfg: SpecExtendConfig,
         raise SpecExtendConfigError(" ".join(refusal))
 
 
-def _raise_if_fill_without_pool(cfg: SpecExtendConfig) -> None:
-    """``draft_pool_fill`` grows a prompt pool; ``"auto"`` may resolve to
-    none on an engine that cannot pool (the fill then has nothing to grow)."""
-    if cfg.draft_pool_fill is not None and cfg.draft_prompt_pool is None:
+def _raise_if_bad_pool_fill(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
+    """``draft_pool_fill`` grows a prompt pool (``"auto"`` may resolve to
+    none on an engine that cannot pool: the fill then has nothing to grow),
+    a row's fill in one draft forward."""
+    fill = cfg.draft_pool_fill
+    if fill is None:
+        return
+    if cfg.draft_prompt_pool is None:
         raise SpecExtendConfigError(
-            f"spec_extend.draft_pool_fill={cfg.draft_pool_fill} adds chunks to a "
+            f"spec_extend.draft_pool_fill={fill} adds chunks to a "
             "prompt pool, but draft_prompt_pool is null. Set draft_prompt_pool "
             '(a number or "auto"), or leave draft_pool_fill unset.')
+    budget = facts.max_num_batched_tokens
+    if budget is not None and fill * cfg.chunk_size > budget:
+        raise SpecExtendConfigError(
+            f"spec_extend.draft_pool_fill={fill} fills {fill * cfg.chunk_size} tokens "
+            f"a request in one draft forward, more than max_num_batched_tokens="
+            f"{budget}. Lower draft_pool_fill, or raise --max-num-batched-tokens.")
 
 
 def prompt_pool_refusal(cfg: SpecExtendConfig,

@@ -85,6 +85,13 @@ def fill_inputs(fill: FillRows, prompt_ids: list[torch.Tensor], cad, sink_tokens
         num_logits_indices=None,
         positions=None,
         is_prefilling=None,
+        # Per-row fields of the step's rows, none for a text model's fill.
+        dcp_local_seq_lens=None,
+        dcp_local_seq_lens_cpu=None,
+        encoder_seq_lens=None,
+        encoder_seq_lens_cpu=None,
+        mm_req_doc_ranges=None,
+        rswa_prefix_lens=None,
         seq_lens_cpu_upper_bound=None,
         _seq_lens_cpu=torch.full((m,), seq, dtype=torch.int32),
         _num_computed_tokens_cpu=torch.full((m,), sink_tokens, dtype=torch.int32),
@@ -97,4 +104,6 @@ def fill_inputs(fill: FillRows, prompt_ids: list[torch.Tensor], cad, sink_tokens
         rows=torch.arange(m, device=device).repeat_interleave(length),
         slots=False,
     )
-    return (ids[:, :-1].flatten(), compact_pos, ids[:, -1], fill_cad, first_pass)
+    # The next tokens contiguous: vLLM's kernel reads row i's at offset i.
+    return (ids[:, :-1].flatten(), compact_pos, ids[:, -1].contiguous(), fill_cad,
+            first_pass)

@@ -141,13 +141,26 @@ class PooledPasses:
 
     def _fill_pools(self, step, cad) -> None:
         """The draft's KV of the chunks the step's retrieval added to pools
-        (``draft_pool_fill``, ``pool_fill.py``): one forward with K = 0, as a
-        kept pass runs, before the step drafts. ``step`` None: no plan."""
+        (``draft_pool_fill``, ``pool_fill.py``): forwards with K = 0, as a
+        kept pass runs, before the step drafts, each of as many rows as the
+        drafter's buffers hold. ``step`` None: no plan."""
         fill = None if step is None else step.fill
         if fill is None:
             return
-        prompt_ids = [self._prompt_ids(int(r), int(end)) for r, end
-                      in zip(fill.rows, fill.prompt_end, strict=True)]
+        rows = max(1, self.max_num_tokens // (fill.chunks.shape[1] * self.cfg.chunk_size))
+        for start in range(0, fill.rows.size, rows):
+            self._fill_forward(fill.take(slice(start, start + rows)), step.slots, cad)
+        self.stats.pool_fills += int(fill.chunks.numel())
+
+    def _fill_forward(self, fill, slots, cad) -> None:
+        """One forward over ``fill``'s rows' chunks. Their prompts' ids from
+        the lookup's history where it keeps one (on the device already), else
+        from the runner's host copy."""
+        if self.history is not None:
+            prompt_ids = [self.history.tokens[int(slots[r])] for r in fill.rows]
+        else:
+            prompt_ids = [self._prompt_ids(int(r), int(end)) for r, end
+                          in zip(fill.rows, fill.prompt_end, strict=True)]
         token_ids, positions, next_ids, one, self._first_pass = fill_inputs(
             fill, prompt_ids, cad, self.cfg.sink_tokens, self.cfg.chunk_size,
             self.block_size)
@@ -158,7 +171,6 @@ class PooledPasses:
         finally:
             self._view, self._first_view = saved
             self._first_pass = None
-        self.stats.pool_fills += int(fill.chunks.numel())
 
     def _prompt_ids(self, row: int, seq: int) -> torch.Tensor:
         """Batch row ``row``'s first ``seq`` token ids, on the device."""

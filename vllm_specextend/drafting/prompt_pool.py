@@ -58,6 +58,9 @@ class PromptPools:
                                   device=device)
         self.chunks = torch.zeros(num_slots, pool, dtype=torch.int32, device=device)
         self.pooled = np.zeros(num_slots, dtype=bool)
+        self.unfilled = np.zeros(num_slots, dtype=np.int64)
+        """(host) prompt chunks before each pool's window still without draft
+        KV: ``draft_pool_fill`` grows a pool while some are left."""
         self._ids = torch.arange(max_chunks, device=device)
 
     def reset(self, slots: np.ndarray) -> None:
@@ -65,14 +68,17 @@ class PromptPools:
         slots = np.asarray(slots)[self.pooled[slots]]
         if slots.size:
             self.pooled[slots] = False
+            self.unfilled[slots] = 0
             index = copy_to(torch.from_numpy(slots), self.allowed.device)
             self.allowed.index_fill_(0, index, True)
 
     def put(self, slots: np.ndarray, slots_dev: torch.Tensor, chunks: torch.Tensor,
-            window_chunk: torch.Tensor) -> None:
+            window_chunk: torch.Tensor, unfilled: np.ndarray) -> None:
         """New pools: ``chunks`` [n, pool] in document order, ``window_chunk``
-        [n] the first chunk of each window (all on the device)."""
+        [n] the first chunk of each window (all on the device); ``unfilled``
+        [n] (host): the chunks before each window left out."""
         self.pooled[slots] = True
+        self.unfilled[slots] = unfilled
         allowed = self._ids[None, :] >= window_chunk[:, None].long()
         allowed.scatter_(1, chunks.long(), True)
         self.allowed.index_copy_(0, slots_dev, allowed)

@@ -47,6 +47,10 @@ class FillRows:
     prompt_end: np.ndarray  # [m] tokens from which no chunk is filled (host)
     chunks: torch.Tensor  # [m, F] int32, chunk ids in document order (device)
 
+    def take(self, rows: slice) -> FillRows:
+        """Rows ``rows`` only (a slice: the device's ids need no index)."""
+        return FillRows(self.rows[rows], self.prompt_end[rows], self.chunks[rows])
+
 
 class Retriever:
     def __init__(self, cfg: SpecExtendConfig, state: SelectionState,
@@ -142,13 +146,20 @@ class Retriever:
         if self.tp_size > 1:
             chunks = compat.tp_broadcast(chunks.contiguous())
         window_chunk = hi_d[at]
-        self.pools.put(slots[request.rows[pool]], slots_dev[at], chunks, window_chunk)
+        unfilled = np.maximum(0, request.window_start[pool] // self.cfg.chunk_size
+                              - self.cfg.sink_tokens // self.cfg.chunk_size
+                              - self.pools.pool)
+        self.pools.put(slots[request.rows[pool]], slots_dev[at], chunks, window_chunk,
+                       unfilled)
 
     def _choose_fill(self, request: ScoreRequest, lens: BatchLens, mass, lo, slots,
                      slots_dev) -> FillRows | None:
         """The rows whose pool grows (``draft_pool_fill``): pooled requests
-        refreshing past their prompt's end, with enough prompt chunks left of
-        their window; their chunks to fill join the pool (``allowed``)."""
+        refreshing past their prompt's end, with chunks still without draft KV
+        and enough prompt chunks left of their window; their chunks to fill
+        join the pool (``allowed``). ``choose_fill`` takes those without KV
+        first, so the host's count of them (``PromptPools.unfilled``) stays
+        exact."""
         count, size = self.cfg.draft_pool_fill, self.cfg.chunk_size
         if count is None:
             return None
@@ -157,6 +168,7 @@ class Retriever:
         prompt_end = np.minimum(request.window_start // size * size,
                                 lens.num_prompt[rows] // size * size)
         grow = (self.pools.pooled[slots[rows]] & ~ended
+                & (self.pools.unfilled[slots[rows]] > 0)
                 & (prompt_end // size - lo >= count))
         if not grow.any():
             return None
@@ -168,6 +180,8 @@ class Retriever:
         if self.tp_size > 1:
             chunks = compat.tp_broadcast(chunks.contiguous())
         self.pools.allowed[slot_d[:, None], chunks.long()] = True
+        grown = slots[rows[at]]
+        self.pools.unfilled[grown] = np.maximum(0, self.pools.unfilled[grown] - count)
         return FillRows(rows[at], prompt_end[at], chunks)
 
     def chunk_masses(self, query_rows: torch.Tensor, block_table: torch.Tensor,
