@@ -108,6 +108,27 @@ def test_captured_routine_drafts_as_piecewise(models, method, batch):
     assert graph["outputs"] == eager["outputs"] == reference["outputs"]
 
 
+def test_a_growing_pool_drafts_as_piecewise(models):
+    """``draft_pool_fill`` under CUDA graphs and async scheduling: steps whose
+    pools grow run the fill's forwards (the draft's piecewise graphs up to
+    their size, through a compact block table), then the captured routine,
+    which drafts what the piecewise path drafts; the outputs stay vLLM's own
+    speculation's."""
+    rng = random.Random(2)
+    prompts = [[rng.randrange(3, 500) for _ in range(n)] for n in (3000, 2000, 1200)]
+    target = models["target"]
+    spec = {**CMR, "draft_pool_fill": 4}
+    reference = _generate(target, "draft_model", target, prompts)
+    eager = _generate(target, "draft_model", target, prompts, {**spec, "draft_graph": "off"})
+    graph = _generate(target, "draft_model", target, prompts, spec)
+
+    assert graph["captured"] and graph["stats"]["graph_steps"] > 0
+    assert graph["stats"]["pool_fills"] > 0
+    assert graph["stats"]["pool_fills"] == eager["stats"]["pool_fills"]
+    assert graph["proposals"] == eager["proposals"], "the graph drafted otherwise"
+    assert graph["outputs"] == eager["outputs"] == reference["outputs"]
+
+
 def test_captured_routine_keeps_the_draft_vocab_cut(models):
     """``draft_vocab`` in the captured routine: the graph drafts what the
     piecewise path drafts with the same cut, never an id past it, and the

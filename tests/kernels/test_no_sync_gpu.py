@@ -12,7 +12,7 @@ token on an H100. The unit tests check the plugin's parts one by one
 runs a whole engine.
 
 An in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) with chunked
-prompts side by side (kept passes, cut steps), a pooled prompt, the lookup
+prompts side by side (kept passes, cut steps), a pooled prompt that grows, the lookup
 with carried steps and the captured routine; the drafter's ``propose`` runs
 under ``torch.cuda.set_sync_debug_mode("warn")`` and every warning's Python
 stack is kept. A sync whose innermost project frame is the plugin's fails
@@ -96,15 +96,17 @@ def test_propose_makes_no_sync_in_the_plugin(models, monkeypatch):  # noqa: F811
     halves = [[rng.randrange(3, 500) for _ in range(n)] for n in (1500, 600, 1000, 300)]
     prompts = [h + h for h in halves]  # keys recur: the lookup holds at times
     run = _generate(models["target"], "draft_model", models["target"], prompts,
-                    {**CMR, "lookup_tokens": 2, "carry_drafts": 1}, **CHUNKED)
+                    {**CMR, "lookup_tokens": 2, "carry_drafts": 1,
+                     "draft_pool_fill": 4}, **CHUNKED)
 
     counts = run["stats"]
     assert run["captured"] and counts["graph_steps"] > 0
     # Every kind of step ran: kept prompt passes (the 600-token prompt: the
     # others pool, from 672 tokens at CMR's top_k), cut steps, pooled
-    # passes, carried steps.
+    # passes, their pools grown, carried steps.
     for kind in ("deferred_prefill_passes", "split_prefill_steps",
-                 "pooled_prompt_passes", "carried_steps", "lookup_tokens"):
+                 "pooled_prompt_passes", "pool_fills", "carried_steps",
+                 "lookup_tokens"):
         assert counts[kind] > 0, (kind, counts)
     report = "\n".join(f"{n} x {site}" for site, n in syncs.most_common())
     print(f"syncs in propose:\n{report or 'none'}")
