@@ -97,29 +97,47 @@ def _record_pooled_replays(proposer) -> list[bool]:
     return seen
 
 
+def _after_each_propose(proposer, record) -> None:
+    """``record(cad)`` after each of ``proposer``'s proposes, ``cad`` its step's
+    attention metadata."""
+    propose = proposer.propose
+
+    def recording(*args, **kwargs):
+        drafts = propose(*args, **kwargs)
+        record(args[6] if len(args) > 6 else kwargs["common_attn_metadata"])
+        return drafts
+
+    proposer.propose = recording
+
+
+def _first_layer_kv(proposer, row: int, tokens: int, cad) -> torch.Tensor:
+    """The draft's first-layer KV blocks of batch row ``row``'s first
+    ``tokens`` tokens, as they stand now."""
+    from vllm_specextend import compat
+
+    layer = compat.attention_layer(proposer.vllm_config,
+                                   sorted(proposer._draft_attn_layer_names)[0])
+    blocks = cad.block_table_tensor[row, : tokens // proposer.block_size]
+    return compat.layer_kv_cache(layer)[blocks.long()].clone()
+
+
 def _record_kv_at_prompt_end(proposer, prompt_len: int) -> dict:
     """Fills the dict it returns, at the step that ends batch row 0's prompt
     (the first request's): the draft's first layer's KV blocks of that
     prompt and, pooled, its pool's chunks and its window's start."""
     from vllm_specextend import compat
 
-    layer = compat.attention_layer(proposer.vllm_config,
-                                   sorted(proposer._draft_attn_layer_names)[0])
-    propose, seen = proposer.propose, {}
+    seen = {}
 
-    def recording(*args, **kwargs):
-        drafts = propose(*args, **kwargs)
-        cad = args[6] if len(args) > 6 else kwargs["common_attn_metadata"]
+    def record(cad):
         if not seen and compat.batch_seq_lens_cpu(proposer.runner, 1)[0] >= prompt_len:
-            blocks = cad.block_table_tensor[0, : prompt_len // proposer.block_size]
-            seen["kv"] = compat.layer_kv_cache(layer)[blocks.long()].clone()
+            seen["kv"] = _first_layer_kv(proposer, 0, prompt_len, cad)
             slot = proposer.state.slot_of(compat.batch_req_ids(proposer.runner, 1)[0])
             if proposer.pools is not None:
                 seen["pool"] = proposer.pools.chunks[slot].tolist()
                 seen["window_start"] = int(proposer.state.window_start[slot])
-        return drafts
 
-    proposer.propose = recording
+    _after_each_propose(proposer, record)
     return seen
 
 
@@ -131,28 +149,22 @@ def _record_kv_while_live(proposer, prompt_lens: list[int]) -> dict:
     after the step; the last such step's remain."""
     from vllm_specextend import compat
 
-    layer = compat.attention_layer(proposer.vllm_config,
-                                   sorted(proposer._draft_attn_layer_names)[0])
-    propose, seen = proposer.propose, {}
+    seen = {}
 
-    def recording(*args, **kwargs):
-        drafts = propose(*args, **kwargs)
-        cad = args[6] if len(args) > 6 else kwargs["common_attn_metadata"]
+    def record(cad):
         ids = list(compat.batch_req_ids(proposer.runner, cad.num_reqs))
         if not seen and len(ids) >= len(prompt_lens):
             seen.update({req: {} for req in ids[: len(prompt_lens)]})
         for (req, last), length in zip(seen.items(), prompt_lens):
             if req not in ids:
                 continue
-            blocks = cad.block_table_tensor[ids.index(req), : length // proposer.block_size]
-            last["kv"] = compat.layer_kv_cache(layer)[blocks.long()].clone()
+            last["kv"] = _first_layer_kv(proposer, ids.index(req), length, cad)
             if proposer.pools is not None:
                 slot = proposer.state.slot_of(req)
                 last["allowed"] = proposer.pools.allowed[slot].tolist()
                 last["pool"] = proposer.pools.chunks[slot].tolist()
-        return drafts
 
-    proposer.propose = recording
+    _after_each_propose(proposer, record)
     return seen
 
 
