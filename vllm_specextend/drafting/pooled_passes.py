@@ -161,15 +161,13 @@ class PooledPasses:
         else:
             prompt_ids = [self._prompt_ids(int(r), int(end)) for r, end
                           in zip(fill.rows, fill.prompt_end, strict=True)]
+        # Before the step sets a view: the fill's forward reads its own table.
         token_ids, positions, next_ids, one, self._first_pass = fill_inputs(
             fill, prompt_ids, cad, self.cfg.sink_tokens, self.cfg.chunk_size,
             self.block_size)
-        saved = self._view, self._first_view
-        self._view = self._first_view = None
         try:
             self._first_pass_only(token_ids, positions, next_ids, one)
         finally:
-            self._view, self._first_view = saved
             self._first_pass = None
 
     def _prompt_ids(self, row: int, seq: int) -> torch.Tensor:

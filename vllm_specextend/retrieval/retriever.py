@@ -146,8 +146,7 @@ class Retriever:
         if self.tp_size > 1:
             chunks = compat.tp_broadcast(chunks.contiguous())
         window_chunk = hi_d[at]
-        unfilled = np.maximum(0, request.window_start[pool] // self.cfg.chunk_size
-                              - self.cfg.sink_tokens // self.cfg.chunk_size
+        unfilled = np.maximum(0, num_candidates(self.cfg, request.window_start[pool])
                               - self.pools.pool)
         self.pools.put(slots[request.rows[pool]], slots_dev[at], chunks, window_chunk,
                        unfilled)

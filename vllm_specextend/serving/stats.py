@@ -46,7 +46,8 @@ COUNTERS = {
                            "that ran those passes first, then drafted as a decode "
                            "step.",
     "pool_fills": "Prompt chunks whose draft KV a refresh added to a pooled "
-                  "prompt's (draft_pool_fill).",
+                  "prompt's (draft_pool_fill; a last fill's chunks written again "
+                  "included).",
     "lookup_tokens": "Draft tokens proposed by a lookup in the request's own context "
                      "instead of a draft forward (lookup_tokens).",
     "carried_steps": "Draft steps that drafted carry_drafts tokens, the lookup "
