@@ -178,9 +178,7 @@ class Retriever:
         chunks = choose_fill(mass[at_d], lo_d, hi_d, self.pools.allowed[slot_d], count)
         if self.tp_size > 1:
             chunks = compat.tp_broadcast(chunks.contiguous())
-        self.pools.allowed[slot_d[:, None], chunks.long()] = True
-        grown = slots[rows[at]]
-        self.pools.unfilled[grown] = np.maximum(0, self.pools.unfilled[grown] - count)
+        self.pools.grow(slots[rows[at]], slot_d, chunks)
         return FillRows(rows[at], prompt_end[at], chunks)
 
     def chunk_masses(self, query_rows: torch.Tensor, block_table: torch.Tensor,
