@@ -75,6 +75,8 @@ def on_engine_config(vllm_config) -> None:
                            settings.prefill_window_note)
     if settings.lookup_note is not None:
         compat.logger.info("SpecExtend lookup_tokens auto: %s", settings.lookup_note)
+    if settings.pool_fill_note is not None:
+        compat.logger.info("SpecExtend draft_pool_fill: %s", settings.pool_fill_note)
 
 
 def _hash_draft_placement(vllm_config, settings) -> None:

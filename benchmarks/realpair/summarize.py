@@ -214,9 +214,17 @@ def defaults_run(folder: str) -> tuple[str, int] | None:
     return DEFAULTS_AS.get(folder, DEFAULTS_RUN)
 
 
+def _has_vllm_method(by: dict) -> bool:
+    """Whether a folder's cell (its rows by mode and k) ran one of vLLM's
+    own methods."""
+    return any(name in VLLM_METHODS for name, _ in by)
+
+
 def headline(rows: list[dict]) -> str:
     """The README's real-weight table: per cell, from the newest run folder
-    that ran the plugin's defaults there (``DEFAULTS_AS``) beside plain, the
+    that ran the plugin's defaults there (``DEFAULTS_AS``) beside plain and
+    one of vLLM's own methods (the newest without one only where none ran
+    one beside them), the
     defaults and the fastest of vLLM's own methods of that folder (each at
     its better k), end to end as a multiple of plain decoding (higher is
     better), with accepted lengths and the GPU busy share; each cell linked
@@ -239,7 +247,9 @@ def headline(rows: list[dict]) -> str:
             plain = by.get(("plain", None))
             if plain is None:
                 continue
-            if run is not None and run in by:
+            if run is not None and run in by and (
+                    cell not in chosen or not _has_vllm_method(chosen[cell][0])
+                    or _has_vllm_method(by)):
                 chosen[cell] = (by, plain, by[run])
             for name in ("spec_extend", "spec_extend_full_pass"):
                 if (name, 4) in by:

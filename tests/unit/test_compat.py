@@ -700,3 +700,30 @@ def test_resolved_draft_placement_goes_into_the_hashed_config(placement, tp, res
     plugin.on_engine_config(cfg)
     assert cfg.additional_config["spec_extend"] == {"top_k": 4,
                                                    "draft_placement": resolved}
+
+
+# vLLM 0.26's default capture sizes for a largest size of 512.
+_SIZES_512 = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]
+
+
+@pytest.mark.parametrize("mode, k, eager, expected", [
+    ("FULL_AND_PIECEWISE", 12, False, 507),  # multiples of 13 up to 512
+    ("FULL_AND_PIECEWISE", 4, False, 500),
+    ("PIECEWISE", 12, False, 512),  # no full decode graphs: no rounding
+    ("NONE", 12, False, None),
+    ("FULL_AND_PIECEWISE", 12, True, None),
+])
+def test_draft_graph_tokens_follow_vllms_spec_decode_rounding(mode, k, eager, expected):
+    """The largest draft forward that replays a CUDA graph is what vLLM's
+    worker leaves after rounding the capture sizes to multiples of K + 1:
+    a pool fill of 16 chunks (512 tokens) at K = 12 would run eagerly."""
+    from vllm.config import CompilationConfig, CUDAGraphMode
+
+    cfg = _fake_vllm_config({})
+    cfg.speculative_config.num_speculative_tokens = k
+    cfg.model_config.enforce_eager = eager
+    cfg.compilation_config = CompilationConfig(
+        cudagraph_mode=getattr(CUDAGraphMode, mode),
+        cudagraph_capture_sizes=list(_SIZES_512), max_cudagraph_capture_size=512)
+    assert compat.engine_facts(cfg)["draft_graph_tokens"] == expected
+    assert cfg.compilation_config.max_cudagraph_capture_size == 512  # a copy rounded

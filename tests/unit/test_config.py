@@ -16,6 +16,7 @@ from vllm_specextend.config import (
     SpecExtendConfig,
     SpecExtendConfigError,
     resolve_lookup,
+    resolve_pool_fill,
     resolve_prefill_window,
     resolve_prompt_pool,
     validate_engine,
@@ -532,6 +533,22 @@ def test_validate_engine_refuses_a_pool_fill_past_the_step_budget():
                              "Lower draft_pool_fill"):
         validate_engine(cfg, good_facts(max_model_len=65536, draft_max_model_len=65536,
                                         max_num_batched_tokens=8192))
+
+
+def test_a_pool_fill_is_fitted_to_the_drafts_largest_cuda_graph():
+    """16 chunks of 32 (512 tokens) pass the draft's largest graph at K = 12
+    (507 tokens): the fill would run eagerly, so 15 chunks a fill, said in
+    the start-up log; a fill that fits, or an eager draft, stays."""
+    cfg = SpecExtendConfig(draft_prompt_pool=128, draft_pool_fill=16)
+    fitted, note = resolve_pool_fill(
+        cfg, good_facts(draft_graph_tokens=507, num_speculative_tokens=12))
+    assert fitted.draft_pool_fill == 15
+    assert "not 16" in note and "507 tokens at K=12" in note
+    fits = SpecExtendConfig(draft_prompt_pool=128, draft_pool_fill=8)
+    assert resolve_pool_fill(fits, good_facts(draft_graph_tokens=507)) == (fits, None)
+    assert resolve_pool_fill(cfg, good_facts(draft_graph_tokens=None)) == (cfg, None)
+    unset = SpecExtendConfig(draft_prompt_pool=128)
+    assert resolve_pool_fill(unset, good_facts(draft_graph_tokens=16)) == (unset, None)
 
 
 def test_a_prompt_pool_applies_past_what_it_holds():

@@ -211,6 +211,23 @@ def test_headline_takes_each_cell_from_the_newest_folder_at_todays_defaults(
     assert "batch 2" in tail and "`spec_extend` K=4 before the change: [2.00×]" in tail
 
 
+def test_headline_keeps_a_cell_beside_vllms_own_over_a_newer_one_without(
+        results, monkeypatch):
+    """A newer folder that ran the defaults beside plain but none of vLLM's
+    own methods (a grid of the plugin's modes) leaves the cell to the older
+    folder that ran ``ngram`` beside them: the table compares in one session."""
+    old = next(p for p in results.iterdir() if p.is_dir())
+    _write(old, "ngram", 8, _both((0, 1), 1.2, (10.0, 20.0), (10.5, 20.5), (1, 1)))
+    _newer_folder_at_k4(results, monkeypatch)
+    text = summarize.headline(summarize.summary(results))
+    row = next(x for x in text.splitlines() if x.startswith("| copies"))
+    assert "`ngram` K=8" in row and "20261207T0000Z" not in text
+    # Where no folder ran one of vLLM's own beside the defaults: the newest.
+    (old / "ngram_k8.json").unlink()
+    text = summarize.headline(summarize.summary(results))
+    assert "20261207T0000Z_h200/spec_extend_top64_k4.json" in text
+
+
 def test_headline_names_each_cells_k_where_they_differ(results, monkeypatch):
     # Batch 2 at today's defaults (K=KD) in the fixture's folder; batch 1 from
     # a newer folder whose defaults ran at K=4.

@@ -7,6 +7,7 @@ changes vLLM (that is ``patches``).
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 
@@ -47,7 +48,38 @@ def engine_facts(vllm_config) -> dict[str, Any]:
         target_position_rows=position_rows(vllm_config),
         kv_cache_dtype=vllm_config.cache_config.cache_dtype,
         draft_sample_method=getattr(spec, "draft_sample_method", "greedy"),
+        draft_graph_tokens=draft_graph_tokens(vllm_config),
     )
+
+
+def draft_graph_tokens(vllm_config) -> int | None:
+    """The most tokens one draft forward replays as a CUDA graph; None
+    where the draft runs eagerly. vLLM 0.26's draft forwards replay piecewise
+    graphs of the compilation config's capture sizes, which its V1 runner
+    rounds up to multiples of K + 1 (keeping those within the largest) when
+    decode graphs are full (``adjust_cudagraph_sizes_for_spec_decode``, run
+    by the worker after engine config): at K = 12 the largest is 507 of 512.
+    Computed here by that same method on a copy."""
+    from vllm_specextend.compat.symbols import load
+
+    cuda_graph_mode = load("CUDAGraphMode")
+    spec = vllm_config.speculative_config
+    compilation = getattr(vllm_config, "compilation_config", None)
+    mode = getattr(compilation, "cudagraph_mode", None)
+    if (spec is None or getattr(spec, "enforce_eager", False)
+            or getattr(vllm_config.model_config, "enforce_eager", False)
+            or mode is None or mode == cuda_graph_mode.NONE
+            or not compilation.cudagraph_capture_sizes):
+        return None
+    query_len = 1 + spec.num_speculative_tokens
+    if mode.decode_mode() == cuda_graph_mode.FULL and query_len > 1:
+        compilation = copy.deepcopy(compilation)
+        try:
+            compilation.adjust_cudagraph_sizes_for_spec_decode(
+                query_len, vllm_config.parallel_config.tensor_parallel_size)
+        except ValueError:  # vLLM refuses such an engine itself
+            return None
+    return compilation.max_cudagraph_capture_size
 
 
 def position_rows(vllm_config) -> int:

@@ -3,7 +3,8 @@
 ``keys`` holds :class:`SpecExtendConfig` (every key, its default and why),
 ``values`` the values each key may take and the error that names a bad one,
 ``engine`` the engine facts the plugin depends on and the checks of a resolved
-engine, ``lookup`` those of ``lookup_tokens`` and its ``"auto"``. All of it
+engine, ``lookup`` those of ``lookup_tokens`` and its ``"auto"``,
+``pool_fill`` those of ``draft_pool_fill``. All of it
 is re-exported here, so ``vllm_specextend.config.X`` names what it always
 named. Pure Python, no vLLM import: every room may import it.
 """
@@ -31,6 +32,7 @@ from vllm_specextend.config.lookup import (
     raise_if_lookup_unsupported,
     resolve_lookup,
 )
+from vllm_specextend.config.pool_fill import raise_if_bad_pool_fill, resolve_pool_fill
 from vllm_specextend.config.values import (
     DRAFT_GRAPH_MODES,
     DRAFT_PLACEMENTS,
@@ -63,6 +65,8 @@ __all__ = [
     "raise_if_prompt_pool_unsupported",
     "replicated_draft",
     "resolve_lookup",
+    "raise_if_bad_pool_fill",
+    "resolve_pool_fill",
     "resolve_prefill_window",
     "resolve_prompt_pool",
     "score_layer_index",

@@ -5,7 +5,7 @@ becomes on it.
 depends on; :func:`validate_engine` refuses a setup it cannot serve, naming
 the fix; ``resolve_prompt_pool``, ``resolve_prefill_window`` and ``resolve_lookup``
 turn ``draft_prompt_pool``, ``draft_prefill_window`` and ``lookup_tokens``
-``"auto"`` into this engine's.
+``"auto"`` into this engine's (``draft_pool_fill``'s in ``pool_fill.py``).
 Pure functions raising :class:`SpecExtendConfigError`, so they run the same
 at engine-config time, on a reconfigure and in unit tests. No vLLM import.
 """
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from vllm_specextend.config.keys import SpecExtendConfig
 from vllm_specextend.config.lookup import raise_if_lookup_unsupported
+from vllm_specextend.config.pool_fill import raise_if_bad_pool_fill
 from vllm_specextend.config.values import SpecExtendConfigError, score_layer_index
 
 METHODS = ("draft_model", "eagle", "eagle3")
@@ -55,6 +56,9 @@ class EngineFacts:
     draft_sample_method: str = "greedy"
     """The speculative config's ``draft_sample_method``: ``probabilistic``
     hands the rejection sampler every draft's probabilities."""
+    draft_graph_tokens: int | None = None
+    """The most tokens one draft forward replays as a CUDA graph (vLLM's
+    capture sizes after its spec-decode rounding); None: the draft is eager."""
 
 
 def compaction_on(cfg: SpecExtendConfig, facts: EngineFacts) -> bool:
@@ -97,7 +101,7 @@ def validate_engine(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
     _raise_if_replicated_not_draft_model(cfg, facts)
     raise_if_prefill_window_unsupported(cfg, facts)
     raise_if_prompt_pool_unsupported(cfg, facts)
-    _raise_if_bad_pool_fill(cfg, facts)
+    raise_if_bad_pool_fill(cfg, facts)
     raise_if_lookup_unsupported(cfg, facts)
     _raise_if_unpadded_drafter_batch(facts)
     _raise_if_chunk_not_block_multiple(cfg, facts)
@@ -237,26 +241,6 @@ def raise_if_prompt_pool_unsupported(cfg: SpecExtendConfig,
     refusal = prompt_pool_refusal(cfg, facts)
     if refusal is not None:
         raise SpecExtendConfigError(" ".join(refusal))
-
-
-def _raise_if_bad_pool_fill(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
-    """``draft_pool_fill`` grows a prompt pool (``"auto"`` may resolve to
-    none on an engine that cannot pool: the fill then has nothing to grow),
-    a row's fill in one draft forward."""
-    fill = cfg.draft_pool_fill
-    if fill is None:
-        return
-    if cfg.draft_prompt_pool is None:
-        raise SpecExtendConfigError(
-            f"spec_extend.draft_pool_fill={fill} adds chunks to a "
-            "prompt pool, but draft_prompt_pool is null. Set draft_prompt_pool "
-            '(a number or "auto"), or leave draft_pool_fill unset.')
-    budget = facts.max_num_batched_tokens
-    if budget is not None and fill * cfg.chunk_size > budget:
-        raise SpecExtendConfigError(
-            f"spec_extend.draft_pool_fill={fill} fills {fill * cfg.chunk_size} tokens "
-            f"a request in one draft forward, more than max_num_batched_tokens="
-            f"{budget}. Lower draft_pool_fill, or raise --max-num-batched-tokens.")
 
 
 def prompt_pool_refusal(cfg: SpecExtendConfig,

@@ -25,6 +25,7 @@ from vllm_specextend.config import (
     replicated_draft,
     resolve_lookup,
     resolve_prefill_window,
+    resolve_pool_fill,
     resolve_prompt_pool,
     validate_engine,
 )
@@ -60,6 +61,9 @@ class Settings:
     lookup_note: str | None = None
     """What ``lookup_tokens: "auto"`` became here and why (None where the
     config named a count), for the start-up log."""
+    pool_fill_note: str | None = None
+    """How ``draft_pool_fill`` was lowered to fit the draft's CUDA graphs
+    (None where it fits), for the start-up log."""
 
     @classmethod
     def resolve(
@@ -71,6 +75,7 @@ class Settings:
         config, pool_note = resolve_prompt_pool(config, facts)
         config, window_note = resolve_prefill_window(config, facts)
         config, lookup_note = resolve_lookup(config, facts)
+        config, fill_note = resolve_pool_fill(config, facts)
         raise_if_carry_unsupported(config, facts)
         compact = compaction_on(config, facts)
         draft_len = facts.draft_max_model_len if compact else None
@@ -87,6 +92,7 @@ class Settings:
             prompt_pool_note=pool_note,
             prefill_window_note=window_note,
             lookup_note=lookup_note,
+            pool_fill_note=fill_note,
         )
 
     @classmethod
