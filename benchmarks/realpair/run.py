@@ -271,12 +271,13 @@ def select(cases: list[tasks.Case], cells: list[str]) -> list[tuple[str, int, li
 
 def resolved_keys(llm, kwargs: dict) -> dict | None:
     """What the plugin's ``"auto"`` keys became on this engine (rank 0's
-    ``specextend_state``), for the result's meta; None without the plugin."""
+    ``specextend_state``), and the pool fill fitted to the draft's graphs,
+    for the result's meta; None without the plugin."""
     if "additional_config" not in kwargs:
         return None
     state = worker_state(llm)[0]
     return {key: state.get(key) for key in ("draft_prompt_pool", "draft_prefill_window",
-                                            "lookup_tokens")}
+                                            "lookup_tokens", "draft_pool_fill")}
 
 
 def plugin_counters(llm, kwargs: dict) -> dict | None:

@@ -114,7 +114,8 @@ def test_auto_looks_up_all_but_three_from_k_8(tiny_target, prompts, plain_output
     assert proposer.cfg.lookup_tokens == 5 and proposer.history is not None
     # What the real-pair benchmark records of the engine it ran.
     assert resolved_keys(llm, {"additional_config": {}}) == {
-        "draft_prompt_pool": None, "draft_prefill_window": 4096, "lookup_tokens": 5}
+        "draft_prompt_pool": None, "draft_prefill_window": 4096, "lookup_tokens": 5,
+        "draft_pool_fill": None}
     outputs = generate(llm, prompts[:-1], MAX_TOKENS)
     counts, per_pos = stats(proposer), _accepted_per_pos(llm)
     # What the real-pair benchmark records around each cell.

@@ -94,8 +94,9 @@ class SpecExtendWorkerMixin:
             "request_slots": drafter.state.num_slots_held,
             "stats": drafter.stats.snapshot(),
             "draft_placement": getattr(drafter, "draft_placement", "sharded"),
-            # What the "auto" keys became here.
+            # What the "auto" keys became here (and a fill fitted to the graphs).
             "draft_prompt_pool": drafter.cfg.draft_prompt_pool,
+            "draft_pool_fill": drafter.cfg.draft_pool_fill,
             "draft_prefill_window": drafter.cfg.draft_prefill_window,
             "lookup_tokens": drafter.cfg.lookup_tokens,
         }
