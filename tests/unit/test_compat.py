@@ -711,6 +711,7 @@ _SIZES_512 = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]
     ("FULL_AND_PIECEWISE", 4, False, 500),
     ("PIECEWISE", 12, False, 512),  # no full decode graphs: no rounding
     ("NONE", 12, False, None),
+    ("FULL_DECODE_ONLY", 12, False, None),  # the drafter gets no graphs there
     ("FULL_AND_PIECEWISE", 12, True, None),
 ])
 def test_draft_graph_tokens_follow_vllms_spec_decode_rounding(mode, k, eager, expected):
@@ -726,4 +727,6 @@ def test_draft_graph_tokens_follow_vllms_spec_decode_rounding(mode, k, eager, ex
         cudagraph_mode=getattr(CUDAGraphMode, mode),
         cudagraph_capture_sizes=list(_SIZES_512), max_cudagraph_capture_size=512)
     assert compat.engine_facts(cfg)["draft_graph_tokens"] == expected
-    assert cfg.compilation_config.max_cudagraph_capture_size == 512  # a copy rounded
+    # A copy rounded: the engine's own sizes stay for its worker to round.
+    assert cfg.compilation_config.max_cudagraph_capture_size == 512
+    assert cfg.compilation_config.cudagraph_capture_sizes == _SIZES_512

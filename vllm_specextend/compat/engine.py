@@ -54,12 +54,16 @@ def engine_facts(vllm_config) -> dict[str, Any]:
 
 def draft_graph_tokens(vllm_config) -> int | None:
     """The most tokens one draft forward replays as a CUDA graph; None
-    where the draft runs eagerly. vLLM 0.26's draft forwards replay piecewise
-    graphs of the compilation config's capture sizes, which its V1 runner
+    where the draft runs eagerly. vLLM 0.26's drafter replays piecewise
+    graphs of the compilation config's capture sizes (none where the mode's
+    mixed part is NONE, as under FULL_DECODE_ONLY), which its V1 runner
     rounds up to multiples of K + 1 (keeping those within the largest) when
     decode graphs are full (``adjust_cudagraph_sizes_for_spec_decode``, run
     by the worker after engine config): at K = 12 the largest is 507 of 512.
-    Computed here by that same method on a copy."""
+    Computed here by that same method on a copy. The mode is the config's
+    before the worker checks it against the attention backend: one that
+    cannot replay uniform decode batches whole falls back to piecewise
+    graphs unrounded, where this errs low by under K + 1 tokens."""
     from vllm_specextend.compat.symbols import load
 
     cuda_graph_mode = load("CUDAGraphMode")
@@ -68,12 +72,15 @@ def draft_graph_tokens(vllm_config) -> int | None:
     mode = getattr(compilation, "cudagraph_mode", None)
     if (spec is None or getattr(spec, "enforce_eager", False)
             or getattr(vllm_config.model_config, "enforce_eager", False)
-            or mode is None or mode == cuda_graph_mode.NONE
+            or mode is None
+            or mode.mixed_mode() not in (cuda_graph_mode.PIECEWISE, cuda_graph_mode.FULL)
             or not compilation.cudagraph_capture_sizes):
         return None
     query_len = 1 + spec.num_speculative_tokens
     if mode.decode_mode() == cuda_graph_mode.FULL and query_len > 1:
-        compilation = copy.deepcopy(compilation)
+        # The method reassigns the two size fields: a shallow copy keeps
+        # the engine's own untouched.
+        compilation = copy.copy(compilation)
         try:
             compilation.adjust_cudagraph_sizes_for_spec_decode(
                 query_len, vllm_config.parallel_config.tensor_parallel_size)

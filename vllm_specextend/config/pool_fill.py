@@ -43,12 +43,14 @@ def resolve_pool_fill(cfg: SpecExtendConfig,
                       facts: EngineFacts) -> tuple[SpecExtendConfig, str | None]:
     """``cfg`` with ``draft_pool_fill`` lowered to the chunks one draft CUDA
     graph holds, and a line for the start-up log; as it is, with None, where
-    it fits or the draft is eager. A fill of one row in one forward past the
+    it fits, the draft is eager or no pool is made (``"auto"`` resolved to
+    the full pass: nothing to grow). A fill of one row in one forward past the
     largest graph runs eagerly: on the real pair at K = 12 (graphs to 507
     tokens), 16 chunks (512 tokens) cost about 13 ms a fill more than 8
     (docs/evaluation.md, 2026-12-07)."""
     fill, graph = cfg.draft_pool_fill, facts.draft_graph_tokens
-    if fill is None or graph is None or fill * cfg.chunk_size <= graph:
+    if (fill is None or cfg.draft_prompt_pool is None or graph is None
+            or fill * cfg.chunk_size <= graph):
         return cfg, None
     fitted = graph // cfg.chunk_size
     if fitted < 1:

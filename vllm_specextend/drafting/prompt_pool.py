@@ -87,7 +87,8 @@ class PromptPools:
     def grow(self, slots: np.ndarray, slots_dev: torch.Tensor,
              chunks: torch.Tensor) -> None:
         """``chunks`` [n, F] (device) join the pools of ``slots`` [n] (host;
-        ``slots_dev`` the same on the device), the unfilled first
+        ``slots_dev`` the same on the device; distinct, a request a row: a
+        repeated slot would keep one row's chunks), the unfilled first
         (``draft_pool_fill``). Gathered, scattered and copied back: an indexed
         assignment of a Python scalar copies it from pageable memory, a
         stream sync."""
