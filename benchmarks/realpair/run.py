@@ -66,7 +66,9 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
   ``spec_extend_min1`` (the defaults, the lookup taking a match of 1 token
   where no longer one exists),
   ``spec_extend_fill8`` and ``spec_extend_fill16`` (``draft_prompt_pool``
-  ``"auto"`` grown by 8 or 16 chunks at each refresh: ``draft_pool_fill``),
+  ``"auto"`` grown by 8 or 16 chunks at each refresh: ``draft_pool_fill``;
+  16 is lowered to the draft's largest CUDA graph), ``spec_extend_fill8_graphs``
+  (fill 8, each fill forward within that graph: ``SPECEXTEND_FILL_IN_GRAPHS``),
   ``spec_extend_step15k`` (the defaults under vLLM's own step budget:
   ``max_num_batched_tokens`` 16,384 given, so 15,360 a step on an H100:
   ``MODE_ENGINE_ARGS``), and ``spec_extend_<name>`` with
@@ -147,6 +149,9 @@ PLUGIN_CONFIGS = {
     # the 8 or 16 chunks the target ranks top without draft KV (pool_fill.py).
     "spec_extend_fill8": {"draft_prompt_pool": "auto", "draft_pool_fill": 8},
     "spec_extend_fill16": {"draft_prompt_pool": "auto", "draft_pool_fill": 16},
+    # fill8's, each fill forward within the draft's largest CUDA graph
+    # (SPECEXTEND_FILL_IN_GRAPHS: pool_fill.rows_per_forward).
+    "spec_extend_fill8_graphs": {"draft_prompt_pool": "auto", "draft_pool_fill": 8},
 }
 MODE_ENGINE_ARGS = {"spec_extend_step15k": {"max_num_batched_tokens": 16384}}
 """A mode's own ``LLM`` arguments beyond vLLM's defaults (recorded with the
@@ -160,6 +165,7 @@ PLUGIN_ENV = {"spec_extend_follow15": {"SPECEXTEND_POOL_FOLLOW": "15"},
               "spec_extend_carry_after4": {"SPECEXTEND_CARRY_AFTER": "4"},
               "spec_extend_carry_all": {"SPECEXTEND_CARRY_AFTER": "all"},
               "spec_extend_min1": {"SPECEXTEND_LOOKUP_MIN_MATCH": "1"},
+              "spec_extend_fill8_graphs": {"SPECEXTEND_FILL_IN_GRAPHS": "1"},
               "suffix": arctic.SUFFIX_ENV}
 """A mode's environment, set in this process before the engine starts (its
 processes inherit it) and recorded (meta ``mode_env``): a variant's

@@ -214,3 +214,41 @@ def test_a_pooled_steps_inputs_are_built_without_a_sync():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
+
+
+def test_a_pool_grows_by_the_chunks_of_its_own_rows_only():
+    """``PromptPools.grow``: the fill's chunks join their rows' pools (and
+    leave the rest as they were), the host's count of chunks still without
+    draft KV going down by the fill's width, never below 0."""
+    pools = PromptPools(num_slots=3, pool=2, max_chunks=8, device=torch.device("cpu"))
+    slots = np.array([0, 2])
+    pools.put(slots, torch.from_numpy(slots), torch.tensor([[1, 2], [0, 3]]),
+              torch.tensor([6, 6]), np.array([3, 1]))
+    pools.grow(np.array([2]), torch.tensor([2]), torch.tensor([[4, 5]]))
+    assert pools.allowed[2].tolist() == [True, False, False, True, True, True, True, True]
+    assert pools.allowed[0].tolist() == [False, True, True, False, False, False, True, True]
+    assert pools.unfilled.tolist() == [3, 0, 0]
+
+
+@pytest.mark.parametrize("env, graph, rows", [
+    (None, 507, 32),  # the drafter's buffers: 8,192 // 256
+    ("1", 507, 1),  # within the draft's largest graph
+    ("1", None, 32),  # an eager draft: the buffers again
+    ("0", 507, 32),
+])
+def test_fill_rows_per_forward(monkeypatch, env, graph, rows):
+    from vllm_specextend.drafting.pool_fill import rows_per_forward
+
+    monkeypatch.delenv("SPECEXTEND_FILL_IN_GRAPHS", raising=False)
+    if env is not None:
+        monkeypatch.setenv("SPECEXTEND_FILL_IN_GRAPHS", env)
+    assert rows_per_forward(256, 8192, graph) == rows
+    assert rows_per_forward(9000, 8192, graph) == 1  # a row never waits
+
+
+def test_fill_rows_per_forward_refuses_another_value(monkeypatch):
+    from vllm_specextend.drafting.pool_fill import rows_per_forward
+
+    monkeypatch.setenv("SPECEXTEND_FILL_IN_GRAPHS", "yes")
+    with pytest.raises(ValueError, match="SPECEXTEND_FILL_IN_GRAPHS='yes'"):
+        rows_per_forward(256, 8192, 507)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from vllm_specextend import compat
-from vllm_specextend.drafting.pool_fill import fill_inputs
+from vllm_specextend.drafting.pool_fill import fill_inputs, rows_per_forward
 from vllm_specextend.drafting.prompt_pool import fit, substitute, tails
 
 
@@ -143,11 +143,12 @@ class PooledPasses:
         """The draft's KV of the chunks the step's retrieval added to pools
         (``draft_pool_fill``, ``pool_fill.py``): forwards with K = 0, as a
         kept pass runs, before the step drafts, each of as many rows as the
-        drafter's buffers hold. ``step`` None: no plan."""
+        drafter's buffers hold (``rows_per_forward``). ``step`` None: no plan."""
         fill = None if step is None else step.fill
         if fill is None:
             return
-        rows = max(1, self.max_num_tokens // (fill.chunks.shape[1] * self.cfg.chunk_size))
+        rows = rows_per_forward(fill.chunks.shape[1] * self.cfg.chunk_size,
+                                self.max_num_tokens, self.settings.facts.draft_graph_tokens)
         for start in range(0, fill.rows.size, rows):
             self._fill_forward(fill.take(slice(start, start + rows)), step.slots, cad)
         self.stats.pool_fills += int(fill.chunks.numel())
