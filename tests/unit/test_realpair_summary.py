@@ -8,7 +8,7 @@ import re
 import pytest
 
 from benchmarks.realpair import summarize
-from benchmarks.realpair.run import engine_kwargs, mode_kwargs, mode_parser
+from benchmarks.realpair.run import PLUGIN_CONFIGS, engine_kwargs, mode_kwargs, mode_parser
 
 KD = summarize.DEFAULTS_RUN[1]  # the K the README's quick start passes
 
@@ -269,3 +269,24 @@ def test_a_row_drafted_from_cached_answers_is_left_out_of_the_best(results,
     assert f"`{vllm['mode']}` K={vllm['k']} [" not in text.split("Left out")[0]
     assert "Left out of the best of vLLM's own" in text and "it read its answers" in text
     assert "(drafted from cached answers)" in summarize.table(rows)
+
+
+@pytest.mark.parametrize("mode", sorted(PLUGIN_CONFIGS))
+def test_every_plugin_mode_is_a_config_the_real_pair_engine_takes(mode):
+    """A mode's keys parse and pass the engine checks on the real pair's
+    engine (a draft model at the target's positions, K=12, an H100's step
+    budget): a typo or a refused pairing fails here, not on a device host."""
+    from vllm_specextend.config import EngineFacts, SpecExtendConfig
+    from vllm_specextend.serving.settings import Settings
+
+    facts = EngineFacts(
+        has_speculative_config=True, method="draft_model", block_size=16,
+        tensor_parallel_size=1, pipeline_parallel_size=1, max_model_len=32768,
+        draft_max_model_len=32768, num_speculative_tokens=12, model="T",
+        draft_model="D", num_target_attention_layers=28,
+        max_num_batched_tokens=16384 + 256, draft_graph_tokens=507)
+    cfg = SpecExtendConfig.from_dict(PLUGIN_CONFIGS[mode])
+    settings = Settings.resolve(cfg, facts)
+    if cfg.draft_pool_fill is not None:  # a fill needs a pool to grow
+        assert settings.config.draft_prompt_pool is not None
+        assert settings.config.draft_pool_fill * cfg.chunk_size <= 507
