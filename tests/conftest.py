@@ -133,6 +133,14 @@ def _build_head(cache: Path, name: str, target: str, builder: str, **kwargs) -> 
 
 
 @pytest.fixture(scope="session")
+def tiny_wide_draft(model_cache_dir, tiny_target) -> str:
+    """``tiny_target`` with twice its query heads and the same function
+    (``builders.build_wide_heads_twin``): 8 against its 4."""
+    return _build_head(model_cache_dir, "tiny_wide_draft", tiny_target,
+                       "build_wide_heads_twin")
+
+
+@pytest.fixture(scope="session")
 def tiny_eagle(model_cache_dir, tiny_target) -> str:
     """Random EAGLE-1 head for ``tiny_target`` with 2048 positions."""
     return _build_head(model_cache_dir, "tiny_eagle", tiny_target, "build_tiny_eagle")

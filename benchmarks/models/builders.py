@@ -714,6 +714,46 @@ def _save_head(out: Path, target_dir, config: dict, tensors: dict) -> Path:
     return out
 
 
+def build_wide_heads_twin(out_dir: str | os.PathLike,
+                          source_dir: str | os.PathLike) -> Path:
+    """The Llama checkpoint ``source_dir`` with twice its query heads and the
+    same function: each key-value group keeps its heads (their q and o
+    weights) and gains as many more, copies of its q weights whose output
+    columns are zero. A draft with more query heads than its target, whose
+    greedy drafts are still the target's own: every draft of every position
+    is accepted where the draft's attention counts its own heads (vLLM's CPU
+    builders counted the target's, ``compat.CPU_DRAFT_ATTENTION_HEADS``).
+    Idempotent, as ``build_tiny_llama``."""
+    out = Path(out_dir)
+    if is_built(out):
+        return out
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src = Path(source_dir)
+    config = json.loads((src / "config.json").read_text())
+    heads, groups = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    per_group = heads // groups
+    tensors = load_file(str(src / "model.safetensors"))
+    for name in [n for n in tensors if n.endswith("self_attn.q_proj.weight")]:
+        q = tensors[name].view(groups, per_group, head_dim, -1)
+        tensors[name] = torch.cat([q, q], dim=1).reshape(2 * heads * head_dim, -1)
+        o_name = name.replace("q_proj", "o_proj")
+        o = tensors[o_name].view(-1, groups, per_group, head_dim)
+        tensors[o_name] = torch.cat([o, torch.zeros_like(o)], dim=2).reshape(
+            o.shape[0], 2 * heads * head_dim)
+    config.update(num_attention_heads=2 * heads, head_dim=head_dim)
+    with _AtomicDir(out) as tmp:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        save_file({k: v.contiguous() for k, v in tensors.items()},
+                  str(tmp / "model.safetensors"))
+        for name in (*_TOKENIZER_COPY_FILES, "generation_config.json"):
+            if (src / name).is_file():
+                shutil.copy2(src / name, tmp / name)
+    return out
+
+
 def build_tiny_eagle3(
     out_dir: str | os.PathLike,
     target_dir: str | os.PathLike,

@@ -505,6 +505,7 @@ def test_declared_patches():
         "GPUModelRunner._sample",
         "parallel_state._TP",
         "KernelParam.do_not_specialize",
+        "CPUAttentionMetadataBuilder.num_heads",
     ]
     table = compat.__doc__
     for patch in compat.PATCHES:

@@ -59,6 +59,7 @@ EAGLE-3 ``model.fc.input_size``                     read        width of the hea
 ``parallel_state.graph_capture``                    call        draft routine's collectives captured
 ``parallel_state._TP``                              patch       a replicated draft's one-rank TP group
 ``KernelParam.do_not_specialize``                   patch       spec-decode kernels: one compile a shape
+``CPUAttentionMetadataBuilder.num_heads``           patch       CPU draft attention: the draft's own heads
 ``copy_and_expand_eagle_inputs_kernel``             call        compiled per block at warm-up
 ``update_num_computed_tokens_for_batch_change``     call        compiled per batch-size pair at warm-up
 ==================================================  ==========  =======================================
@@ -144,6 +145,7 @@ from vllm_specextend.compat.patches import (
     apply_process_patches,
     compile_once_per_step_shape,
     copy_outputs_after_sampling,
+    draft_attention_heads,
     extend_rope,
     report_errors_briefly,
     require_v1_model_runner,
@@ -175,6 +177,7 @@ __all__ = [
     "apply_process_patches", "attention_layer", "capture_stream", "batch_num_prompt_tokens", "row_token_ids",
     "batch_req_ids", "batch_seq_lens_cpu", "block_table_width",
     "check_touch_points", "copy_outputs_after_sampling", "decode_attn_metadata",
+    "draft_attention_heads",
     "draft_graph_blocker", "compile_once_per_step_shape",
     "warm_up_batch_change", "warm_up_input_copies", "warm_up_spec_decode_kernels",
     "schedule_draft_attention",

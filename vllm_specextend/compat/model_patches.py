@@ -170,6 +170,23 @@ DRAFT_TP_GROUP = Patch(
     per_instance=True,
 )
 
+CPU_DRAFT_ATTENTION_HEADS = Patch(
+    name="CPUAttentionMetadataBuilder.num_heads",
+    target="num_heads of vLLM's CPU attention metadata builders of the draft's "
+    "layers (each builder, CPU workers only)",
+    why="vLLM 0.26's CPU builder takes its query heads from the target's model "
+    "config, not the layers it builds for, and schedules the attention of a "
+    "one-token query by that count: a draft with more query heads than its "
+    "target (the real pair: 14 against 12) computes its second to K-th drafts "
+    "from heads never attended, and every one of them is rejected (the real "
+    "pair on this CPU: accepted per position 32, 0, 0, 0 of 32; 13 of 13 at "
+    "every position with the heads set, 2026-12-07). The same class of bug as "
+    "vLLM's FlashAttention builder (vllm-project/vllm#39775).",
+    attrs=("num_heads",),
+    replace=lambda builder, heads: {"num_heads": heads},
+    per_instance=True,
+)
+
 STEP_SHAPE_SPECIALISATION = Patch(
     name="KernelParam.do_not_specialize",
     target="the parameters STEP_SHAPE_PARAMS names of vllm.v1.spec_decode.utils' "

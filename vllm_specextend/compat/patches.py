@@ -20,6 +20,7 @@ import torch
 
 from vllm_specextend.compat.args import option_action
 from vllm_specextend.compat.model_patches import (
+    CPU_DRAFT_ATTENTION_HEADS,
     DRAFT_KV_CACHE,
     DRAFT_ROPE_TABLE,
     DRAFT_TP_GROUP,
@@ -61,6 +62,7 @@ PATCHES = (
     EARLY_OUTPUT_COPY,
     DRAFT_TP_GROUP,
     STEP_SHAPE_SPECIALISATION,
+    CPU_DRAFT_ATTENTION_HEADS,
 )
 REGISTRY = PatchRegistry(PATCHES)
 
@@ -227,6 +229,25 @@ def compile_once_per_step_shape(module=None) -> int:
                 REGISTRY.apply(STEP_SHAPE_SPECIALISATION, by_name[param_name])
         held += 1
     return held
+
+
+def draft_attention_heads(drafter) -> int:
+    """``CPU_DRAFT_ATTENTION_HEADS`` on each attention builder of the draft's
+    layers whose query heads are not those layers' own (a CPU worker's, once
+    the drafter's attention groups exist); returns how many it set."""
+    forward_context = drafter.vllm_config.compilation_config.static_forward_context
+    fitted = 0
+    for group in drafter.draft_attn_groups:
+        heads = {forward_context[name].num_heads for name in group.layer_names}
+        if len(heads) != 1:
+            continue
+        (own,) = heads
+        for builder in group.metadata_builders:
+            if getattr(builder, "num_heads", own) != own \
+                    and not REGISTRY.is_applied(CPU_DRAFT_ATTENTION_HEADS, builder):
+                REGISTRY.apply(CPU_DRAFT_ATTENTION_HEADS, builder, own)
+                fitted += 1
+    return fitted
 
 
 def copy_outputs_after_sampling(runner) -> None:

@@ -10,3 +10,7 @@ from vllm_specextend.worker.mixin import SpecExtendWorkerMixin
 
 class CPUWorker(SpecExtendWorkerMixin, compat.CPUWorkerBase):
     """vLLM's CPU worker with SpecExtend drafting."""
+
+    # vLLM's CPU attention builders count the target's query heads, not the
+    # draft's (compat.CPU_DRAFT_ATTENTION_HEADS).
+    fits_draft_attention_heads = True

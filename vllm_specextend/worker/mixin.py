@@ -68,9 +68,15 @@ class SpecExtendWorkerMixin:
         )
         return left
 
+    fits_draft_attention_heads = False
+    """Whether the draft's attention builders get the draft layers' own query
+    heads once they exist (``compat.draft_attention_heads``; the CPU worker)."""
+
     @override
     def initialize_from_config(self, kv_cache_config) -> None:
         super().initialize_from_config(kv_cache_config)
+        if self.fits_draft_attention_heads:
+            compat.draft_attention_heads(self.model_runner.drafter)
         # Before warm-up and graph capture, which bake in KV tensor addresses.
         self.model_runner.drafter.add_scratch_blocks()
         self.model_runner.drafter.warm_up_kernels()
