@@ -267,13 +267,16 @@ def empty_prefix_cache(llm) -> None:
 
 
 def select(cases: list[tasks.Case], cells: list[str]) -> list[tuple[str, int, list]]:
-    """``group:context:batch`` cells (``*`` any) -> (group, batch, cases)."""
+    """``group:context:batch[:count]`` cells (``*`` any) -> (group, batch,
+    cases); ``count``: the cell's first cases only (a CPU probe's few)."""
     chosen = []
     for cell in cells:
         parts = cell.split(":")
-        group, context, batch = parts + ["*", "*", "1"][len(parts):]
+        group, context, batch, count = parts + ["*", "*", "1", ""][len(parts):]
         picked = [c for c in cases
                   if group in ("*", c.group) and context in ("*", str(c.context))]
+        if count:
+            picked = picked[: int(count)]
         if not picked:
             raise SystemExit(f"cell {cell!r} matches no case")
         chosen.append((cell, int(batch), picked))

@@ -290,3 +290,18 @@ def test_every_plugin_mode_is_a_config_the_real_pair_engine_takes(mode):
     if cfg.draft_pool_fill is not None:  # a fill needs a pool to grow
         assert settings.config.draft_prompt_pool is not None
         assert settings.config.draft_pool_fill * cfg.chunk_size <= 507
+
+
+def test_a_cell_may_name_its_first_cases_only():
+    """``group:context:batch:count``: a CPU probe's few prompts of a cell."""
+    from types import SimpleNamespace
+
+    from benchmarks.realpair.run import select
+
+    cases = [SimpleNamespace(group=g, context=c, id=i)
+             for i, (g, c) in enumerate([("copy", 16384)] * 3 + [("other", 16384)])]
+    (cell, batch, picked), = select(cases, ["copy:16384:1:2"])
+    assert (cell, batch, [c.id for c in picked]) == ("copy:16384:1:2", 1, [0, 1])
+    assert [c.id for c in select(cases, ["copy:16384:8"])[0][2]] == [0, 1, 2]
+    with pytest.raises(SystemExit, match="matches no case"):
+        select(cases, ["copy:8192:1:2"])
