@@ -237,18 +237,19 @@ def test_a_pool_grows_by_the_chunks_of_its_own_rows_only():
     ("0", 507, 32),
 ])
 def test_fill_rows_per_forward(monkeypatch, env, graph, rows):
-    from vllm_specextend.drafting.pool_fill import rows_per_forward
+    from vllm_specextend.drafting.pool_fill import fill_in_graphs, rows_per_forward
 
     monkeypatch.delenv("SPECEXTEND_FILL_IN_GRAPHS", raising=False)
     if env is not None:
         monkeypatch.setenv("SPECEXTEND_FILL_IN_GRAPHS", env)
+    graph = graph if fill_in_graphs() else None
     assert rows_per_forward(256, 8192, graph) == rows
     assert rows_per_forward(9000, 8192, graph) == 1  # a row never waits
 
 
-def test_fill_rows_per_forward_refuses_another_value(monkeypatch):
-    from vllm_specextend.drafting.pool_fill import rows_per_forward
+def test_fill_in_graphs_refuses_another_value(monkeypatch):
+    from vllm_specextend.drafting.pool_fill import fill_in_graphs
 
     monkeypatch.setenv("SPECEXTEND_FILL_IN_GRAPHS", "yes")
     with pytest.raises(ValueError, match="SPECEXTEND_FILL_IN_GRAPHS='yes'"):
-        rows_per_forward(256, 8192, 507)
+        fill_in_graphs()

@@ -111,21 +111,26 @@ def fill_inputs(fill: FillRows, prompt_ids: list[torch.Tensor], cad, sink_tokens
             first_pass)
 
 
-def rows_per_forward(row_tokens: int, max_num_tokens: int,
-                     graph_tokens: int | None) -> int:
-    """How many filling rows one forward takes: as many as the drafter's
-    buffers hold (``max_num_tokens``), or, with ``SPECEXTEND_FILL_IN_GRAPHS=1``
-    and the draft's largest CUDA graph known (``graph_tokens``), as many as
-    that graph holds, so each forward replays instead of running eagerly. An
-    experiment (realpair mode ``spec_extend_fill8_graphs``): at batch 8 a
-    refresh of 8 rows at a fill of 8 is one eager forward of 2,048 tokens,
-    or 8 graph replays of 256; which costs less is measured, not assumed.
-    Read from the workers' environment."""
+def fill_in_graphs() -> bool:
+    """``SPECEXTEND_FILL_IN_GRAPHS=1``: each fill forward within the draft's
+    largest CUDA graph (``rows_per_forward``), an experiment (realpair mode
+    ``spec_extend_fill8_graphs``): at batch 8 a refresh of 8 rows at a fill
+    of 8 is one eager forward of 2,048 tokens, or 8 graph replays of 256;
+    which costs less is measured, not assumed. Read from the workers'
+    environment when the config is taken (``Reconfigurable``)."""
     value = os.environ.get("SPECEXTEND_FILL_IN_GRAPHS") or "0"
     if value not in ("0", "1"):
         raise ValueError(f"SPECEXTEND_FILL_IN_GRAPHS={value!r}: use 1 (forwards "
                          "within the draft's largest CUDA graph) or 0 (the default)")
-    budget = max_num_tokens
-    if value == "1" and graph_tokens is not None:
-        budget = min(budget, graph_tokens)
+    return value == "1"
+
+
+def rows_per_forward(row_tokens: int, max_num_tokens: int,
+                     graph_tokens: int | None) -> int:
+    """How many filling rows one forward takes: as many as the drafter's
+    buffers hold (``max_num_tokens``), or, where ``graph_tokens`` is given
+    (``fill_in_graphs``, the draft's largest CUDA graph known), as many as
+    that graph holds, so each forward replays instead of running eagerly. A
+    row never waits: at least one a forward."""
+    budget = max_num_tokens if graph_tokens is None else min(max_num_tokens, graph_tokens)
     return max(1, budget // row_tokens)

@@ -147,8 +147,9 @@ class PooledPasses:
         fill = None if step is None else step.fill
         if fill is None:
             return
+        graph = self.settings.facts.draft_graph_tokens if self._fill_in_graphs else None
         rows = rows_per_forward(fill.chunks.shape[1] * self.cfg.chunk_size,
-                                self.max_num_tokens, self.settings.facts.draft_graph_tokens)
+                                self.max_num_tokens, graph)
         for start in range(0, fill.rows.size, rows):
             self._fill_forward(fill.take(slice(start, start + rows)), step.slots, cad)
         self.stats.pool_fills += int(fill.chunks.numel())

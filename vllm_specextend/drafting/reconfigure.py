@@ -22,6 +22,7 @@ from vllm_specextend.config import (
     raise_if_prefill_window_unsupported,
     raise_if_prompt_pool_unsupported,
     resolve_lookup,
+    resolve_pool_fill,
     resolve_prefill_window,
     resolve_prompt_pool,
     score_layer_index,
@@ -29,6 +30,7 @@ from vllm_specextend.config import (
 from vllm_specextend.drafting.carry import CarrySignal, carry_after
 from vllm_specextend.drafting.draft_vocab import vocab_rows
 from vllm_specextend.drafting.lookup import TokenHistory, lookup_min_match
+from vllm_specextend.drafting.pool_fill import fill_in_graphs
 from vllm_specextend.drafting.prompt_pool import PromptPools
 from vllm_specextend.drafting.view import ViewBuilder
 from vllm_specextend.retrieval.planner import StepPlanner
@@ -48,6 +50,9 @@ class Reconfigurable:
             cfg, _ = resolve_prefill_window(cfg, self.settings.facts)
         if cfg.lookup_tokens == "auto":
             cfg, _ = resolve_lookup(cfg, self.settings.facts)
+        if cfg.draft_pool_fill is not None:  # fitted to the draft's graphs, as
+            # the engine's own (a no-op on it)
+            cfg, _ = resolve_pool_fill(cfg, self.settings.facts)
         if cfg.carry_drafts is not None:  # once the lookup's count is known
             raise_if_carry_unsupported(cfg, self.settings.facts)
         # First, so that a draft_vocab the drafter cannot take changes nothing.
@@ -58,6 +63,7 @@ class Reconfigurable:
             live_req_ids=lambda: compat.live_req_ids(self.runner),
         )
         self.pools = None
+        self._fill_in_graphs = fill_in_graphs()  # draft_pool_fill's forwards
         if cfg.draft_prompt_pool is not None:
             self.pools = PromptPools(self.state.num_slots, cfg.draft_prompt_pool,
                                      self._max_chunks(cfg), self.device)
