@@ -25,11 +25,12 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
 * ``spec_extend``: ``draft_model`` plus ``--spec-extend`` with the plugin's
   defaults: what a user gets.
 * ``spec_extend_window``: policy ``streaming`` (sinks + a recent window of the
-  same budget), ``spec_extend_full_pass``: ``draft_prompt_pool: null`` (the
-  default since 2026-12-06: ``spec_extend`` ran ``"auto"`` before) and,
-  since ``draft_prefill_window`` became ``"auto"``, ``draft_prefill_window:
-  null`` (the draft's pass over every prompt token, unwindowed),
-  ``spec_extend_pool``: ``"auto"``.
+  same budget), ``spec_extend_full_pass``: ``draft_prompt_pool: null`` and
+  ``draft_prefill_window: null`` (the draft's pass over every prompt token,
+  unwindowed), ``spec_extend_windowed_pass``: ``draft_prompt_pool: null``
+  (the full pass windowed by ``draft_prefill_window`` "auto": the defaults
+  from 2026-12-06 night to 2026-12-07, when the pool with its fill became
+  them), ``spec_extend_pool``: ``"auto"`` alone (``draft_pool_fill: null``).
 * variants: ``spec_extend_pool256`` (a pool twice ``"auto"``'s 4 × top_k),
   ``spec_extend_prefill_window`` (the full pass, each chunk reading the sinks
   and the 2,048 tokens before it: ``draft_prefill_window``, which turns the
@@ -110,10 +111,11 @@ PLUGIN_CONFIGS = {
     "spec_extend": {},
     "spec_extend_window": {"policy": "streaming"},
     "spec_extend_full_pass": {"draft_prompt_pool": None, "draft_prefill_window": None},
-    "spec_extend_pool": {"draft_prompt_pool": "auto"},
+    "spec_extend_windowed_pass": {"draft_prompt_pool": None},
+    "spec_extend_pool": {"draft_prompt_pool": "auto", "draft_pool_fill": None},
     "spec_extend_pool256": {"draft_prompt_pool": 256},
     "spec_extend_prefill_window": {"draft_prefill_window": 2048},
-    "spec_extend_follow15": {"draft_prompt_pool": "auto"},
+    "spec_extend_follow15": {"draft_prompt_pool": "auto", "draft_pool_fill": None},
     "spec_extend_top64": {"top_k": 64},
     "spec_extend_every2": {"retrieve_every": 2},
     "spec_extend_vocab32k": {"draft_vocab": 32768},
@@ -124,7 +126,8 @@ PLUGIN_CONFIGS = {
     "spec_extend_lookup_pw": {"lookup_tokens": 5, "draft_prefill_window": 2048},
     # The lookup proposes from the request's tokens, not the draft's KV: does
     # it keep what the pooled pass (no draft KV outside the pool) loses?
-    "spec_extend_lookup_pool": {"lookup_tokens": 5, "draft_prompt_pool": "auto"},
+    "spec_extend_lookup_pool": {"lookup_tokens": 5, "draft_prompt_pool": "auto",
+                                "draft_pool_fill": None},
     "spec_extend_nolookup": {"lookup_tokens": 0},
     "spec_extend_lookup_min1": {"lookup_tokens": 5},
     "spec_extend_fp8draft": {},
@@ -147,7 +150,8 @@ PLUGIN_CONFIGS = {
     # on the 0050Z answers it looks up 3-19% more (lookup_replay.py).
     "spec_extend_min1": {},
     # The pool ("auto": 128 chunks, its first token) grown at every refresh by
-    # the 8 or 16 chunks the target ranks top without draft KV (pool_fill.py).
+    # the 8 or 16 chunks the target ranks top without draft KV (pool_fill.py);
+    # fill8 is the defaults since 2026-12-07 (draft_pool_fill "auto").
     "spec_extend_fill8": {"draft_prompt_pool": "auto", "draft_pool_fill": 8},
     "spec_extend_fill16": {"draft_prompt_pool": "auto", "draft_pool_fill": 16},
     # fill8's, each fill forward within the draft's largest CUDA graph

@@ -192,6 +192,10 @@ DEFAULTS_AS: dict[str, tuple[str, int] | None] = {
     "20261206T1431Z_h100_batch8_lookup": None,
     "20261206T1636Z_h100_carry": None,
     "20261206T2234Z_h100_pieces": None,
+    "20261207T0050Z_h100_budget": None,
+    "20261207T0602Z_h200_fill": None,
+    "20261207T0834Z_h100_fill2": ("spec_extend_fill8", 12),
+    "20261207T0853Z_h100_fill2_repeat": None,
 }
 """Run folders measured before today's defaults, and the mode and K that ran
 them there (None: none did). On 2026-12-06 ``draft_prompt_pool`` became the
@@ -203,9 +207,13 @@ K=12 against K=8 in one session), then ``draft_prefill_window`` became
 ``spec_extend_pw4k`` K=12; its ``spec_extend`` is the full pass before),
 then a step schedules plain decoding's token budget (2026-12-07,
 ``scheduling.plain_step_budget``: every folder before ran vLLM's, 15,360 a
-step; 0050Z ran that as ``spec_extend_step15k``). Before 1131Z every
-plugin mode ran K=4 without the lookup. Folders not named here ran today's
-defaults as ``DEFAULTS_RUN``."""
+step; 0050Z ran that as ``spec_extend_step15k``), then ``draft_prompt_pool``
+and ``draft_pool_fill`` became ``"auto"`` (2026-12-07: the pool, grown by 8
+chunks a refresh; 0834Z ran that as ``spec_extend_fill8`` K=12, and its
+``spec_extend`` is the windowed full pass before; 0602Z's ``spec_extend_fill8``
+ran before the fill's stream sync was mended, so it stands for no default).
+Before 1131Z every plugin mode ran K=4 without the lookup. Folders not named
+here ran today's defaults as ``DEFAULTS_RUN``."""
 
 
 def defaults_run(folder: str) -> tuple[str, int] | None:

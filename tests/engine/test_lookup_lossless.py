@@ -112,10 +112,11 @@ def test_auto_looks_up_all_but_three_from_k_8(tiny_target, prompts, plain_output
                    num_spec_tokens=8)
     proposer = drafter(llm)
     assert proposer.cfg.lookup_tokens == 5 and proposer.history is not None
-    # What the real-pair benchmark records of the engine it ran.
+    # What the real-pair benchmark records of the engine it ran: the defaults
+    # pool (2 x top_k chunks) and grow the pool (8 a refresh), no window.
     assert resolved_keys(llm, {"additional_config": {}}) == {
-        "draft_prompt_pool": None, "draft_prefill_window": 4096, "lookup_tokens": 5,
-        "draft_pool_fill": None}
+        "draft_prompt_pool": 2 * CMR["top_k"], "draft_prefill_window": None,
+        "lookup_tokens": 5, "draft_pool_fill": 8}
     outputs = generate(llm, prompts[:-1], MAX_TOKENS)
     counts, per_pos = stats(proposer), _accepted_per_pos(llm)
     # What the real-pair benchmark records around each cell.
@@ -125,6 +126,8 @@ def test_auto_looks_up_all_but_three_from_k_8(tiny_target, prompts, plain_output
     assert plugin_counters(None, {}) is None  # plain and vLLM's own modes
     assert outputs == plain_outputs[:-1]
     assert counts["lookup_tokens"] > 0 and counts["lookup_tokens"] % 5 == 0
+    # The defaults' pool took each long prompt and grew at refreshes.
+    assert counts["pooled_prompt_passes"] > 0 and counts["pool_fills"] > 0, counts
     assert len(per_pos) == 8 and sum(per_pos[3:]) > 0, per_pos
 
 

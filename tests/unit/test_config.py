@@ -9,6 +9,7 @@ import pytest
 
 from vllm_specextend.config import (
     ADDITIONAL_CONFIG_KEY,
+    AUTO_POOL_FILL,
     AUTO_POOL_PER_TOP_K,
     AUTO_PREFILL_WINDOW,
     POLICIES,
@@ -388,7 +389,8 @@ def test_draft_prefill_window_defaults_to_auto_which_resolves_per_engine():
     assert SpecExtendConfig().draft_prefill_window == "auto"
     assert SpecExtendConfig.from_json('{"draft_prefill_window": 4096}').draft_prefill_window == 4096
     validate_engine(SpecExtendConfig(), good_facts(method="eagle3"))  # auto never fails
-    cfg, note = resolve_prefill_window(SpecExtendConfig(), good_facts(**LONG))
+    full_pass = SpecExtendConfig(draft_prompt_pool=None)  # the pool steps aside otherwise
+    cfg, note = resolve_prefill_window(full_pass, good_facts(**LONG))
     assert cfg.draft_prefill_window == AUTO_PREFILL_WINDOW == 4096
     assert note == "4096 tokens before each prompt piece"
 
@@ -508,7 +510,7 @@ def test_validate_engine_refuses_a_prompt_pool_it_cannot_serve(cfg, facts, match
         validate_engine(cfg, good_facts(**facts))
 
 
-@pytest.mark.parametrize("value", [0, -1, True, "16", 16.0, "auto"])
+@pytest.mark.parametrize("value", [0, -1, True, "16", 16.0, "Auto"])
 def test_draft_pool_fill_must_be_a_positive_integer(value):
     with pytest.raises(SpecExtendConfigError,
                        match=r"spec_extend\.draft_pool_fill=.* positive integer"):
@@ -516,7 +518,7 @@ def test_draft_pool_fill_must_be_a_positive_integer(value):
 
 
 def test_validate_engine_refuses_a_pool_fill_without_a_pool():
-    cfg = SpecExtendConfig(draft_pool_fill=16)  # draft_prompt_pool null
+    cfg = SpecExtendConfig(draft_prompt_pool=None, draft_pool_fill=16)
     with pytest.raises(SpecExtendConfigError,
                        match="draft_pool_fill=16 adds chunks to a prompt pool, but "
                              "draft_prompt_pool is null. Set draft_prompt_pool"):
@@ -549,8 +551,50 @@ def test_a_pool_fill_is_fitted_to_the_drafts_largest_cuda_graph():
     assert resolve_pool_fill(cfg, good_facts(draft_graph_tokens=None)) == (cfg, None)
     no_pool = SpecExtendConfig(draft_prompt_pool=None, draft_pool_fill=16)  # "auto" off
     assert resolve_pool_fill(no_pool, good_facts(draft_graph_tokens=507)) == (no_pool, None)
-    unset = SpecExtendConfig(draft_prompt_pool=128)
+    unset = SpecExtendConfig(draft_prompt_pool=128, draft_pool_fill=None)
     assert resolve_pool_fill(unset, good_facts(draft_graph_tokens=16)) == (unset, None)
+
+
+def test_the_pool_with_a_fill_is_the_default():
+    """Since 2026-12-07 (the real pair, H100: copy 30K 1.26x plain against the
+    full pass's 1.17-1.18x): ``draft_prompt_pool`` and ``draft_pool_fill``
+    ``"auto"``: 128 chunks where the engine pools, 8 a refresh, said at start."""
+    cfg = SpecExtendConfig()
+    assert (cfg.draft_prompt_pool, cfg.draft_pool_fill) == ("auto", "auto")
+    facts = good_facts(**LONG, draft_graph_tokens=507)
+    validate_engine(cfg, facts)
+    cfg, _ = resolve_prompt_pool(cfg, facts)
+    resolved, note = resolve_pool_fill(cfg, facts)
+    assert (resolved.draft_prompt_pool, resolved.draft_pool_fill) == (128, AUTO_POOL_FILL)
+    assert AUTO_POOL_FILL == 8 and note == "8 chunks a refresh"
+    # Within the draft's largest graph, as a named fill is.
+    lowered, note = resolve_pool_fill(cfg, good_facts(**LONG, draft_graph_tokens=130))
+    assert lowered.draft_pool_fill == 4 and "not 8" in note
+
+
+@pytest.mark.parametrize("cfg, facts", [
+    ({"draft_prompt_pool": None}, {}),  # the full pass named: nothing to grow
+    ({"draft_prefill_window": 2048}, {}),  # a window named: the pool steps aside
+    ({"policy": "streaming"}, {}),
+    ({}, {"method": "eagle3"}),
+    ({}, {"max_model_len": 2048, "draft_max_model_len": 2048}),  # too short to pool
+])
+def test_auto_fill_steps_aside_where_no_pool_is_made(cfg, facts):
+    """``"auto"`` never refuses: where the pool resolves to the full pass the
+    fill resolves to none, where an explicit fill would be refused."""
+    cfg = SpecExtendConfig(**cfg)
+    facts = good_facts(**{**LONG, "draft_graph_tokens": 507, **facts})
+    validate_engine(cfg, facts)
+    cfg, _ = resolve_prompt_pool(cfg, facts)
+    resolved, note = resolve_pool_fill(cfg, facts)
+    assert resolved.draft_prompt_pool is None
+    assert resolved.draft_pool_fill is None and note is None
+
+
+def test_auto_fill_keeps_within_the_step_budget():
+    cfg = SpecExtendConfig(draft_prompt_pool=4, top_k=4, draft_pool_fill="auto")
+    resolved, _ = resolve_pool_fill(cfg, good_facts(max_num_batched_tokens=100))
+    assert resolved.draft_pool_fill == 3  # 96 of the 100 tokens
 
 
 def test_a_prompt_pool_applies_past_what_it_holds():
@@ -586,7 +630,7 @@ def test_a_prompt_pool_must_fit_one_draft_forward():
         validate_engine(cfg, good_facts(max_num_batched_tokens=4096, num_speculative_tokens=4))
 
 
-# --- draft_prompt_pool "auto" (the default until 2026-12-06) ---------------------
+# --- draft_prompt_pool "auto" (the default until 2026-12-06, again since 2026-12-07) ---
 
 AUTO = SpecExtendConfig(draft_prompt_pool="auto")
 
@@ -596,12 +640,12 @@ LONG = dict(max_model_len=65536, draft_max_model_len=65536, num_speculative_toke
 serve's 8,192-token budget on an H100 or H200."""
 
 
-def test_the_full_pass_is_the_default():
-    # The real pair's copy tasks: the pool cost a third of the accepted tokens.
-    assert SpecExtendConfig().draft_prompt_pool is None
-    assert SpecExtendConfig().pool_min_prompt is None
-    assert resolve_prompt_pool(SpecExtendConfig(), good_facts(**LONG)) == (
-        SpecExtendConfig(), None)
+def test_the_full_pass_is_null():
+    # The default until 2026-12-07 (with the pool alone the real pair's copy
+    # tasks lost a third of the accepted tokens; the fill gives them back).
+    full_pass = SpecExtendConfig(draft_prompt_pool=None)
+    assert full_pass.pool_min_prompt is None
+    assert resolve_prompt_pool(full_pass, good_facts(**LONG)) == (full_pass, None)
 
 
 def test_auto_pools_twice_top_k():

@@ -287,9 +287,12 @@ def test_every_plugin_mode_is_a_config_the_real_pair_engine_takes(mode):
         max_num_batched_tokens=16384 + 256, draft_graph_tokens=507)
     cfg = SpecExtendConfig.from_dict(PLUGIN_CONFIGS[mode])
     settings = Settings.resolve(cfg, facts)
-    if cfg.draft_pool_fill is not None:  # a fill needs a pool to grow
-        assert settings.config.draft_prompt_pool is not None
-        assert settings.config.draft_pool_fill * cfg.chunk_size <= 507
+    resolved = settings.config
+    if resolved.draft_pool_fill is not None:  # a fill needs a pool to grow
+        assert resolved.draft_prompt_pool is not None
+        assert resolved.draft_pool_fill * cfg.chunk_size <= 507
+    if cfg.draft_prefill_window not in (None, "auto"):  # a named window: no pool
+        assert resolved.draft_prompt_pool is None and resolved.draft_pool_fill is None
 
 
 def test_a_cell_may_name_its_first_cases_only():

@@ -47,7 +47,7 @@ class _VllmConfig:
 def test_resolve_draws_the_decisions():
     cfg = SpecExtendConfig(top_k=2, recent_tokens=64, retrieve_every=2,
                            draft_prompt_pool=None, lookup_tokens=0,
-                           draft_prefill_window=None)
+                           draft_prefill_window=None, draft_pool_fill=None)
     full = Settings.resolve(cfg, _facts())
     assert not full.compaction_on and full.draft_len is None
     assert full.min_view_context == cfg.min_context
@@ -85,12 +85,15 @@ def test_from_vllm_without_spec_extend_uses_defaults():
     vllm_config = _VllmConfig()
     assert not enabled(vllm_config)
     resolved = Settings.from_vllm(vllm_config)
-    # The defaults: the draft's full pass, windowed (draft_prefill_window
-    # "auto"); lookup_tokens "auto" off at K=3.
+    # The defaults on a 4K engine: no prompt long enough to pool, so the
+    # draft's full pass, windowed (draft_prefill_window "auto"), no fill;
+    # lookup_tokens "auto" off at K=3.
     defaults = dataclasses.replace(SpecExtendConfig(), lookup_tokens=0,
-                                   draft_prefill_window=4096)
+                                   draft_prefill_window=4096, draft_prompt_pool=None,
+                                   draft_pool_fill=None)
     assert resolved.config == defaults
-    assert resolved.prompt_pool_note is None
+    assert "max_model_len=4096" in resolved.prompt_pool_note
+    assert resolved.pool_fill_note is None
     assert resolved.prefill_window_note == "4096 tokens before each prompt piece"
     assert resolved.lookup_note == ("off (num_speculative_tokens=3 is below 8, "
                                     "from which it is measured)")

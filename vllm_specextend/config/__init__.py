@@ -4,7 +4,7 @@
 ``values`` the values each key may take and the error that names a bad one,
 ``engine`` the engine facts the plugin depends on and the checks of a resolved
 engine, ``lookup`` those of ``lookup_tokens`` and its ``"auto"``,
-``pool_fill`` those of ``draft_pool_fill``. All of it
+``pool_fill`` those of ``draft_pool_fill`` and its ``"auto"``. All of it
 is re-exported here, so ``vllm_specextend.config.X`` names what it always
 named. Pure Python, no vLLM import: every room may import it.
 """
@@ -32,7 +32,11 @@ from vllm_specextend.config.lookup import (
     raise_if_lookup_unsupported,
     resolve_lookup,
 )
-from vllm_specextend.config.pool_fill import raise_if_bad_pool_fill, resolve_pool_fill
+from vllm_specextend.config.pool_fill import (
+    AUTO_POOL_FILL,
+    raise_if_bad_pool_fill,
+    resolve_pool_fill,
+)
 from vllm_specextend.config.values import (
     DRAFT_GRAPH_MODES,
     DRAFT_PLACEMENTS,
@@ -46,6 +50,7 @@ __all__ = [
     "ADDITIONAL_CONFIG_KEY",
     "AUTO_LOOKUP_DRAFTED",
     "AUTO_LOOKUP_MIN_K",
+    "AUTO_POOL_FILL",
     "AUTO_POOL_PER_TOP_K",
     "AUTO_PREFILL_WINDOW",
     "DRAFT_GRAPH_MODES",

@@ -104,38 +104,39 @@ class SpecExtendConfig:
     ``cmr`` or ``streaming`` policy; a step whose K vLLM set to 0 drafts
     nothing and writes its chunk's draft KV in full. ``"auto"`` (the
     default since 2026-12-06, night; ``config.resolve_prefill_window``):
-    ``AUTO_PREFILL_WINDOW`` (4,096) where the engine can, else None, the
-    start-up log says which and why. On the real pair (H100, 16 prompts a
+    ``AUTO_PREFILL_WINDOW`` (4,096) where the engine can and no
+    ``draft_prompt_pool`` bounds the pass instead (by default one does, since
+    2026-12-07), else None, the start-up log says which and why. On the real pair (H100, 16 prompts a
     cell, K=12) 4,096 kept the accepted length within -3.3% to +3.0% of the
     full pass and ran copy tasks at 30K 1.11x faster end to end
     (docs/evaluation.md, "The draft's pass windowed inside a chunk")."""
 
-    draft_prompt_pool: int | str | None = None
-    """None (the default): the draft's full pass over every prompt, as
-    vLLM's. A number N or ``"auto"`` (``AUTO_POOL_PER_TOP_K`` × ``top_k``
-    chunks, 128 at the default top_k, where this engine can pool, else the
-    full pass, logged at start with the reason: ``resolve_prompt_pool``): the
-    draft computes its KV of a long prompt only where its views will read
-    it: the sinks, the N chunks the target's scoring attention ranks top at
-    the prompt's end, and the recent window, in one pass at the step that
-    ends the prompt (``drafting/prompt_pool.py``); its passes over the
-    prompt's earlier chunks are dropped, and every later selection chooses
-    among those chunks and the ones after the window's start. A 1B draft's
-    pass over a 32K prompt took ~230 ms on an H200, 16% of the first token's
-    time at batch 1 and +19% for the last first token of eight (issue #45).
-    Lossless either way (the target verifies every draft), but the draft's
-    acceptance drops where an answer copies chunks the pool left out: with
-    the real Qwen2.5-Coder pair (docs/evaluation.md, 2026-12-06) ``"auto"``
-    accepted 2.92 and 2.71 tokens a step on 16K and 30K copy tasks against
-    the full pass's 4.34 and 3.69, and ran 0.81× and 0.86× plain end to end
-    at batch 1 against 1.15× and 0.95×; it kept the first token of eight
-    16K prompts at once at 0.77 s against 1.18 s. Hence None by default, the
-    pool for serving many long prompts at once. A number needs a draft model
-    at its own positions under ``cmr`` (not with compacted positions,
-    ``draft_prefill_window`` or ``self_draft``), at least ``top_k``. Prompts
+    draft_prompt_pool: int | str | None = "auto"
+    """A number N or ``"auto"`` (the default since 2026-12-07:
+    ``AUTO_POOL_PER_TOP_K`` × ``top_k`` chunks, 128 at the default top_k,
+    where this engine can pool, else the full pass, logged at start with the
+    reason: ``resolve_prompt_pool``): the draft computes its KV of a long
+    prompt only where its views will read it: the sinks, the N chunks the
+    target's scoring attention ranks top at the prompt's end, and the recent
+    window, in one pass at the step that ends the prompt
+    (``drafting/prompt_pool.py``); its passes over the prompt's earlier
+    chunks are dropped, and each later refresh adds ``draft_pool_fill``
+    chunks. A 1B draft's pass over a 32K prompt took ~230 ms on an H200, 16%
+    of the first token's time at batch 1 and +19% for the last first token
+    of eight (issue #45). Lossless either way (the target verifies every
+    draft). A pool alone (``draft_pool_fill: null``) loses acceptance where
+    an answer copies chunks it left out: on the real Qwen2.5-Coder pair
+    (docs/evaluation.md, 2026-12-06) 2.92 and 2.71 tokens a step on 16K and
+    30K copy tasks against the full pass's 4.34 and 3.69 (K=4); with the fill
+    it keeps 0.89-1.01x the full pass's and runs faster (``draft_pool_fill``).
+    None: the draft's full pass over every prompt, as vLLM's (windowed by
+    ``draft_prefill_window``). A number needs a draft model at its own
+    positions under ``cmr`` (not with compacted positions,
+    ``draft_prefill_window`` or ``self_draft``), at least ``top_k``; ``"auto"``
+    steps aside for any of those (a ``draft_prefill_window`` named). Prompts
     shorter than ``pool_min_prompt`` pass in full."""
 
-    draft_pool_fill: int | None = None
+    draft_pool_fill: int | str | None = "auto"
     """With ``draft_prompt_pool``: chunks each refresh adds to a pooled
     prompt's draft KV (``drafting/pool_fill.py``). At every retrieval of a
     pooled request the ``N`` chunks the target ranks top among those without
@@ -144,8 +145,13 @@ class SpecExtendConfig:
     selection then chooses among all chunks with draft KV: the pooled pass's
     first token without its pool's fixed choice, which left out the chunks
     copy answers read later (the real-weights issue). Lossless (the target
-    verifies every draft). None: the pool stays as the prompt's end chose
-    it."""
+    verifies every draft). ``"auto"`` (the default since 2026-12-07):
+    ``AUTO_POOL_FILL`` (8) where a pool is made, else none
+    (``config.resolve_pool_fill``); on the real pair (H100, K=12) the pool
+    with a fill of 8 ran copy 30K 1.26x plain end to end against the full
+    pass's 1.17-1.18x, batch 8 1.16x against 1.11-1.13x and copy 16K
+    1.66-1.69x against 1.58-1.63x. A fill past the draft's largest CUDA graph
+    is lowered to it. None: the pool stays as the prompt's end chose it."""
 
     draft_placement: str = "auto"
     """Where a draft model runs under tensor parallelism (``replicated.py``).

@@ -4,7 +4,9 @@ and what it becomes on one.
 Why its own file: a fill is one draft forward a request, bounded twice by
 the engine: by the step's token budget (a refusal naming the fix) and by the
 draft's largest CUDA graph (past it the forward runs eagerly, so the fill is
-lowered to fit, logged at start). Pure functions; no vLLM import.
+lowered to fit, logged at start). ``"auto"`` (the default) is
+``AUTO_POOL_FILL`` chunks where the engine pools a prompt, else none. Pure
+functions; no vLLM import.
 """
 
 from __future__ import annotations
@@ -19,12 +21,22 @@ if TYPE_CHECKING:
     from vllm_specextend.config.engine import EngineFacts
 
 
+AUTO_POOL_FILL = 8
+"""``draft_pool_fill: "auto"``: chunks a refresh adds, measured on the real
+pair (H100, 2026-12-07, ``benchmarks/results/realpair/20261207T0834Z_h100_fill2``,
+K=12, 16 prompts a cell): with ``draft_prompt_pool: "auto"`` end to end 1.26x
+plain on copy 30K against the full pass's 1.17-1.18x, 1.16x at batch 8
+against 1.11-1.13x, 1.66-1.69x on copy 16K against 1.58-1.63x; accepted
+length 0.89-1.01x the full pass's. 15 (the most one graph held at K=12) was
+as fast at 30K and batch 8 and slower at 16K (1.51-1.60x)."""
+
+
 def raise_if_bad_pool_fill(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
     """``draft_pool_fill`` grows a prompt pool (``"auto"`` may resolve to
     none on an engine that cannot pool: the fill then has nothing to grow),
     a row's fill in one draft forward."""
     fill = cfg.draft_pool_fill
-    if fill is None:
+    if fill in (None, "auto"):  # "auto" steps aside where no pool is made
         return
     if cfg.draft_prompt_pool is None:
         raise SpecExtendConfigError(
@@ -41,17 +53,30 @@ def raise_if_bad_pool_fill(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
 
 def resolve_pool_fill(cfg: SpecExtendConfig,
                       facts: EngineFacts) -> tuple[SpecExtendConfig, str | None]:
-    """``cfg`` with ``draft_pool_fill`` lowered to the chunks one draft CUDA
-    graph holds, and a line for the start-up log; as it is, with None, where
-    it fits, the draft is eager or no pool is made (``"auto"`` resolved to
-    the full pass: nothing to grow). A fill of one row in one forward past the
-    largest graph runs eagerly: on the real pair at K = 12 (graphs to 507
-    tokens), 16 chunks (512 tokens) cost about 13 ms a fill more than 8
-    (docs/evaluation.md, 2026-12-07)."""
+    """``cfg`` with ``draft_pool_fill`` resolved for this engine (after
+    ``resolve_prompt_pool``): ``"auto"`` becomes ``AUTO_POOL_FILL`` where a
+    pool is made, within the step's token budget, else None; a fill is then
+    lowered to the chunks one draft CUDA graph holds. With a line for the
+    start-up log where ``"auto"`` made a fill or a fill was lowered; as it
+    is, with None, where it fits,
+    the draft is eager or no pool is made (``draft_prompt_pool`` ``"auto"``
+    resolved to the full pass: nothing to grow). A fill of one row in one
+    forward past the largest graph runs eagerly: on the real pair at K = 12
+    (graphs to 507 tokens), 16 chunks (512 tokens) cost about 13 ms a fill
+    more than 8 (docs/evaluation.md, 2026-12-07)."""
+    auto = cfg.draft_pool_fill == "auto"
+    if auto:
+        fill = AUTO_POOL_FILL
+        budget = facts.max_num_batched_tokens
+        if budget is not None:
+            fill = min(fill, budget // cfg.chunk_size)
+        if cfg.draft_prompt_pool is None or fill < 1:
+            fill = None
+        cfg = dataclasses.replace(cfg, draft_pool_fill=fill)
     fill, graph = cfg.draft_pool_fill, facts.draft_graph_tokens
     if (fill is None or cfg.draft_prompt_pool is None or graph is None
             or fill * cfg.chunk_size <= graph):
-        return cfg, None
+        return cfg, (f"{fill} chunks a refresh" if auto and fill else None)
     fitted = graph // cfg.chunk_size
     if fitted < 1:
         return cfg, None

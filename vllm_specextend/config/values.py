@@ -96,7 +96,8 @@ _OPTIONAL_COUNTS = (
 def _raise_if_bad_optional_counts(cfg: SpecExtendConfig) -> None:
     for name, meaning, unset in _OPTIONAL_COUNTS:
         value = getattr(cfg, name)
-        auto = name in ("draft_prompt_pool", "draft_prefill_window")  # with "auto"
+        auto = name in ("draft_prompt_pool", "draft_prefill_window",
+                        "draft_pool_fill")  # with "auto"
         if auto and value == "auto":
             continue
         if value is not None and (isinstance(value, bool)

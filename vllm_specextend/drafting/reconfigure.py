@@ -50,8 +50,8 @@ class Reconfigurable:
             cfg, _ = resolve_prefill_window(cfg, self.settings.facts)
         if cfg.lookup_tokens == "auto":
             cfg, _ = resolve_lookup(cfg, self.settings.facts)
-        if cfg.draft_pool_fill is not None:  # fitted to the draft's graphs, as
-            # the engine's own (a no-op on it)
+        if cfg.draft_pool_fill is not None:  # "auto" resolved and fitted to the
+            # draft's graphs, as the engine's own (a no-op on it)
             cfg, _ = resolve_pool_fill(cfg, self.settings.facts)
         if cfg.carry_drafts is not None:  # once the lookup's count is known
             raise_if_carry_unsupported(cfg, self.settings.facts)
