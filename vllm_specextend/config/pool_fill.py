@@ -54,28 +54,27 @@ def raise_if_bad_pool_fill(cfg: SpecExtendConfig, facts: EngineFacts) -> None:
 def resolve_pool_fill(cfg: SpecExtendConfig,
                       facts: EngineFacts) -> tuple[SpecExtendConfig, str | None]:
     """``cfg`` with ``draft_pool_fill`` resolved for this engine (after
-    ``resolve_prompt_pool``): ``"auto"`` becomes ``AUTO_POOL_FILL`` where a
-    pool is made, within the step's token budget, else None; a fill is then
-    lowered to the chunks one draft CUDA graph holds. With a line for the
-    start-up log where ``"auto"`` made a fill or a fill was lowered; as it
-    is, with None, where it fits,
-    the draft is eager or no pool is made (``draft_prompt_pool`` ``"auto"``
-    resolved to the full pass: nothing to grow). A fill of one row in one
-    forward past the largest graph runs eagerly: on the real pair at K = 12
-    (graphs to 507 tokens), 16 chunks (512 tokens) cost about 13 ms a fill
-    more than 8 (docs/evaluation.md, 2026-12-07)."""
+    ``resolve_prompt_pool``), and a line for the start-up log (None where
+    there is nothing to say). ``"auto"`` becomes ``AUTO_POOL_FILL`` within
+    the step's token budget; where no pool is made (``draft_prompt_pool``
+    ``"auto"`` resolved to the full pass) any fill becomes None: nothing to
+    grow. A fill is then lowered to the chunks one draft CUDA graph holds
+    (left as it is where the draft is eager): a fill of one row in one
+    forward past the largest graph runs eagerly, and on the real pair at
+    K = 12 (graphs to 507 tokens) 16 chunks (512 tokens) cost about 13 ms a
+    fill more than 8 (docs/evaluation.md, 2026-12-07)."""
     auto = cfg.draft_pool_fill == "auto"
     if auto:
         fill = AUTO_POOL_FILL
         budget = facts.max_num_batched_tokens
         if budget is not None:
             fill = min(fill, budget // cfg.chunk_size)
-        if cfg.draft_prompt_pool is None or fill < 1:
-            fill = None
-        cfg = dataclasses.replace(cfg, draft_pool_fill=fill)
+        cfg = dataclasses.replace(cfg, draft_pool_fill=fill if fill >= 1 else None)
+    if cfg.draft_prompt_pool is None and cfg.draft_pool_fill is not None:
+        # No pool made ("auto" resolved to the full pass): nothing to grow.
+        return dataclasses.replace(cfg, draft_pool_fill=None), None
     fill, graph = cfg.draft_pool_fill, facts.draft_graph_tokens
-    if (fill is None or cfg.draft_prompt_pool is None or graph is None
-            or fill * cfg.chunk_size <= graph):
+    if fill is None or graph is None or fill * cfg.chunk_size <= graph:
         return cfg, (f"{fill} chunks a refresh" if auto and fill else None)
     fitted = graph // cfg.chunk_size
     if fitted < 1:
