@@ -389,7 +389,7 @@ def test_draft_prefill_window_defaults_to_auto_which_resolves_per_engine():
     assert SpecExtendConfig().draft_prefill_window == "auto"
     assert SpecExtendConfig.from_json('{"draft_prefill_window": 4096}').draft_prefill_window == 4096
     validate_engine(SpecExtendConfig(), good_facts(method="eagle3"))  # auto never fails
-    full_pass = SpecExtendConfig(draft_prompt_pool=None)  # the pool steps aside otherwise
+    full_pass = SpecExtendConfig(draft_prompt_pool=None)  # else the pool bounds it
     cfg, note = resolve_prefill_window(full_pass, good_facts(**LONG))
     assert cfg.draft_prefill_window == AUTO_PREFILL_WINDOW == 4096
     assert note == "4096 tokens before each prompt piece"
@@ -566,7 +566,8 @@ def test_the_pool_with_a_fill_is_the_default():
     validate_engine(cfg, facts)
     cfg, _ = resolve_prompt_pool(cfg, facts)
     resolved, note = resolve_pool_fill(cfg, facts)
-    assert (resolved.draft_prompt_pool, resolved.draft_pool_fill) == (128, AUTO_POOL_FILL)
+    assert resolved.draft_prompt_pool == 128
+    assert resolved.draft_pool_fill == AUTO_POOL_FILL
     assert AUTO_POOL_FILL == 8 and note == "8 chunks a refresh"
     # Within the draft's largest graph, as a named fill is.
     lowered, note = resolve_pool_fill(cfg, good_facts(**LONG, draft_graph_tokens=130))
@@ -631,7 +632,7 @@ def test_a_prompt_pool_must_fit_one_draft_forward():
         validate_engine(cfg, good_facts(max_num_batched_tokens=4096, num_speculative_tokens=4))
 
 
-# --- draft_prompt_pool "auto" (the default until 2026-12-06, again since 2026-12-07) ---
+# --- draft_prompt_pool "auto" (the default until 2026-12-06, again from 12-07) ---
 
 AUTO = SpecExtendConfig(draft_prompt_pool="auto")
 

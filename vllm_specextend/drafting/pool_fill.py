@@ -116,9 +116,9 @@ def fill_in_graphs() -> bool:
     largest CUDA graph (``rows_per_forward``), an experiment (realpair mode
     ``spec_extend_fill8_graphs``): at batch 8 a refresh of 8 rows at a fill
     of 8 is one eager forward of 2,048 tokens, or 8 graph replays of 256.
-    Measured on the real pair (H100, 2026-12-07, one run each): the replays ran 1.06x plain
-    end to end against the eager forward's 1.16x, so off by default. Read
-    from the workers' environment when the config is taken
+    Measured on the real pair (H100, 2026-12-07, one run each): the replays
+    ran 1.06x plain end to end against the eager forward's 1.16x, so off by
+    default. Read from the workers' environment when the config is taken
     (``Reconfigurable``)."""
     value = os.environ.get("SPECEXTEND_FILL_IN_GRAPHS") or "0"
     if value not in ("0", "1"):
