@@ -111,11 +111,13 @@ SPEED_SPEC_EXTEND = {"top_k": 32, "recent_tokens": 256}
 the headline tables hold runs with it; other keys make a variant row."""
 
 
-AS_DEFAULT = {"draft_placement": ("auto", "sharded"), "draft_prompt_pool": ("auto",)}
+AS_DEFAULT = {"draft_placement": ("auto", "sharded"), "draft_prompt_pool": ("auto",),
+              "draft_pool_fill": ("auto",)}
 """Values that name what the default resolves to: no variant.
-``draft_prompt_pool``'s default was ``"auto"`` until 2026-12-06 (then null,
-the full pass): the synthetic result files predate it, their ``{}`` and
-``"auto"`` pooled, and their explicit null is the variant it was then."""
+``draft_prompt_pool``'s default was ``"auto"`` until 2026-12-06, null (the
+full pass) until 2026-12-07, ``"auto"`` since, with ``draft_pool_fill``
+``"auto"``: the synthetic result files predate the fill, their ``{}`` and
+``"auto"`` pooled without one, and their explicit null is a variant."""
 
 
 def config_switches(spec_extend: str | dict | None) -> str | None:

@@ -31,12 +31,14 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
   (the full pass windowed by ``draft_prefill_window`` "auto": the defaults
   from 2026-12-06 night to 2026-12-07, when the pool with its fill became
   them), ``spec_extend_pool``: ``"auto"`` alone (``draft_pool_fill: null``).
-* variants: ``spec_extend_pool256`` (a pool twice ``"auto"``'s 4 × top_k),
+* variants: ``spec_extend_pool256`` (a pool of 256 chunks alone, no fill:
+  twice ``"auto"``'s when top_k was 32),
   ``spec_extend_prefill_window`` (the full pass, each chunk reading the sinks
   and the 2,048 tokens before it: ``draft_prefill_window``, which turns the
   pool off; since 2026-12-06 night each piece of 1,024 inside a chunk too),
   ``spec_extend_pw4k`` (that with a window of 4,096, what ``"auto"`` became
-  the same night), ``spec_extend_no_window`` (the full pass: null),
+  the same night), ``spec_extend_no_window`` (the full pass unwindowed, as
+  ``spec_extend_full_pass``),
   ``spec_extend_follow15`` (the pool, ``"auto"``, chosen as the top chunks
   each with the 15 after it: ``SPECEXTEND_POOL_FOLLOW``),
   ``spec_extend_top64`` (a view of 64 chunks: acceptance nearer full KV's?),
@@ -76,7 +78,10 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
   ``MODE_ENGINE_ARGS``), and ``spec_extend_<name>`` with
   ``--spec-extend JSON``.
   Modes that name no ``lookup_tokens`` take ``"auto"``: off at K=4, K − 3
-  looked up from K=8.
+  looked up from K=8. Modes that name no ``draft_prompt_pool`` run the day's
+  defaults beside their keys: the full pass until 2026-12-07, the pool and
+  its fill since (a mode's resolved keys are in its file's meta,
+  ``spec_extend_resolved``).
 
 Per prompt it records the output ids, the answer's check (``tasks.check``),
 end-to-end seconds (the ``generate`` call), first-token latency and decode
@@ -113,7 +118,7 @@ PLUGIN_CONFIGS = {
     "spec_extend_full_pass": {"draft_prompt_pool": None, "draft_prefill_window": None},
     "spec_extend_windowed_pass": {"draft_prompt_pool": None},
     "spec_extend_pool": {"draft_prompt_pool": "auto", "draft_pool_fill": None},
-    "spec_extend_pool256": {"draft_prompt_pool": 256},
+    "spec_extend_pool256": {"draft_prompt_pool": 256, "draft_pool_fill": None},
     "spec_extend_prefill_window": {"draft_prefill_window": 2048},
     "spec_extend_follow15": {"draft_prompt_pool": "auto", "draft_pool_fill": None},
     "spec_extend_top64": {"top_k": 64},
@@ -125,7 +130,8 @@ PLUGIN_CONFIGS = {
     # step, and a draft pass over the prompt linear in its length.
     "spec_extend_lookup_pw": {"lookup_tokens": 5, "draft_prefill_window": 2048},
     # The lookup proposes from the request's tokens, not the draft's KV: does
-    # it keep what the pooled pass (no draft KV outside the pool) loses?
+    # it keep what the pooled pass (no draft KV outside the pool) loses? Its
+    # control was spec_extend_lookup, the full pass until 2026-12-07.
     "spec_extend_lookup_pool": {"lookup_tokens": 5, "draft_prompt_pool": "auto",
                                 "draft_pool_fill": None},
     "spec_extend_nolookup": {"lookup_tokens": 0},
@@ -138,7 +144,7 @@ PLUGIN_CONFIGS = {
     # spec_extend_prefill_window's; a wider one for the acceptance it keeps.
     "spec_extend_pw4k": {"draft_prefill_window": 4096},
     # The full pass, the default until draft_prefill_window became "auto".
-    "spec_extend_no_window": {"draft_prefill_window": None},
+    "spec_extend_no_window": {"draft_prompt_pool": None, "draft_prefill_window": None},
     "spec_extend_carry_after4": {"carry_drafts": 1},
     "spec_extend_carry_all": {"carry_drafts": 1},
     # Two drafted a step at K=12 (10 looked up): a third fewer draft forwards.

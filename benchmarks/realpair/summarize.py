@@ -280,7 +280,8 @@ def headline(rows: list[dict]) -> str:
            f"({device}, vLLM {vllm}). `--spec-extend`: today's defaults with "
            + (f"`--num-speculative-tokens {k}`{looked_up}" if k is not None
               else "the K each cell names")
-           + "; vLLM's own methods at their better K of 4 and 8; each cell's "
+           + "; vLLM's own methods run in the cell's session, each at its better "
+           "K of those run (4, 8); each cell's "
            "figures come from one session.",
            "",
            "| the answer | prompt | batch | `--spec-extend` | best of vLLM's own (same session) | "

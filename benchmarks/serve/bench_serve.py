@@ -657,7 +657,7 @@ def compiled(kernels: list[str]) -> str:
 
 def resolved_prompt_pool(log: Path) -> int | None:
     """What ``draft_prompt_pool`` became on the server's engine (``"auto"``
-    resolved; the default, null, stays null), from the worker's "SpecExtend enabled" line: the
+    resolved), from the worker's "SpecExtend enabled" line: the
     pool's chunks, or None (the draft's full pass, or a server without the
     plugin)."""
     found = re.findall(r"SpecExtend enabled: SpecExtendConfig\(.*?"

@@ -550,8 +550,9 @@ def test_a_pool_fill_is_fitted_to_the_drafts_largest_cuda_graph():
     assert resolve_pool_fill(fits, good_facts(draft_graph_tokens=507)) == (fits, None)
     assert resolve_pool_fill(cfg, good_facts(draft_graph_tokens=None)) == (cfg, None)
     no_pool = SpecExtendConfig(draft_prompt_pool=None, draft_pool_fill=16)  # "auto" off
-    assert resolve_pool_fill(no_pool, good_facts(draft_graph_tokens=507)) == (
-        dataclasses.replace(no_pool, draft_pool_fill=None), None)  # nothing to grow
+    dropped, note = resolve_pool_fill(no_pool, good_facts(draft_graph_tokens=507))
+    assert dropped == dataclasses.replace(no_pool, draft_pool_fill=None)  # no pool
+    assert note == "none, not 16: no prompt pool is made on this engine"
     unset = SpecExtendConfig(draft_prompt_pool=128, draft_pool_fill=None)
     assert resolve_pool_fill(unset, good_facts(draft_graph_tokens=16)) == (unset, None)
 

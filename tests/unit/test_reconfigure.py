@@ -68,6 +68,14 @@ def test_reconfigure_resolves_an_auto_pool_for_its_engine(max_model_len, pool):
     assert proposer.planner.pools is proposer.pools is proposer.retriever.pools
 
 
+def test_reconfigure_refuses_a_fill_without_a_pool_as_the_engine_does():
+    proposer = _proposer(max_model_len=65536)
+    with pytest.raises(SpecExtendConfigError, match="draft_prompt_pool is null"):
+        proposer.reconfigure(SpecExtendConfig(draft_prompt_pool=None, draft_pool_fill=8))
+    proposer.reconfigure(SpecExtendConfig(top_k=32))  # the defaults: pool and fill
+    assert (proposer.cfg.draft_prompt_pool, proposer.cfg.draft_pool_fill) == (64, 8)
+
+
 def test_reconfigure_refuses_a_budget_beyond_the_scratch_runs():
     from vllm_specextend.drafting.compactor import Compactor
 

@@ -72,7 +72,9 @@ def resolve_pool_fill(cfg: SpecExtendConfig,
         cfg = dataclasses.replace(cfg, draft_pool_fill=fill if fill >= 1 else None)
     if cfg.draft_prompt_pool is None and cfg.draft_pool_fill is not None:
         # No pool made ("auto" resolved to the full pass): nothing to grow.
-        return dataclasses.replace(cfg, draft_pool_fill=None), None
+        note = None if auto else (f"none, not {cfg.draft_pool_fill}: no prompt "
+                                  "pool is made on this engine")
+        return dataclasses.replace(cfg, draft_pool_fill=None), note
     fill, graph = cfg.draft_pool_fill, facts.draft_graph_tokens
     if fill is None or graph is None or fill * cfg.chunk_size <= graph:
         return cfg, (f"{fill} chunks a refresh" if auto and fill else None)

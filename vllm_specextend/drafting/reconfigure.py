@@ -17,6 +17,7 @@ from vllm_specextend import compat
 from vllm_specextend.config import (
     SpecExtendConfig,
     SpecExtendConfigError,
+    raise_if_bad_pool_fill,
     raise_if_carry_unsupported,
     raise_if_lookup_unsupported,
     raise_if_prefill_window_unsupported,
@@ -105,6 +106,7 @@ class Reconfigurable:
             )
         raise_if_prefill_window_unsupported(cfg, self.settings.facts)
         raise_if_prompt_pool_unsupported(cfg, self.settings.facts)
+        raise_if_bad_pool_fill(cfg, self.settings.facts)
         raise_if_lookup_unsupported(cfg, self.settings.facts)
         if self.compactor is not None:
             self.compactor.check_budget(cfg, self.block_size)

@@ -62,8 +62,10 @@ class Settings:
     """What ``lookup_tokens: "auto"`` became here and why (None where the
     config named a count), for the start-up log."""
     pool_fill_note: str | None = None
-    """How ``draft_pool_fill`` was lowered to fit the draft's CUDA graphs
-    (None where it fits), for the start-up log."""
+    """What ``draft_pool_fill`` became here: ``"auto"``'s chunks a refresh, a
+    fill lowered to fit the draft's CUDA graphs, or a named fill dropped where
+    no pool is made (None where a named fill runs as named), for the
+    start-up log."""
 
     @classmethod
     def resolve(
