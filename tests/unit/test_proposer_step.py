@@ -23,11 +23,11 @@ from vllm_specextend.config import SpecExtendConfig
 BS, HKV, GROUP, D = 16, 2, 2, 32
 NUM_BLOCKS = 1200
 CFG = SpecExtendConfig(top_k=4, recent_tokens=64, min_context=256, retrieve_every=2,
-                       draft_prompt_pool=None, lookup_tokens=0, draft_prefill_window=None,
-                       draft_pool_fill=None)
+                       draft_prompt_pool=None, lookup_tokens=0,
+                       draft_prefill_window=None, draft_pool_fill=None)
 POOLED = SpecExtendConfig(top_k=4, recent_tokens=64, min_context=256, retrieve_every=2,
-                          draft_prompt_pool=8, lookup_tokens=0, draft_prefill_window=None,
-                          draft_pool_fill=None)
+                          draft_prompt_pool=8, lookup_tokens=0,
+                          draft_prefill_window=None, draft_pool_fill=None)
 """The same with prompts of 416 tokens on pooled (``prompt_pool.py``): each
 request's first step ends its prompt, so the pools are chosen there too."""
 

@@ -107,8 +107,9 @@ class SpecExtendConfig:
     ``AUTO_PREFILL_WINDOW`` (4,096) where the engine can and no
     ``draft_prompt_pool`` bounds the pass instead (by default one does, since
     2026-12-07), else None, the start-up log says which and why. On the real
-    pair (H100, 16 prompts a cell, K=12) 4,096 kept the accepted length within -3.3% to +3.0% of the
-    full pass and ran copy tasks at 30K 1.11x faster end to end
+    pair (H100, 16 prompts a cell, K=12) 4,096 kept the accepted length
+    within -3.3% to +3.0% of the full pass and ran copy tasks at 30K 1.11x
+    faster end to end
     (docs/evaluation.md, "The draft's pass windowed inside a chunk")."""
 
     draft_prompt_pool: int | str | None = "auto"

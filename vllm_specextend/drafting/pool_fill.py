@@ -134,5 +134,6 @@ def rows_per_forward(row_tokens: int, max_num_tokens: int,
     (``fill_in_graphs``, the draft's largest CUDA graph known), as many as
     that graph holds, so each forward replays instead of running eagerly. A
     row never waits: at least one a forward."""
-    budget = max_num_tokens if graph_tokens is None else min(max_num_tokens, graph_tokens)
+    budget = max_num_tokens if graph_tokens is None else min(max_num_tokens,
+                                                             graph_tokens)
     return max(1, budget // row_tokens)
