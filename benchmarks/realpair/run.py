@@ -167,6 +167,9 @@ PLUGIN_CONFIGS = {
     # than "auto"'s 128), the fill to catch up: batch 8's first tokens wait on
     # each prompt's draft pass (2026-12-07, 0602Z: 0.81 s against plain's 0.56).
     "spec_extend_pool64_fill8": {"draft_prompt_pool": 64, "draft_pool_fill": 8},
+    # fill8's, each filled chunk with the one before it (SPECEXTEND_FILL_CONTEXT:
+    # selection.with_predecessors): 16 chunks a refresh, 8 of them context.
+    "spec_extend_fillctx": {"draft_prompt_pool": "auto", "draft_pool_fill": 8},
 }
 MODE_ENGINE_ARGS = {"spec_extend_step15k": {"max_num_batched_tokens": 16384}}
 """A mode's own ``LLM`` arguments beyond vLLM's defaults (recorded with the
@@ -181,6 +184,7 @@ PLUGIN_ENV = {"spec_extend_follow15": {"SPECEXTEND_POOL_FOLLOW": "15"},
               "spec_extend_carry_all": {"SPECEXTEND_CARRY_AFTER": "all"},
               "spec_extend_min1": {"SPECEXTEND_LOOKUP_MIN_MATCH": "1"},
               "spec_extend_fill8_graphs": {"SPECEXTEND_FILL_IN_GRAPHS": "1"},
+              "spec_extend_fillctx": {"SPECEXTEND_FILL_CONTEXT": "1"},
               "suffix": arctic.SUFFIX_ENV}
 """A mode's environment, set in this process before the engine starts (its
 processes inherit it) and recorded (meta ``mode_env``): a variant's

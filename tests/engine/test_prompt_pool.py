@@ -42,13 +42,16 @@ def prompts(long_prompts):
 _RUNS: dict[tuple, dict] = {}
 
 
-def _run(target, draft, prompts, pool=None, draft_graph=None, fill=None):
+def _run(target, draft, prompts, pool=None, draft_graph=None, fill=None,
+         context=False):
     """One engine's run over ``prompts``, read from the first ask: greedy
     outputs, proposals and counters; the draft's first-layer KV of prompt 0
     right after the step that ends it (``_record_kv_at_prompt_end``) and, with
     a fill, at its last step (``_record_kv_while_live``); pooled, prompt 0 once
-    more, from the prefix cache."""
-    key = (target, draft, tuple(map(tuple, prompts)), pool, draft_graph, fill)
+    more, from the prefix cache. ``context``: each filled chunk with the one
+    before it (``SPECEXTEND_FILL_CONTEXT``)."""
+    key = (target, draft, tuple(map(tuple, prompts)), pool, draft_graph, fill,
+           context)
     if key in _RUNS:
         return _RUNS[key]
     spec_extend = {**CMR, "draft_prompt_pool": pool}  # None: the full pass
@@ -57,7 +60,9 @@ def _run(target, draft, prompts, pool=None, draft_graph=None, fill=None):
     if fill is not None:
         spec_extend["draft_pool_fill"] = fill
     budget = dict(max_num_batched_tokens=FILL_BUDGET) if fill else {}
-    llm = make_llm(target, draft, spec_extend, **{**CHUNKED, **budget})
+    with pytest.MonkeyPatch.context() as env:  # read as the engine starts
+        env.setenv("SPECEXTEND_FILL_CONTEXT", "1" if context else "0")
+        llm = make_llm(target, draft, spec_extend, **{**CHUNKED, **budget})
     proposer = drafter(llm)
     replays = _record_pooled_replays(proposer)
     seen = _record_kv_at_prompt_end(proposer, len(prompts[0]))
@@ -110,15 +115,21 @@ def _after_each_propose(proposer, record) -> None:
     proposer.propose = recording
 
 
-def _first_layer_kv(proposer, row: int, tokens: int, cad) -> torch.Tensor:
-    """The draft's first-layer KV blocks of batch row ``row``'s first
-    ``tokens`` tokens, as they stand now."""
+def _first_layer_kv(proposer, row: int, tokens: int, cad, which: int = 0
+                    ) -> torch.Tensor:
+    """The draft's first-layer (``which``: another's) KV blocks of batch row
+    ``row``'s first ``tokens`` tokens, as they stand now."""
     from vllm_specextend import compat
 
-    layer = compat.attention_layer(proposer.vllm_config,
-                                   sorted(proposer._draft_attn_layer_names)[0])
+    names = sorted(proposer._draft_attn_layer_names, key=_layer_number)
+    layer = compat.attention_layer(proposer.vllm_config, names[which])
     blocks = cad.block_table_tensor[row, : tokens // proposer.block_size]
     return compat.layer_kv_cache(layer)[blocks.long()].clone()
+
+
+def _layer_number(name: str) -> int:
+    """A layer's index in its model from its name (``model.layers.N.attn``)."""
+    return int(next(part for part in name.split(".") if part.isdigit()))
 
 
 def _record_kv_at_prompt_end(proposer, prompt_len: int) -> dict:
@@ -144,7 +155,7 @@ def _record_kv_at_prompt_end(proposer, prompt_len: int) -> dict:
 def _record_kv_while_live(proposer, prompt_lens: list[int]) -> dict:
     """Fills the dict it returns at every step holding the first step's
     rows 0, 1, ... (one per length in ``prompt_lens``): for each, the
-    draft's first-layer KV blocks of its prompt and, pooled, which chunks its
+    draft's first- and last-layer KV blocks of its prompt and, pooled, which chunks its
     selections may read (``PromptPools.allowed``) and its pool, as they stand
     after the step; the last such step's remain."""
     from vllm_specextend import compat
@@ -159,6 +170,8 @@ def _record_kv_while_live(proposer, prompt_lens: list[int]) -> dict:
             if req not in ids:
                 continue
             last["kv"] = _first_layer_kv(proposer, ids.index(req), length, cad)
+            last["kv_last"] = _first_layer_kv(proposer, ids.index(req), length, cad,
+                                              -1)
             if proposer.pools is not None:
                 slot = proposer.state.slot_of(req)
                 last["allowed"] = proposer.pools.allowed[slot].tolist()
@@ -346,6 +359,33 @@ def test_the_fill_writes_the_draft_kv_of_its_chunks(prompts, full, filled):
         same = [torch.allclose(last["kv"][c], reference["kv"][c], rtol=1e-4, atol=1e-5)
                 for c in range(chunks)]
         assert all(same[c] for c in allowed), "where the views may read"
+
+
+def test_filled_chunks_with_the_ones_before_them(tiny_target, prompts, plain_outputs):
+    """``SPECEXTEND_FILL_CONTEXT``: each refresh fills twice the chunks, each
+    chosen one with the one before it, and output stays plain decoding's.
+    The target drafts for itself here (two layers: ``tiny_draft``'s one
+    layer's KV depends on a token and its position only): wherever both runs
+    filled a chunk its first layer's KV is the same, and its last layer's,
+    which depends on what the chunk read, now its predecessor too, differs
+    somewhere."""
+    alone = _run(tiny_target, tiny_target, prompts, POOL, fill=FILL)
+    context = _run(tiny_target, tiny_target, prompts, POOL, fill=FILL, context=True)
+    assert alone["outputs"] == context["outputs"] == plain_outputs
+    assert context["stats"]["pool_fills"] == 2 * alone["stats"]["pool_fills"] > 0
+    forwards = [n for step in context["fills"] for n in step]
+    assert forwards and all(n % (2 * FILL * 32) == 0 for n in forwards)
+    changed = 0
+    for (_, last), (_, before), prompt in zip(context["last"].items(),
+                                              alone["last"].items(), prompts,
+                                              strict=False):
+        both = [c for c in range(len(prompt) // 32)
+                if last["allowed"][c] and before["allowed"][c]]
+        assert all(torch.allclose(last["kv"][c], before["kv"][c], rtol=1e-4,
+                                  atol=1e-5) for c in both)
+        changed += sum(not torch.allclose(last["kv_last"][c], before["kv_last"][c],
+                                          rtol=1e-4, atol=1e-5) for c in both)
+    assert changed > 0, "a filled chunk's last-layer KV saw its predecessor"
 
 
 def test_a_growing_pool_replays_the_draft_routine_after_its_fill(

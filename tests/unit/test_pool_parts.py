@@ -224,7 +224,7 @@ def test_a_pool_grows_by_the_chunks_of_its_own_rows_only():
     slots = np.array([0, 2])
     pools.put(slots, torch.from_numpy(slots), torch.tensor([[1, 2], [0, 3]]),
               torch.tensor([6, 6]), np.array([3, 1]))
-    pools.grow(np.array([2]), torch.tensor([2]), torch.tensor([[4, 5]]))
+    pools.grow(np.array([2]), torch.tensor([2]), torch.tensor([[4, 5]]), 2)
     assert pools.allowed[2].tolist() == [True, False, False, True, True, True, True, True]
     assert pools.allowed[0].tolist() == [False, True, True, False, False, False, True, True]
     assert pools.unfilled.tolist() == [3, 0, 0]

@@ -15,6 +15,7 @@ from vllm_specextend.retrieval.selection import (
     select_chunks,
     uses_view,
     window_start,
+    with_predecessors,
 )
 
 CONFIGS = [
@@ -328,3 +329,34 @@ def test_choose_fill_takes_the_top_chunks_without_draft_kv_first():
     # top ones with KV (1, then 3), in document order.
     assert chosen.tolist() == [[2, 3, 5], [1, 3, 5]]
     assert chosen.dtype == torch.int32
+
+
+def test_each_filled_chunk_comes_with_the_one_before_it():
+    """``with_predecessors``: the chunk before each chosen one joins the
+    fill, in document order; one already chosen, or a sink (below ``lo``),
+    leaves its place to the best chunks left (without KV first), so every
+    row fills twice the chosen count, each chunk once."""
+    mass = torch.tensor([[0.0, 0.1, 0.2, 0.3, 0.05, 0.4, 0.1, 0.02, 0.0],
+                         [0.0, 0.5, 0.45, 0.01, 0.2, 0.1, 0.3, 0.02, 0.0],
+                         [0.0, 0.5, 0.45, 0.01, 0.2, 0.1, 0.3, 0.02, 0.0]])
+    lo, hi = torch.tensor([1, 1, 1]), torch.tensor([8, 8, 8])
+    has_kv = torch.zeros(3, 9, dtype=torch.bool)
+    has_kv[2, 6] = True
+    chosen = torch.tensor([[3, 5], [1, 2], [1, 2]], dtype=torch.int32)
+    filled = with_predecessors(mass, lo, hi, has_kv, chosen)
+    # Row 0: 2 and 4 before 3 and 5. Row 1: 1's is a sink, 2's is 1, chosen:
+    # the best two left, 6 and 4. Row 2: 6 has KV, so 4 and 5 first.
+    assert filled.tolist() == [[2, 3, 4, 5], [1, 2, 4, 6], [1, 2, 4, 5]]
+    assert filled.dtype == torch.int32
+
+
+def test_the_fill_context_switch(monkeypatch):
+    from vllm_specextend.retrieval.selection import fill_context
+
+    monkeypatch.delenv("SPECEXTEND_FILL_CONTEXT", raising=False)
+    assert fill_context() is False
+    monkeypatch.setenv("SPECEXTEND_FILL_CONTEXT", "1")
+    assert fill_context() is True
+    monkeypatch.setenv("SPECEXTEND_FILL_CONTEXT", "yes")
+    with pytest.raises(ValueError, match="SPECEXTEND_FILL_CONTEXT"):
+        fill_context()

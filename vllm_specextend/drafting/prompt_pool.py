@@ -85,17 +85,19 @@ class PromptPools:
         self.chunks.index_copy_(0, slots_dev, chunks.to(torch.int32))
 
     def grow(self, slots: np.ndarray, slots_dev: torch.Tensor,
-             chunks: torch.Tensor) -> None:
+             chunks: torch.Tensor, unfilled: int) -> None:
         """``chunks`` [n, F] (device) join the pools of ``slots`` [n] (host;
         ``slots_dev`` the same on the device; distinct, a request a row: a
-        repeated slot would keep one row's chunks), the unfilled first
-        (``draft_pool_fill``). Gathered, scattered and copied back: an indexed
-        assignment of a Python scalar copies it from pageable memory, a
-        stream sync."""
+        repeated slot would keep one row's chunks); ``unfilled``: how many
+        of a row's were chosen among those without draft KV
+        (``draft_pool_fill``; the rest are context, which may have had it),
+        by which the host's count of them drops. Gathered,
+        scattered and copied back: an indexed assignment of a Python scalar
+        copies it from pageable memory, a stream sync."""
         allowed = self.allowed.index_select(0, slots_dev)
         allowed.scatter_(1, chunks.long(), True)
         self.allowed.index_copy_(0, slots_dev, allowed)
-        self.unfilled[slots] = np.maximum(0, self.unfilled[slots] - chunks.shape[1])
+        self.unfilled[slots] = np.maximum(0, self.unfilled[slots] - unfilled)
 
 
 @dataclass

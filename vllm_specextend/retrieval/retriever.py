@@ -29,10 +29,12 @@ from vllm_specextend.retrieval.scoring import block_lse
 from vllm_specextend.retrieval.selection import (
     choose_fill,
     chunk_mass,
+    fill_context,
     followed_mass,
     num_candidates,
     pool_follow,
     select_chunks,
+    with_predecessors,
 )
 from vllm_specextend.retrieval.staging import HostStaging
 from vllm_specextend.retrieval.state import SelectionState
@@ -68,6 +70,7 @@ class Retriever:
         # Chunks after each top chunk that its pool takes along (``followed_mass``;
         # ``selection.pool_follow``, an experiment's switch).
         self.pool_follow = pool_follow()
+        self.fill_context = fill_context()
 
     def attach(self, layer, max_num_tokens: int, dtype: torch.dtype,
                tp_size: int) -> None:
@@ -162,23 +165,27 @@ class Retriever:
         count, size = self.cfg.draft_pool_fill, self.cfg.chunk_size
         if count is None:
             return None
+        width = 2 * count if self.fill_context else count  # chunks a row fills
         rows = request.rows
         ended = np.zeros(rows.size, dtype=bool) if request.pool is None else request.pool
         prompt_end = np.minimum(request.window_start // size * size,
                                 lens.num_prompt[rows] // size * size)
         grow = (self.pools.pooled[slots[rows]] & ~ended
                 & (self.pools.unfilled[slots[rows]] > 0)
-                & (prompt_end // size - lo >= count))
+                & (prompt_end // size - lo >= width))
         if not grow.any():
             return None
         at = np.flatnonzero(grow)
         at_d, hi_d = self.staging.to_device(at, prompt_end[at] // size)
         lo_d = torch.full_like(hi_d, int(lo[0]))  # the sinks' chunks, every row
         slot_d = slots_dev[at_d]
-        chunks = choose_fill(mass[at_d], lo_d, hi_d, self.pools.allowed[slot_d], count)
+        has_kv = self.pools.allowed[slot_d]
+        chunks = choose_fill(mass[at_d], lo_d, hi_d, has_kv, count)
+        if self.fill_context:
+            chunks = with_predecessors(mass[at_d], lo_d, hi_d, has_kv, chunks)
         if self.tp_size > 1:
             chunks = compat.tp_broadcast(chunks.contiguous())
-        self.pools.grow(slots[rows[at]], slot_d, chunks)
+        self.pools.grow(slots[rows[at]], slot_d, chunks, count)
         return FillRows(rows[at], prompt_end[at], chunks)
 
     def chunk_masses(self, query_rows: torch.Tensor, block_table: torch.Tensor,

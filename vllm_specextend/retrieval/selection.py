@@ -105,6 +105,38 @@ def choose_fill(mass: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
     return torch.sort(top, dim=1).values.to(torch.int32)
 
 
+def with_predecessors(mass: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
+                      has_kv: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """The fill's ``chosen`` chunks [R, F] with the chunk before each as its
+    context, [R, 2F] int32 in document order: a chunk's draft KV computed
+    without the text before it lost the local context its first tokens
+    carry (the end of a line, the open bracket), which a copy's draft reads
+    at every chunk boundary. A predecessor below ``lo`` (a sink, in the
+    fill's table already) or already in ``chosen`` leaves its place to the
+    next chunks ``choose_fill``'s order would take, so the count stays fixed
+    (no sync) and no chunk is queried twice. Each row has at least ``2F``
+    chunks in ``[lo, hi)`` (the caller checks on the host)."""
+    rows, num = mass.shape
+    count = chosen.shape[1]
+    ids = torch.arange(num, device=mass.device)[None, :]
+    picked = torch.zeros(rows, num + 1, dtype=torch.bool, device=mass.device)
+    picked.scatter_(1, chosen.long(), True)
+    before = chosen.long() - 1
+    before = torch.where(before >= lo[:, None], before, torch.full_like(before, num))
+    picked.scatter_(1, before, True)  # column ``num``: none
+    picked = picked[:, :num]
+    need = 2 * count - picked.sum(dim=1)  # [R], 0 .. F
+    key = torch.where(has_kv[:, :num], mass - 2.0, mass)
+    free = (ids >= lo[:, None]) & (ids < hi[:, None]) & ~picked
+    key = torch.where(free, key, torch.full_like(mass, -3.0))
+    extra = torch.topk(key, count, dim=1).indices  # [R, F], best first
+    take = torch.arange(count, device=mass.device)[None, :] < need[:, None]
+    picked = torch.cat([picked, torch.zeros_like(picked[:, :1])], dim=1)
+    picked.scatter_(1, torch.where(take, extra, torch.full_like(extra, num)), True)
+    top = torch.topk(picked[:, :num].float(), 2 * count, dim=1).indices
+    return torch.sort(top, dim=1).values.to(torch.int32)
+
+
 def followed_mass(mass: torch.Tensor, follow: int) -> torch.Tensor:
     """Each chunk scored by the most mass among itself and the ``follow``
     chunks before it, [R, C] fp32, ties broken by its own mass: a pool chosen
@@ -145,6 +177,18 @@ def held_chunks(
         hits.scatter_(1, picked, True)
         held |= hits[:, :num_chunks]
     return held
+
+
+def fill_context() -> bool:
+    """``SPECEXTEND_FILL_CONTEXT=1``: each chunk ``draft_pool_fill`` adds
+    comes with the chunk before it (``with_predecessors``), twice the fill's
+    tokens. An experiment on the real pair's copy tasks (realpair mode
+    ``spec_extend_fillctx``), read from the workers' environment."""
+    value = os.environ.get("SPECEXTEND_FILL_CONTEXT") or "0"
+    if value not in ("0", "1"):
+        raise ValueError(f"SPECEXTEND_FILL_CONTEXT={value!r}: use 1 (each filled "
+                         "chunk with the one before it) or 0 (the default)")
+    return value == "1"
 
 
 def pool_follow() -> int:
