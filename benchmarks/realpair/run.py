@@ -170,6 +170,9 @@ PLUGIN_CONFIGS = {
     # fill8's, each filled chunk with the one before it (SPECEXTEND_FILL_CONTEXT:
     # selection.with_predecessors): 16 chunks a refresh, 8 of them context.
     "spec_extend_fillctx": {"draft_prompt_pool": "auto", "draft_pool_fill": 8},
+    # The pool too: its top 64 chunks, each with the one before it
+    # (SPECEXTEND_POOL_CONTEXT), and fillctx's fill.
+    "spec_extend_ctx": {"draft_prompt_pool": "auto", "draft_pool_fill": 8},
 }
 MODE_ENGINE_ARGS = {"spec_extend_step15k": {"max_num_batched_tokens": 16384}}
 """A mode's own ``LLM`` arguments beyond vLLM's defaults (recorded with the
@@ -185,6 +188,8 @@ PLUGIN_ENV = {"spec_extend_follow15": {"SPECEXTEND_POOL_FOLLOW": "15"},
               "spec_extend_min1": {"SPECEXTEND_LOOKUP_MIN_MATCH": "1"},
               "spec_extend_fill8_graphs": {"SPECEXTEND_FILL_IN_GRAPHS": "1"},
               "spec_extend_fillctx": {"SPECEXTEND_FILL_CONTEXT": "1"},
+              "spec_extend_ctx": {"SPECEXTEND_FILL_CONTEXT": "1",
+                                  "SPECEXTEND_POOL_CONTEXT": "1"},
               "suffix": arctic.SUFFIX_ENV}
 """A mode's environment, set in this process before the engine starts (its
 processes inherit it) and recorded (meta ``mode_env``): a variant's

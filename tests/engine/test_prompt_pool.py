@@ -49,7 +49,8 @@ def _run(target, draft, prompts, pool=None, draft_graph=None, fill=None,
     right after the step that ends it (``_record_kv_at_prompt_end``) and, with
     a fill, at its last step (``_record_kv_while_live``); pooled, prompt 0 once
     more, from the prefix cache. ``context``: each filled chunk with the one
-    before it (``SPECEXTEND_FILL_CONTEXT``)."""
+    before it (``SPECEXTEND_FILL_CONTEXT``); ``"pool"``: the pool's too
+    (``SPECEXTEND_POOL_CONTEXT``)."""
     key = (target, draft, tuple(map(tuple, prompts)), pool, draft_graph, fill,
            context)
     if key in _RUNS:
@@ -62,6 +63,7 @@ def _run(target, draft, prompts, pool=None, draft_graph=None, fill=None,
     budget = dict(max_num_batched_tokens=FILL_BUDGET) if fill else {}
     with pytest.MonkeyPatch.context() as env:  # read as the engine starts
         env.setenv("SPECEXTEND_FILL_CONTEXT", "1" if context else "0")
+        env.setenv("SPECEXTEND_POOL_CONTEXT", "1" if context == "pool" else "0")
         llm = make_llm(target, draft, spec_extend, **{**CHUNKED, **budget})
     proposer = drafter(llm)
     replays = _record_pooled_replays(proposer)
@@ -155,8 +157,8 @@ def _record_kv_at_prompt_end(proposer, prompt_len: int) -> dict:
 def _record_kv_while_live(proposer, prompt_lens: list[int]) -> dict:
     """Fills the dict it returns at every step holding the first step's
     rows 0, 1, ... (one per length in ``prompt_lens``): for each, the
-    draft's first- and last-layer KV blocks of its prompt and, pooled, which chunks its
-    selections may read (``PromptPools.allowed``) and its pool, as they stand
+    draft's first- and last-layer KV blocks of its prompt and, pooled, which
+    chunks its selections may read (``PromptPools.allowed``) and its pool, as they stand
     after the step; the last such step's remain."""
     from vllm_specextend import compat
 
@@ -386,6 +388,20 @@ def test_filled_chunks_with_the_ones_before_them(tiny_target, prompts, plain_out
         changed += sum(not torch.allclose(last["kv_last"][c], before["kv_last"][c],
                                           rtol=1e-4, atol=1e-5) for c in both)
     assert changed > 0, "a filled chunk's last-layer KV saw its predecessor"
+
+
+def test_a_pool_of_chunks_with_the_ones_before_them(tiny_target, prompts,
+                                                   plain_outputs):
+    """``SPECEXTEND_POOL_CONTEXT``: the pool is its top half's chunks, each
+    with the one before it (unless a sink or chosen already): at least half
+    of its chunks follow another of its chunks or a sink. Output stays plain
+    decoding's."""
+    run = _run(tiny_target, tiny_target, prompts, POOL, fill=FILL, context="pool")
+    assert run["outputs"] == plain_outputs
+    pool = run["seen"]["pool"]
+    assert len(set(pool)) == POOL
+    sinks = CMR.get("sink_tokens", 32) // 32
+    assert sum(c - 1 in pool or c - 1 < sinks for c in pool) >= POOL // 2
 
 
 def test_a_growing_pool_replays_the_draft_routine_after_its_fill(

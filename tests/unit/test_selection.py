@@ -360,3 +360,7 @@ def test_the_fill_context_switch(monkeypatch):
     monkeypatch.setenv("SPECEXTEND_FILL_CONTEXT", "yes")
     with pytest.raises(ValueError, match="SPECEXTEND_FILL_CONTEXT"):
         fill_context()
+    monkeypatch.delenv("SPECEXTEND_POOL_CONTEXT", raising=False)
+    assert fill_context("SPECEXTEND_POOL_CONTEXT") is False
+    monkeypatch.setenv("SPECEXTEND_POOL_CONTEXT", "1")
+    assert fill_context("SPECEXTEND_POOL_CONTEXT") is True

@@ -71,6 +71,7 @@ class Retriever:
         # ``selection.pool_follow``, an experiment's switch).
         self.pool_follow = pool_follow()
         self.fill_context = fill_context()
+        self.pool_context = fill_context("SPECEXTEND_POOL_CONTEXT")
 
     def attach(self, layer, max_num_tokens: int, dtype: torch.dtype,
                tp_size: int) -> None:
@@ -144,8 +145,15 @@ class Retriever:
         if pool is None or not pool.any():
             return
         (at,) = self.staging.to_device(np.flatnonzero(pool))  # no sync: staging.py
+        size = self.pools.pool
+        if self.pool_context:  # half the pool, each with the chunk before it
+            size -= size // 2
         chunks = select_chunks(followed_mass(mass[at], self.pool_follow), lo_d[at],
-                               hi_d[at], self.pools.pool)
+                               hi_d[at], size)
+        if self.pool_context:
+            none = torch.zeros_like(mass[at], dtype=torch.bool)
+            chunks = with_predecessors(mass[at], lo_d[at], hi_d[at], none,
+                                       chunks)[:, -self.pools.pool:]
         if self.tp_size > 1:
             chunks = compat.tp_broadcast(chunks.contiguous())
         window_chunk = hi_d[at]

@@ -179,15 +179,18 @@ def held_chunks(
     return held
 
 
-def fill_context() -> bool:
+def fill_context(name: str = "SPECEXTEND_FILL_CONTEXT") -> bool:
     """``SPECEXTEND_FILL_CONTEXT=1``: each chunk ``draft_pool_fill`` adds
     comes with the chunk before it (``with_predecessors``), twice the fill's
-    tokens. An experiment on the real pair's copy tasks (realpair mode
-    ``spec_extend_fillctx``), read from the workers' environment."""
-    value = os.environ.get("SPECEXTEND_FILL_CONTEXT") or "0"
+    tokens; ``SPECEXTEND_POOL_CONTEXT=1``: a prompt pool is its top half's
+    chunks, each with the chunk before it (an odd pool drops its first).
+    Experiments on the real pair's copy tasks (realpair modes
+    ``spec_extend_fillctx``, ``spec_extend_ctx``), read from the workers'
+    environment."""
+    value = os.environ.get(name) or "0"
     if value not in ("0", "1"):
-        raise ValueError(f"SPECEXTEND_FILL_CONTEXT={value!r}: use 1 (each filled "
-                         "chunk with the one before it) or 0 (the default)")
+        raise ValueError(f"{name}={value!r}: use 1 (each chunk with the one "
+                         "before it) or 0 (the default)")
     return value == "1"
 
 
