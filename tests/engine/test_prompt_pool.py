@@ -43,16 +43,14 @@ _RUNS: dict[tuple, dict] = {}
 
 
 def _run(target, draft, prompts, pool=None, draft_graph=None, fill=None,
-         context=False):
+         env: tuple[tuple[str, str], ...] = ()):
     """One engine's run over ``prompts``, read from the first ask: greedy
     outputs, proposals and counters; the draft's first-layer KV of prompt 0
     right after the step that ends it (``_record_kv_at_prompt_end``) and, with
     a fill, at its last step (``_record_kv_while_live``); pooled, prompt 0 once
-    more, from the prefix cache. ``context``: each filled chunk with the one
-    before it (``SPECEXTEND_FILL_CONTEXT``); ``"pool"``: the pool's too
-    (``SPECEXTEND_POOL_CONTEXT``)."""
-    key = (target, draft, tuple(map(tuple, prompts)), pool, draft_graph, fill,
-           context)
+    more, from the prefix cache. ``env``: (name, value) pairs of experiment
+    switches set while the engine starts."""
+    key = (target, draft, tuple(map(tuple, prompts)), pool, draft_graph, fill, env)
     if key in _RUNS:
         return _RUNS[key]
     spec_extend = {**CMR, "draft_prompt_pool": pool}  # None: the full pass
@@ -61,20 +59,22 @@ def _run(target, draft, prompts, pool=None, draft_graph=None, fill=None,
     if fill is not None:
         spec_extend["draft_pool_fill"] = fill
     budget = dict(max_num_batched_tokens=FILL_BUDGET) if fill else {}
-    with pytest.MonkeyPatch.context() as env:  # read as the engine starts
-        env.setenv("SPECEXTEND_FILL_CONTEXT", "1" if context else "0")
-        env.setenv("SPECEXTEND_POOL_CONTEXT", "1" if context == "pool" else "0")
+    with pytest.MonkeyPatch.context() as switches:  # read as the engine starts
+        for name, value in env:
+            switches.setenv(name, value)
         llm = make_llm(target, draft, spec_extend, **{**CHUNKED, **budget})
     proposer = drafter(llm)
     replays = _record_pooled_replays(proposer)
     seen = _record_kv_at_prompt_end(proposer, len(prompts[0]))
     last = _record_kv_while_live(proposer, [len(p) for p in prompts[:2]]) \
         if fill or pool is None else {}
-    fills = _record_fill_forwards(proposer) if fill else []
+    fill_chunks = []
+    fills = _record_fill_forwards(proposer, fill_chunks) if fill else []
     recorder = DraftRecorder(llm)
     recorder.enabled = True
     run = dict(outputs=generate(llm, prompts, max_tokens=MAX_TOKENS), seen=seen,
-               last=last, fills=fills, max_num_tokens=proposer.max_num_tokens)
+               last=last, fills=fills, fill_chunks=fill_chunks,
+               max_num_tokens=proposer.max_num_tokens)
     run.update(proposals=list(recorder.proposals.values()), stats=stats(proposer),
                replays=replays)
     if pool is not None and fill is None:
@@ -183,15 +183,17 @@ def _record_kv_while_live(proposer, prompt_lens: list[int]) -> dict:
     return seen
 
 
-def _record_fill_forwards(proposer) -> list[list[int]]:
+def _record_fill_forwards(proposer, chunks: list) -> list[list[int]]:
     """Fills the list it returns: for each step whose pools grow, the token
-    count of each of its fill forwards."""
+    count of each of its fill forwards; and ``chunks``: each such step's
+    chunk ids, a list a row."""
     fill_pools, first_pass_only, steps = proposer._fill_pools, proposer._first_pass_only, []
     inside = []
 
     def filling(step, cad):
         if step is None or step.fill is None:
             return fill_pools(step, cad)
+        chunks.append(step.fill.chunks.tolist())
         steps.append([])
         inside.append(True)
         try:
@@ -363,6 +365,9 @@ def test_the_fill_writes_the_draft_kv_of_its_chunks(prompts, full, filled):
         assert all(same[c] for c in allowed), "where the views may read"
 
 
+FILL_CONTEXT = ("SPECEXTEND_FILL_CONTEXT", "1")
+
+
 def test_filled_chunks_with_the_ones_before_them(tiny_target, prompts, plain_outputs):
     """``SPECEXTEND_FILL_CONTEXT``: each refresh fills twice the chunks, each
     chosen one with the one before it, and output stays plain decoding's.
@@ -372,7 +377,8 @@ def test_filled_chunks_with_the_ones_before_them(tiny_target, prompts, plain_out
     which depends on what the chunk read, now its predecessor too, differs
     somewhere."""
     alone = _run(tiny_target, tiny_target, prompts, POOL, fill=FILL)
-    context = _run(tiny_target, tiny_target, prompts, POOL, fill=FILL, context=True)
+    context = _run(tiny_target, tiny_target, prompts, POOL, fill=FILL,
+                   env=(FILL_CONTEXT,))
     assert alone["outputs"] == context["outputs"] == plain_outputs
     assert context["stats"]["pool_fills"] == 2 * alone["stats"]["pool_fills"] > 0
     forwards = [n for step in context["fills"] for n in step]
@@ -396,12 +402,27 @@ def test_a_pool_of_chunks_with_the_ones_before_them(tiny_target, prompts,
     with the one before it (unless a sink or chosen already): at least half
     of its chunks follow another of its chunks or a sink. Output stays plain
     decoding's."""
-    run = _run(tiny_target, tiny_target, prompts, POOL, fill=FILL, context="pool")
+    run = _run(tiny_target, tiny_target, prompts, POOL, fill=FILL,
+               env=(FILL_CONTEXT, ("SPECEXTEND_POOL_CONTEXT", "1")))
     assert run["outputs"] == plain_outputs
     pool = run["seen"]["pool"]
     assert len(set(pool)) == POOL
     sinks = CMR.get("sink_tokens", 32) // 32
     assert sum(c - 1 in pool or c - 1 < sinks for c in pool) >= POOL // 2
+
+
+def test_a_fill_that_follows_the_chunks_read(tiny_target, prompts, plain_outputs):
+    """``SPECEXTEND_FILL_FOLLOW=1``: the fill ranks each chunk by the most mass
+    of itself and the chunk before it, so it takes the chunks after those the
+    target reads (the pool's, at the first fill): there most of the first
+    request's filled chunks follow a chunk of its pool or of the fill.
+    Output stays plain decoding's."""
+    run = _run(tiny_target, tiny_target, prompts, POOL, fill=FILL,
+               env=(("SPECEXTEND_FILL_FOLLOW", "1"),))
+    assert run["outputs"] == plain_outputs
+    first = run["fill_chunks"][0][0]  # the first step's first row: request 0
+    held = set(run["seen"]["pool"]) | set(first)
+    assert sum(c - 1 in held for c in first) > FILL // 2, (first, held)
 
 
 def test_a_growing_pool_replays_the_draft_routine_after_its_fill(

@@ -316,6 +316,10 @@ def test_pool_follow_switch(monkeypatch):
     monkeypatch.setenv("SPECEXTEND_POOL_FOLLOW", "x")
     with pytest.raises(ValueError, match="SPECEXTEND_POOL_FOLLOW"):
         pool_follow()
+    monkeypatch.delenv("SPECEXTEND_FILL_FOLLOW", raising=False)
+    assert pool_follow("SPECEXTEND_FILL_FOLLOW") == 0
+    monkeypatch.setenv("SPECEXTEND_FILL_FOLLOW", "1")
+    assert pool_follow("SPECEXTEND_FILL_FOLLOW") == 1
 
 
 def test_choose_fill_takes_the_top_chunks_without_draft_kv_first():

@@ -72,6 +72,7 @@ class Retriever:
         self.pool_follow = pool_follow()
         self.fill_context = fill_context()
         self.pool_context = fill_context("SPECEXTEND_POOL_CONTEXT")
+        self.fill_follow = pool_follow("SPECEXTEND_FILL_FOLLOW")
 
     def attach(self, layer, max_num_tokens: int, dtype: torch.dtype,
                tp_size: int) -> None:
@@ -188,7 +189,8 @@ class Retriever:
         lo_d = torch.full_like(hi_d, int(lo[0]))  # the sinks' chunks, every row
         slot_d = slots_dev[at_d]
         has_kv = self.pools.allowed[slot_d]
-        chunks = choose_fill(mass[at_d], lo_d, hi_d, has_kv, count)
+        chunks = choose_fill(followed_mass(mass[at_d], self.fill_follow), lo_d, hi_d,
+                             has_kv, count)
         if self.fill_context:
             chunks = with_predecessors(mass[at_d], lo_d, hi_d, has_kv, chunks)
         if self.tp_size > 1:

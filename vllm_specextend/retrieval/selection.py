@@ -194,14 +194,15 @@ def fill_context(name: str = "SPECEXTEND_FILL_CONTEXT") -> bool:
     return value == "1"
 
 
-def pool_follow() -> int:
+def pool_follow(name: str = "SPECEXTEND_POOL_FOLLOW") -> int:
     """``SPECEXTEND_POOL_FOLLOW=N``: a prompt pool (``draft_prompt_pool``)
     chosen by ``followed_mass``, each top chunk with the ``N`` after
-    it (default 0: the top chunks alone). An experiment on copy tasks with
-    the real pair (``benchmarks/realpair``), read from the workers'
-    environment on any device."""
-    value = os.environ.get("SPECEXTEND_POOL_FOLLOW") or "0"
+    it (default 0: the top chunks alone); ``SPECEXTEND_FILL_FOLLOW=N``: the
+    fill's chunks (``draft_pool_fill``) so, where a copy reads next.
+    Experiments on copy tasks with the real pair (``benchmarks/realpair``),
+    read from the workers' environment on any device."""
+    value = os.environ.get(name) or "0"
     if not value.isdigit():
-        raise ValueError(f"SPECEXTEND_POOL_FOLLOW={value!r}: use a count of chunks "
+        raise ValueError(f"{name}={value!r}: use a count of chunks "
                          "(0, the default: the top chunks alone)")
     return int(value)
