@@ -176,6 +176,8 @@ PLUGIN_CONFIGS = {
     # fill8's, its chunks ranked by the most mass of themselves and the chunk
     # before (SPECEXTEND_FILL_FOLLOW=1): the chunk a copy reads next.
     "spec_extend_fillfollow1": {"draft_prompt_pool": "auto", "draft_pool_fill": 8},
+    # Both: the chunks after those read, each with the one before it.
+    "spec_extend_fillctx_follow1": {"draft_prompt_pool": "auto", "draft_pool_fill": 8},
 }
 MODE_ENGINE_ARGS = {"spec_extend_step15k": {"max_num_batched_tokens": 16384}}
 """A mode's own ``LLM`` arguments beyond vLLM's defaults (recorded with the
@@ -194,6 +196,8 @@ PLUGIN_ENV = {"spec_extend_follow15": {"SPECEXTEND_POOL_FOLLOW": "15"},
               "spec_extend_ctx": {"SPECEXTEND_FILL_CONTEXT": "1",
                                   "SPECEXTEND_POOL_CONTEXT": "1"},
               "spec_extend_fillfollow1": {"SPECEXTEND_FILL_FOLLOW": "1"},
+              "spec_extend_fillctx_follow1": {"SPECEXTEND_FILL_CONTEXT": "1",
+                                              "SPECEXTEND_FILL_FOLLOW": "1"},
               "suffix": arctic.SUFFIX_ENV}
 """A mode's environment, set in this process before the engine starts (its
 processes inherit it) and recorded (meta ``mode_env``): a variant's
