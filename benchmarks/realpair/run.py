@@ -168,7 +168,7 @@ PLUGIN_CONFIGS = {
     # each prompt's draft pass (2026-12-07, 0602Z: 0.81 s against plain's 0.56).
     "spec_extend_pool64_fill8": {"draft_prompt_pool": 64, "draft_pool_fill": 8},
     # fill8's, each filled chunk with the one before it (SPECEXTEND_FILL_CONTEXT:
-    # selection.with_predecessors): 16 chunks a refresh, 8 of them context.
+    # selection.with_predecessors): 16 chunks a refresh, up to 8 of them context.
     "spec_extend_fillctx": {"draft_prompt_pool": "auto", "draft_pool_fill": 8},
     # The pool too: its top 64 chunks, each with the one before it
     # (SPECEXTEND_POOL_CONTEXT), and fillctx's fill.

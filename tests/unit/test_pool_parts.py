@@ -228,6 +228,9 @@ def test_a_pool_grows_by_the_chunks_of_its_own_rows_only():
     assert pools.allowed[2].tolist() == [True, False, False, True, True, True, True, True]
     assert pools.allowed[0].tolist() == [False, True, True, False, False, False, True, True]
     assert pools.unfilled.tolist() == [3, 0, 0]
+    # With context (SPECEXTEND_FILL_CONTEXT) only the chosen count comes off.
+    pools.grow(np.array([0]), torch.tensor([0]), torch.tensor([[3, 4, 5, 6]]), 2)
+    assert pools.unfilled.tolist() == [1, 0, 0]
 
 
 @pytest.mark.parametrize("env, graph, rows", [

@@ -170,7 +170,8 @@ class Retriever:
         and enough prompt chunks left of their window; their chunks to fill
         join the pool (``allowed``). ``choose_fill`` takes those without KV
         first, so the host's count of them (``PromptPools.unfilled``) stays
-        exact."""
+        exact; with ``fill_context`` an upper bound (a predecessor may have
+        had KV), so a pool may grow by chunks it held once all have KV."""
         count, size = self.cfg.draft_pool_fill, self.cfg.chunk_size
         if count is None:
             return None
@@ -189,10 +190,10 @@ class Retriever:
         lo_d = torch.full_like(hi_d, int(lo[0]))  # the sinks' chunks, every row
         slot_d = slots_dev[at_d]
         has_kv = self.pools.allowed[slot_d]
-        chunks = choose_fill(followed_mass(mass[at_d], self.fill_follow), lo_d, hi_d,
-                             has_kv, count)
+        ranked = followed_mass(mass[at_d], self.fill_follow)
+        chunks = choose_fill(ranked, lo_d, hi_d, has_kv, count)
         if self.fill_context:
-            chunks = with_predecessors(mass[at_d], lo_d, hi_d, has_kv, chunks)
+            chunks = with_predecessors(ranked, lo_d, hi_d, has_kv, chunks)
         if self.tp_size > 1:
             chunks = compat.tp_broadcast(chunks.contiguous())
         self.pools.grow(slots[rows[at]], slot_d, chunks, count)

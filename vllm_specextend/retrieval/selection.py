@@ -182,8 +182,11 @@ def held_chunks(
 def fill_context(name: str = "SPECEXTEND_FILL_CONTEXT") -> bool:
     """``SPECEXTEND_FILL_CONTEXT=1``: each chunk ``draft_pool_fill`` adds
     comes with the chunk before it (``with_predecessors``), twice the fill's
-    tokens; ``SPECEXTEND_POOL_CONTEXT=1``: a prompt pool is its top half's
-    chunks, each with the chunk before it (an odd pool drops its first).
+    tokens (the config's checks of the fill against the step budget and the
+    draft's graphs count ``draft_pool_fill`` chunks, not twice: an
+    experiment for budgets that hold both); ``SPECEXTEND_POOL_CONTEXT=1``: a
+    prompt pool is its top half's chunks, each with the chunk before it (an
+    odd pool drops its first chunk, which may be a chosen one).
     Experiments on the real pair's copy tasks (realpair modes
     ``spec_extend_fillctx``, ``spec_extend_ctx``), read from the workers'
     environment."""
