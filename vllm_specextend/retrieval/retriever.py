@@ -146,14 +146,14 @@ class Retriever:
         if pool is None or not pool.any():
             return
         (at,) = self.staging.to_device(np.flatnonzero(pool))  # no sync: staging.py
-        size = self.pools.pool
+        size, pooled = self.pools.pool, mass[at]
         if self.pool_context:  # half the pool, each with the chunk before it
             size -= size // 2
-        chunks = select_chunks(followed_mass(mass[at], self.pool_follow), lo_d[at],
+        chunks = select_chunks(followed_mass(pooled, self.pool_follow), lo_d[at],
                                hi_d[at], size)
         if self.pool_context:
-            none = torch.zeros_like(mass[at], dtype=torch.bool)
-            chunks = with_predecessors(mass[at], lo_d[at], hi_d[at], none,
+            none = torch.zeros_like(pooled, dtype=torch.bool)
+            chunks = with_predecessors(pooled, lo_d[at], hi_d[at], none,
                                        chunks)[:, -self.pools.pool:]
         if self.tp_size > 1:
             chunks = compat.tp_broadcast(chunks.contiguous())

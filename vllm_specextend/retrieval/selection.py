@@ -98,11 +98,16 @@ def choose_fill(mass: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
     host). Returns [R, count] int32."""
     ids = torch.arange(mass.shape[1], device=mass.device)[None, :]
     in_range = (ids >= lo[:, None]) & (ids < hi[:, None])
-    # Unfilled in [0, 1], filled in [-2, -1], out of range -3.
-    key = torch.where(has_kv[:, : mass.shape[1]], mass - 2.0, mass)
-    key = torch.where(in_range, key, torch.full_like(mass, -3.0))
-    top = torch.topk(key, count, dim=1).indices
+    top = torch.topk(_fill_key(mass, has_kv, in_range), count, dim=1).indices
     return torch.sort(top, dim=1).values.to(torch.int32)
+
+
+def _fill_key(mass: torch.Tensor, has_kv: torch.Tensor,
+              valid: torch.Tensor) -> torch.Tensor:
+    """The fill's order, [R, C]: chunks without draft KV by ``mass`` in
+    [0, 1], then those with it in [-2, -1], chunks not ``valid`` -3."""
+    key = torch.where(has_kv[:, : mass.shape[1]], mass - 2.0, mass)
+    return torch.where(valid, key, torch.full_like(mass, -3.0))
 
 
 def with_predecessors(mass: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
@@ -126,10 +131,9 @@ def with_predecessors(mass: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
     picked.scatter_(1, before, True)  # column ``num``: none
     picked = picked[:, :num]
     need = 2 * count - picked.sum(dim=1)  # [R], 0 .. F
-    key = torch.where(has_kv[:, :num], mass - 2.0, mass)
     free = (ids >= lo[:, None]) & (ids < hi[:, None]) & ~picked
-    key = torch.where(free, key, torch.full_like(mass, -3.0))
-    extra = torch.topk(key, count, dim=1).indices  # [R, F], best first
+    extra = torch.topk(_fill_key(mass, has_kv, free), count,
+                       dim=1).indices  # [R, F], best first
     take = torch.arange(count, device=mass.device)[None, :] < need[:, None]
     picked = torch.cat([picked, torch.zeros_like(picked[:, :1])], dim=1)
     picked.scatter_(1, torch.where(take, extra, torch.full_like(extra, num)), True)
