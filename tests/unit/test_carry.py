@@ -171,5 +171,5 @@ def test_carry_after_refuses_what_is_not_a_count(monkeypatch, value):
     from vllm_specextend.drafting.carry import carry_after
 
     monkeypatch.setenv("SPECEXTEND_CARRY_AFTER", value)
-    with pytest.raises(ValueError, match="SPECEXTEND_CARRY_AFTER.*from 1"):
+    with pytest.raises(ValueError, match="SPECEXTEND_CARRY_AFTER.*1 or more"):
         carry_after()

@@ -37,6 +37,8 @@ import os
 import numpy as np
 import torch
 
+from vllm_specextend.config.switches import env_count
+
 
 def carry_after() -> int | None:
     """``SPECEXTEND_CARRY_AFTER=N`` (looked-up tokens, 1 by default) or
@@ -46,13 +48,9 @@ def carry_after() -> int | None:
     steps accepted their second token 0.68 of the time against 0.79 where
     the draft model drafted it (H100, 2026-12-06, 1636Z); read from the
     workers' environment."""
-    value = os.environ.get("SPECEXTEND_CARRY_AFTER") or "1"
-    if value == "all":
+    if os.environ.get("SPECEXTEND_CARRY_AFTER") == "all":
         return None
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"SPECEXTEND_CARRY_AFTER={value!r}: use a count of "
-                         "looked-up tokens from 1 (the default) or all")
-    return int(value)
+    return env_count("SPECEXTEND_CARRY_AFTER", 1, 1, unit="looked-up tokens, or all")
 
 
 _NEVER = 1 << 30

@@ -32,10 +32,11 @@ Shapes: B rows of the step, N tokens, W = ``width``. Pure torch; no vLLM.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
+
+from vllm_specextend.config.switches import env_count
 
 LOOKUP_KEY = 3
 """The shortest match taken (n, by default): the last n tokens of the
@@ -57,11 +58,8 @@ def lookup_min_match() -> int:
     a row proposes its last draft again, which the target rejects, so a
     shorter match can only add accepted tokens; read from the workers'
     environment."""
-    value = os.environ.get("SPECEXTEND_LOOKUP_MIN_MATCH") or str(LOOKUP_KEY)
-    if not value.isdigit() or not 1 <= int(value) <= LOOKUP_LONGEST:
-        raise ValueError(f"SPECEXTEND_LOOKUP_MIN_MATCH={value!r}: use 1 to "
-                         f"{LOOKUP_LONGEST} tokens ({LOOKUP_KEY}, the default)")
-    return int(value)
+    return env_count("SPECEXTEND_LOOKUP_MIN_MATCH", LOOKUP_KEY, 1, LOOKUP_LONGEST,
+                     "tokens")
 
 
 def bonus_positions(positions: torch.Tensor, query_start_loc: torch.Tensor,

@@ -32,11 +32,11 @@ it is handed).
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import torch
 
+from vllm_specextend.config.switches import env_flag
 from vllm_specextend.drafting.prompt_pool import FirstPassPositions
 from vllm_specextend.retrieval.retriever import FillRows
 from vllm_specextend.retrieval.staging import copy_to
@@ -120,11 +120,8 @@ def fill_in_graphs() -> bool:
     ran 1.06x plain end to end against the eager forward's 1.16x, so off by
     default. Read from the workers' environment when the config is taken
     (``Reconfigurable``)."""
-    value = os.environ.get("SPECEXTEND_FILL_IN_GRAPHS") or "0"
-    if value not in ("0", "1"):
-        raise ValueError(f"SPECEXTEND_FILL_IN_GRAPHS={value!r}: use 1 (forwards "
-                         "within the draft's largest CUDA graph) or 0 (the default)")
-    return value == "1"
+    return env_flag("SPECEXTEND_FILL_IN_GRAPHS",
+                    "forwards within the draft's largest CUDA graph")
 
 
 def rows_per_forward(row_tokens: int, max_num_tokens: int,

@@ -28,12 +28,12 @@ before it becomes a default.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from vllm_specextend.config.switches import env_count
 from vllm_specextend.drafting.deferral import SHARED
 from vllm_specextend.drafting.view import View, build_view
 
@@ -47,11 +47,7 @@ def piece_tokens() -> int:
     """``PIECE_TOKENS``, or ``SPECEXTEND_PROMPT_PIECE=N``: an experiment
     switch (``benchmarks/realpair``) and the CPU tests' short prompts, read
     from the workers' environment."""
-    value = os.environ.get("SPECEXTEND_PROMPT_PIECE") or str(PIECE_TOKENS)
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"SPECEXTEND_PROMPT_PIECE={value!r}: use a positive count "
-                         f"of tokens (default {PIECE_TOKENS})")
-    return int(value)
+    return env_count("SPECEXTEND_PROMPT_PIECE", PIECE_TOKENS, 1, unit="tokens")
 
 
 @dataclass

@@ -14,14 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-def _env_choice(name: str, default: str, other: str) -> str:
-    """``name``'s value in the environment, ``default`` where unset or empty;
-    anything but the two values is refused by name."""
-    value = os.environ.get(name) or default
-    if value not in (default, other):
-        raise ValueError(f"{name}={value!r}: use {default!r} (the default) or {other!r}")
-    return value
+from vllm_specextend.config.switches import env_choice
 
 
 @dataclass(frozen=True)
@@ -55,9 +48,9 @@ class DraftTuning:
     def from_env(cls, device: torch.device) -> DraftTuning:
         if device.type != "cuda":
             return cls()
-        argmax_name = _env_choice("SPECEXTEND_DRAFT_ARGMAX", "triton", "torch")
-        aot = _env_choice("SPECEXTEND_DRAFT_AOT", "1", "0")
-        early = _env_choice("SPECEXTEND_EARLY_OUTPUT_COPY", "1", "0")
+        argmax_name = env_choice("SPECEXTEND_DRAFT_ARGMAX", "triton", "torch")
+        aot = env_choice("SPECEXTEND_DRAFT_AOT", "1", "0")
+        early = env_choice("SPECEXTEND_EARLY_OUTPUT_COPY", "1", "0")
         splits = os.environ.get("SPECEXTEND_DRAFT_ATTN_SPLITS") or None
         if splits is not None and not (splits.isdigit() and int(splits) > 0):
             raise ValueError(f"SPECEXTEND_DRAFT_ATTN_SPLITS={splits!r}: use a positive "

@@ -12,12 +12,12 @@ Pure torch; no vLLM.
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import torch
 
 from vllm_specextend.config import SpecExtendConfig
+from vllm_specextend.config.switches import env_count, env_flag
 
 
 def window_start(cfg: SpecExtendConfig, anchor):
@@ -194,11 +194,7 @@ def fill_context(name: str = "SPECEXTEND_FILL_CONTEXT") -> bool:
     Experiments on the real pair's copy tasks (realpair modes
     ``spec_extend_fillctx``, ``spec_extend_ctx``), read from the workers'
     environment."""
-    value = os.environ.get(name) or "0"
-    if value not in ("0", "1"):
-        raise ValueError(f"{name}={value!r}: use 1 (each chunk with the one "
-                         "before it) or 0 (the default)")
-    return value == "1"
+    return env_flag(name, "each chunk with the one before it")
 
 
 def pool_follow(name: str = "SPECEXTEND_POOL_FOLLOW") -> int:
@@ -208,8 +204,4 @@ def pool_follow(name: str = "SPECEXTEND_POOL_FOLLOW") -> int:
     fill's chunks (``draft_pool_fill``) so, where a copy reads next.
     Experiments on copy tasks with the real pair (``benchmarks/realpair``),
     read from the workers' environment on any device."""
-    value = os.environ.get(name) or "0"
-    if not value.isdigit():
-        raise ValueError(f"{name}={value!r}: use a count of chunks "
-                         "(0, the default: the top chunks alone)")
-    return int(value)
+    return env_count(name, 0, unit="chunks")
