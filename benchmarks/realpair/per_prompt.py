@@ -6,10 +6,12 @@ row per file: each prompt's accepted length (1 + accepted / drafts), all of
 them together, the ratio to the first file's (the reference), and how many
 outputs equal a plain run's (``--plain``, a ``run.py`` file of the same
 prompts at the same batch size; any host: greedy bf16 outputs compared
-token for token, the first difference shown).
+token for token, the first difference shown). Batch-1 records only: a
+batch's counts are its call's, not a prompt's. ``--cell group:context``
+keeps one cell's prompts (a grid's file holds several).
 
     python -m benchmarks.realpair.per_prompt REF.json OTHER.json ... \\
-        [--plain PLAIN.json]
+        [--plain PLAIN.json] [--cell copy:16384]
 """
 
 from __future__ import annotations
@@ -28,10 +30,19 @@ def acceptance(records: list[dict]) -> float:
     return 1.0 + accepted / drafts if drafts else 1.0
 
 
-def table(files: list[Path], plain: Path | None = None) -> str:
+def _prompts(result: dict, cell: str | None) -> dict[str, dict]:
+    """``result``'s batch-1 records by id, of ``cell`` (group:context) alone
+    where given."""
+    return {r["id"]: r for r in result["records"] if r["batch"] == 1
+            and (cell is None or f"{r['group']}:{r['context']}" == cell)}
+
+
+def table(files: list[Path], plain: Path | None = None, cell: str | None = None) -> str:
     """The markdown table of ``files`` (the first the reference)."""
     results = [json.loads(f.read_text()) for f in files]
-    ids = [r["id"] for r in results[0]["records"]]
+    ids = list(_prompts(results[0], cell))
+    if not ids:
+        raise SystemExit(f"{files[0]}: no batch-1 record" + (f" of {cell}" if cell else ""))
     base = None
     if plain is not None:
         base = {(r["id"], r["batch"]): r["output_ids"]
@@ -42,7 +53,7 @@ def table(files: list[Path], plain: Path | None = None) -> str:
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     first = None
     for path, result in zip(files, results, strict=True):
-        records = {r["id"]: r for r in result["records"]}
+        records = _prompts(result, cell)
         missing = [i for i in ids if i not in records]
         if missing:
             raise SystemExit(f"{path}: no record of {', '.join(missing)}: compare "
@@ -68,8 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", type=Path, nargs="+")
     ap.add_argument("--plain", type=Path)
+    ap.add_argument("--cell", help="group:context, e.g. copy:16384 (default: all)")
     args = ap.parse_args(argv)
-    print(table(args.files, args.plain))
+    print(table(args.files, args.plain, args.cell))
     return 0
 
 

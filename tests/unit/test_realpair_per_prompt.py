@@ -41,3 +41,25 @@ def test_files_of_other_prompts_are_refused(tmp_path):
     other.write_text(json.dumps({"mode": "x", "records": []}))
     with pytest.raises(SystemExit, match="no record of p0"):
         table([ref, other])
+
+
+def test_batch_records_and_other_cells_are_left_out(tmp_path):
+    """A grid's file holds each prompt at batch 1 and in a batch of 8 (whose
+    counts are the call's): the batch-1 record is the prompt's; --cell keeps
+    one group and context."""
+    def record(i, group, batch, drafts, accepted):
+        return {"id": f"{group}-{i}", "group": group, "context": 16384, "batch": batch,
+                "spec": {"drafts": drafts, "accepted_tokens": accepted},
+                "output_ids": [i]}
+
+    path = tmp_path / "grid.json"
+    path.write_text(json.dumps({"mode": "m", "records": [
+        record(0, "copy", 1, 10, 30), record(0, "other", 1, 10, 10),
+        record(0, "copy", 8, 100, 100)]}))
+    lines = table([path]).splitlines()
+    assert lines[0] == "| mode | file | copy-0 | other-0 | all | × first |"
+    assert lines[2] == "| m | grid.json | 4.000 | 2.000 | 3.000 | 1.00 |"
+    assert table([path], cell="copy:16384").splitlines()[2] == (
+        "| m | grid.json | 4.000 | 4.000 | 1.00 |")
+    with pytest.raises(SystemExit, match="no batch-1 record of copy:8192"):
+        table([path], cell="copy:8192")
