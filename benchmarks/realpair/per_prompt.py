@@ -42,7 +42,8 @@ def table(files: list[Path], plain: Path | None = None, cell: str | None = None)
     results = [json.loads(f.read_text()) for f in files]
     ids = list(_prompts(results[0], cell))
     if not ids:
-        raise SystemExit(f"{files[0]}: no batch-1 record" + (f" of {cell}" if cell else ""))
+        where = f" of {cell}" if cell else ""
+        raise SystemExit(f"{files[0]}: no batch-1 record{where}")
     base = None
     if plain is not None:
         base = {(r["id"], r["batch"]): r["output_ids"]

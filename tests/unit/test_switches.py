@@ -1,5 +1,7 @@
 """The environment switches' readers: defaults, accepted values, refusals by name."""
 
+import re
+
 import pytest
 
 from vllm_specextend.config.switches import env_choice, env_count, env_flag
@@ -7,7 +9,8 @@ from vllm_specextend.config.switches import env_choice, env_count, env_flag
 NAME = "SPECEXTEND_TEST_SWITCH"
 
 
-@pytest.mark.parametrize("value, want", [(None, "a"), ("", "a"), ("a", "a"), ("b", "b")])
+@pytest.mark.parametrize("value, want",
+                         [(None, "a"), ("", "a"), ("a", "a"), ("b", "b")])
 def test_a_choice_is_its_default_or_the_other(monkeypatch, value, want):
     if value is not None:
         monkeypatch.setenv(NAME, value)
@@ -16,7 +19,8 @@ def test_a_choice_is_its_default_or_the_other(monkeypatch, value, want):
 
 def test_a_choice_refuses_a_third_value_by_name(monkeypatch):
     monkeypatch.setenv(NAME, "c")
-    with pytest.raises(ValueError, match=f"{NAME}='c': use 'a' \\(the default\\) or 'b'"):
+    said = f"{NAME}='c': use 'a' \\(the default\\) or 'b'"
+    with pytest.raises(ValueError, match=said):
         env_choice(NAME, "a", "b")
 
 
@@ -34,7 +38,7 @@ def test_a_flag_refuses_what_is_not_0_or_1(monkeypatch, value):
         env_flag(NAME, "on")
 
 
-@pytest.mark.parametrize("value, want", [(None, 3), ("1", 1), ("8", 8)])
+@pytest.mark.parametrize("value, want", [(None, 3), ("", 3), ("1", 1), ("8", 8)])
 def test_a_count_within_its_bounds(monkeypatch, value, want):
     if value is not None:
         monkeypatch.setenv(NAME, value)
@@ -49,6 +53,5 @@ def test_a_count_within_its_bounds(monkeypatch, value, want):
 ])
 def test_a_count_refuses_what_is_out_of_bounds(monkeypatch, value, high, said):
     monkeypatch.setenv(NAME, value)
-    with pytest.raises(ValueError, match=f"{NAME}='{value}': " + said.replace("(", r"\(")
-                       .replace(")", r"\)")):
+    with pytest.raises(ValueError, match=re.escape(f"{NAME}='{value}': {said}")):
         env_count(NAME, 3, 1, high, "tokens")

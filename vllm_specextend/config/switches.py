@@ -33,8 +33,9 @@ def env_count(name: str, default: int, low: int = 0, high: int | None = None,
     """``name``'s whole number from ``low`` (to ``high`` where given),
     ``default`` where unset or empty; ``unit`` names what it counts."""
     value = os.environ.get(name) or str(default)
-    if not value.isdigit() or int(value) < low or (high is not None and int(value) > high):
+    count = int(value) if value.isdigit() else -1
+    if count < low or (high is not None and count > high):
         span = f"{low} to {high}" if high is not None else f"{low} or more"
         what = f"{span} {unit}".rstrip()
         raise ValueError(f"{name}={value!r}: use {what} ({default}, the default)")
-    return int(value)
+    return count

@@ -32,7 +32,6 @@ it is handed).
 
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 

@@ -12,7 +12,6 @@ Pure torch; no vLLM.
 
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 
