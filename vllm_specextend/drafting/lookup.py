@@ -157,19 +157,17 @@ class TokenHistory:
                          next_token_ids.to(torch.int32))
         return LookupRows(slots, bonus)
 
-    def look_up(self, rows: LookupRows, drafts: torch.Tensor,
-                num_tokens: int) -> torch.Tensor:
-        """``num_tokens`` proposals per row after the drafts: [B, num_tokens].
+    def match(self, rows: LookupRows, drafts: torch.Tensor,
+              num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's match for the sequence ``[..., bonus, d_1..d_r]``
+        (``drafts`` [B, r], r >= 0): its end and length, [B] each (end -1:
+        none; length counted up to ``LOOKUP_LONGEST``).
 
-        The sequence is ``[..., bonus, d_1..d_r]`` (``drafts`` [B, r]); an end
-        j <= bonus - 1 (one verified token after it at least) matches where
-        the history's tokens up to j equal the sequence's last ones, at least
-        ``min_match`` of them (``LOOKUP_KEY`` by default). The match taken is
-        the longest (counted up to ``LOOKUP_LONGEST``), then one whose
-        ``num_tokens`` followers are all verified, then the latest; its
-        followers at j+1.. are the proposals.
-        Those past the verified end, and rows without a match, repeat d_r
-        (the target rejects them)."""
+        An end j <= bonus - 1 (one verified token after it at least) matches
+        where the history's tokens up to j equal the sequence's last ones, at
+        least ``min_match`` of them (``LOOKUP_KEY`` by default). The match
+        taken is the longest, then one whose ``num_tokens`` followers are all
+        verified, then the latest."""
         n, top, w = self.min_match, LOOKUP_LONGEST, self.width
         history = self.tokens[rows.slots]  # [B, W]
         bonus = rows.bonus  # [B]
@@ -193,11 +191,27 @@ class TokenHistory:
         # (2 * LOOKUP_LONGEST + 2) * W). [B, W]
         rank = torch.where(usable, (length * 2 + full) * w + ends[None, :], -1)
         best = rank.max(dim=1).values  # [B]
-        end = torch.where(best >= 0, best % w, -1)
-        follow = end[:, None] + torch.arange(1, num_tokens + 1, device=bonus.device)
-        found = history.gather(1, follow.clamp(0, w - 1))  # [B, num_tokens]
-        # Past the verified end, no match, or a -1 a fill copied: no proposal.
-        valid = (end[:, None] >= 0) & (follow <= bonus[:, None]) & (found >= 0)
+        found = best >= 0
+        return torch.where(found, best % w, -1), torch.where(found, best // (2 * w), 0)
+
+    def followers(self, rows: LookupRows, end: torch.Tensor,
+                  num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``num_tokens`` tokens after each row's match ``end`` [B] and
+        whether each is a proposal (verified, matched, no -1 a fill copied):
+        [B, num_tokens] each."""
+        history = self.tokens[rows.slots]  # [B, W]
+        follow = end[:, None] + torch.arange(1, num_tokens + 1, device=end.device)
+        found = history.gather(1, follow.clamp(0, self.width - 1))  # [B, num_tokens]
+        valid = (end[:, None] >= 0) & (follow <= rows.bonus[:, None]) & (found >= 0)
+        return found, valid
+
+    def look_up(self, rows: LookupRows, drafts: torch.Tensor,
+                num_tokens: int) -> torch.Tensor:
+        """``num_tokens`` proposals per row after the drafts (``match``'s
+        followers): [B, num_tokens]. Those past the verified end, and rows
+        without a match, repeat d_r (the target rejects them)."""
+        end, _ = self.match(rows, drafts, num_tokens)
+        found, valid = self.followers(rows, end, num_tokens)
         filler = drafts[:, -1:].to(torch.int32)  # [B, 1]
         return torch.where(valid, found, filler).to(drafts.dtype)
 

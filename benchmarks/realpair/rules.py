@@ -1,0 +1,153 @@
+"""Drafting rules scored offline: the draft's forecast and the lookup over
+plain decoding's real answers (CPU).
+
+Why: a rule that chooses, position by position, between the draft model's
+token and the lookup's decides how many tokens a step accepts, and that
+depends only on tokens: the answer (plain decoding's greedy output, which
+every lossless mode reproduces), the lookup's proposals
+(``drafting/lookup.py``, run here on the CPU) and the draft's own greedy
+token after the answer's true prefix (``forecast.py``, one teacher-forced
+forward a prompt on the GPU). While a step's proposals are right the draft
+sees that true prefix, and its first miss ends the step, so the score is
+exact for a draft that reads the whole context (the plugin's reads its view:
+the grid measures that). Rules, for K proposals a step:
+
+- ``draft``: the draft all K (vLLM's ``draft_model``);
+- ``then:r``: the draft r, the lookup the K - r after them, from one match
+  keyed on ``[..., bonus, d_1..d_r]`` (the plugin's ``lookup_tokens``);
+- ``led:r:T``: as ``then:r``, but at each of the first r positions the
+  lookup's next token where its match is at least T tokens long, else the
+  draft's;
+- ``lookup``: the lookup all K from the bonus token (no draft).
+
+    python -m benchmarks.realpair.rules --cases CASES --outputs PLAIN.json \\
+        --forecast FORECAST.json --k 12 --rules draft then:3 led:3:8 --out FILE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from benchmarks.harness.meta import run_metadata
+from benchmarks.realpair import tasks
+from vllm_specextend.drafting import lookup
+
+
+def parse_rule(text: str, k: int) -> tuple[str, int, int]:
+    """``draft`` | ``then:r`` | ``led:r:T`` | ``lookup`` -> (kind, r, T)."""
+    kind, *nums = text.split(":")
+    shapes = {"draft": 0, "lookup": 0, "then": 1, "led": 2}
+    if kind not in shapes or len(nums) != shapes[kind] \
+            or not all(n.isdigit() for n in nums):
+        raise ValueError(f"rule {text!r}: draft, then:r, led:r:T or lookup")
+    r = {"draft": k, "lookup": 0}.get(kind, int(nums[0]) if nums else 0)
+    t = int(nums[1]) if kind == "led" else 0
+    if not 0 <= r <= k or (kind == "led" and not 1 <= t <= lookup.LOOKUP_LONGEST):
+        raise ValueError(f"rule {text!r}: r in 0..K={k}, T in 1..{lookup.LOOKUP_LONGEST}")
+    return kind, r, t
+
+
+def score(prompt: list[int], answer: list[int], forecast: list[int], k: int,
+          rule: tuple[str, int, int]) -> tuple[int, int]:
+    """(steps, proposals accepted) over one answer under ``rule``; the first
+    answer token is the prompt step's sample, so steps start after it."""
+    kind, r, t = rule
+    seq = torch.tensor(prompt + answer, dtype=torch.int32)
+    history = lookup.TokenHistory(1, len(seq), k, torch.device("cpu"))
+    history.fill(0, seq)
+    slot = torch.zeros(1, dtype=torch.int64)
+    truth = seq.tolist()
+    base = len(prompt)
+    steps = accepted = 0
+    bonus = base  # the sequence index of the step's bonus token
+    while bonus + 1 < len(truth):
+        rows = lookup.LookupRows(slot, torch.tensor([bonus], dtype=torch.int64))
+        held = 0
+        for i in range(min(r, k)):  # the drafted positions
+            at = bonus + 1 + i
+            if at >= len(truth):
+                break
+            token = forecast[at - base]
+            if kind == "led":
+                prefix = seq[bonus + 1: at][None].to(torch.int64)  # right so far
+                end, length = history.match(rows, prefix, 1)
+                found, valid = history.followers(rows, end, 1)
+                if bool(valid[0, 0]) and int(length[0]) >= t:
+                    token = int(found[0, 0])
+            if token != truth[at]:
+                break
+            held += 1
+        if held == r and r < k:  # the looked-up positions
+            drafts = seq[bonus + 1: bonus + 1 + r][None].to(torch.int64)
+            if r == 0:  # keyed on the bonus token alone; no draft to repeat
+                end, _ = history.match(rows, drafts, k)
+                found, valid = history.followers(rows, end, k)
+                proposed = torch.where(valid, found, -1)[0]
+            else:
+                proposed = history.look_up(rows, drafts, k - r)[0]
+            for token in proposed.tolist():
+                at = bonus + 1 + held
+                if at >= len(truth) or token != truth[at]:
+                    break
+                held += 1
+        steps, accepted = steps + 1, accepted + held
+        bonus += 1 + held
+    return steps, accepted
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", required=True, help="the grid's cases.jsonl.gz")
+    ap.add_argument("--outputs", required=True, type=Path,
+                    help="the run.py result file of plain decoding the forecast read")
+    ap.add_argument("--forecast", required=True, type=Path, help="forecast.py's file")
+    ap.add_argument("--model", default=None,
+                    help="the forecast's model (default: the first in the file)")
+    ap.add_argument("--k", type=int, default=12)
+    ap.add_argument("--rules", nargs="+", default=["draft", "then:3", "lookup"])
+    ap.add_argument("--out", required=True, type=Path)
+    args = ap.parse_args(argv)
+    try:
+        rules = {text: parse_rule(text, args.k) for text in args.rules}
+    except ValueError as e:
+        ap.error(str(e))
+    header, cases = tasks.load_cases(args.cases)
+    outputs = json.loads(args.outputs.read_text())
+    fc = json.loads(args.forecast.read_text())
+    for name, meta in (("outputs", outputs["meta"]), ("forecast", fc["meta"])):
+        if meta.get("cases_sha256") != header["sha256"]:
+            ap.error(f"--{name} answered other cases than {args.cases}")
+    model = args.model or next(iter(fc["models"]))
+    forecasts = fc["models"][model]["forecast"]
+    prompts = {c.id: c.prompt_ids for c in cases}
+    records = [r for r in outputs["records"]
+               if r["batch"] == 1 and r["id"] in forecasts and r["id"] in prompts]
+    rows, per_prompt = [], {}
+    for text, rule in rules.items():
+        cells: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0])
+        for r in records:
+            steps, held = score(prompts[r["id"]], r["output_ids"], forecasts[r["id"]],
+                                args.k, rule)
+            per_prompt.setdefault(r["id"], {})[text] = round(1 + held / max(steps, 1), 3)
+            cell = cells[(r["group"], r["context"])]
+            cell[0], cell[1], cell[2] = cell[0] + 1, cell[1] + steps, cell[2] + held
+        for (group, context), (n, steps, held) in sorted(cells.items()):
+            rows.append({"rule": text, "k": args.k, "task": group, "context": context,
+                         "prompts": n, "steps": steps,
+                         "acc_len": round(1 + held / steps, 3)})
+    result = {"meta": run_metadata(args, cases_sha256=header["sha256"]), "model": model,
+              "rows": rows, "per_prompt": per_prompt}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    for row in rows:
+        print(json.dumps(row))  # noqa: T201
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
