@@ -18,7 +18,16 @@ the grid measures that). Rules, for K proposals a step:
 - ``led:r:T``: as ``then:r``, but at each of the first r positions the
   lookup's next token where its match is at least T tokens long, else the
   draft's;
-- ``lookup``: the lookup all K from the bonus token (no draft).
+- ``lookup``: the lookup all K from the bonus token (no draft);
+- ``adapt:lo:hi``: as ``then:lo``, but a step drafts hi where the step two
+  before it (what the host knows under async scheduling) held all its
+  drafts and none of its looked-up tokens: the lookup misses, the draft
+  holds.
+
+Beside the accepted length, ``est_ms_per_token`` prices a step at
+``--step-ms`` plus ``--draft-ms`` per drafted token (defaults: the H100
+profile at 16K, 2026-12-06: a 9.2 ms step of which three draft forwards
+3.5 ms): a rule's cost in draft forwards, not a measurement.
 
     python -m benchmarks.realpair.rules --cases CASES --outputs PLAIN.json \\
         --forecast FORECAST.json --k 12 --rules draft then:3 led:3:8 --out FILE.json
@@ -41,31 +50,36 @@ from vllm_specextend.drafting import lookup
 def parse_rule(text: str, k: int) -> tuple[str, int, int]:
     """``draft`` | ``then:r`` | ``led:r:T`` | ``lookup`` -> (kind, r, T)."""
     kind, *nums = text.split(":")
-    shapes = {"draft": 0, "lookup": 0, "then": 1, "led": 2}
+    shapes = {"draft": 0, "lookup": 0, "then": 1, "led": 2, "adapt": 2}
     if kind not in shapes or len(nums) != shapes[kind] \
             or not all(n.isdigit() for n in nums):
-        raise ValueError(f"rule {text!r}: draft, then:r, led:r:T or lookup")
+        raise ValueError(f"rule {text!r}: draft, then:r, led:r:T, adapt:lo:hi or lookup")
     r = {"draft": k, "lookup": 0}.get(kind, int(nums[0]) if nums else 0)
-    t = int(nums[1]) if kind == "led" else 0
-    if not 0 <= r <= k or (kind == "led" and not 1 <= t <= lookup.LOOKUP_LONGEST):
-        raise ValueError(f"rule {text!r}: r in 0..K={k}, T in 1..{lookup.LOOKUP_LONGEST}")
+    t = int(nums[1]) if kind in ("led", "adapt") else 0
+    if not 0 <= r <= k or (kind == "led" and not 1 <= t <= lookup.LOOKUP_LONGEST) \
+            or (kind == "adapt" and not r < t <= k):
+        raise ValueError(f"rule {text!r}: r in 0..K={k}, T in 1..{lookup.LOOKUP_LONGEST}, "
+                         "lo < hi <= K")
     return kind, r, t
 
 
 def score(prompt: list[int], answer: list[int], forecast: list[int], k: int,
-          rule: tuple[str, int, int]) -> tuple[int, int]:
-    """(steps, proposals accepted) over one answer under ``rule``; the first
-    answer token is the prompt step's sample, so steps start after it."""
-    kind, r, t = rule
+          rule: tuple[str, int, int]) -> tuple[int, int, int]:
+    """(steps, proposals accepted, tokens drafted) over one answer under
+    ``rule``; the first answer token is the prompt step's sample, so steps
+    start after it."""
+    kind, lo, t = rule
+    misses = [False, False]  # the last two steps: drafts held, lookup missed
     seq = torch.tensor(prompt + answer, dtype=torch.int32)
     history = lookup.TokenHistory(1, len(seq), k, torch.device("cpu"))
     history.fill(0, seq)
     slot = torch.zeros(1, dtype=torch.int64)
     truth = seq.tolist()
     base = len(prompt)
-    steps = accepted = 0
+    steps = accepted = drafted = 0
     bonus = base  # the sequence index of the step's bonus token
     while bonus + 1 < len(truth):
+        r = t if kind == "adapt" and misses[0] else lo
         rows = lookup.LookupRows(slot, torch.tensor([bonus], dtype=torch.int64))
         held = 0
         for i in range(min(r, k)):  # the drafted positions
@@ -82,6 +96,7 @@ def score(prompt: list[int], answer: list[int], forecast: list[int], k: int,
             if token != truth[at]:
                 break
             held += 1
+        drafts_held = held == r
         if held == r and r < k:  # the looked-up positions
             drafts = seq[bonus + 1: bonus + 1 + r][None].to(torch.int64)
             if r == 0:  # keyed on the bonus token alone; no draft to repeat
@@ -95,9 +110,10 @@ def score(prompt: list[int], answer: list[int], forecast: list[int], k: int,
                 if at >= len(truth) or token != truth[at]:
                     break
                 held += 1
-        steps, accepted = steps + 1, accepted + held
+        misses = [misses[1], drafts_held and held == r and r < k]
+        steps, accepted, drafted = steps + 1, accepted + held, drafted + min(r, k)
         bonus += 1 + held
-    return steps, accepted
+    return steps, accepted, drafted
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the forecast's model (default: the first in the file)")
     ap.add_argument("--k", type=int, default=12)
     ap.add_argument("--rules", nargs="+", default=["draft", "then:3", "lookup"])
+    ap.add_argument("--step-ms", type=float, default=5.7,
+                    help="a step's cost without its drafted tokens (ms)")
+    ap.add_argument("--draft-ms", type=float, default=1.15, help="a drafted token's (ms)")
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args(argv)
     try:
@@ -129,17 +148,21 @@ def main(argv: list[str] | None = None) -> int:
                if r["batch"] == 1 and r["id"] in forecasts and r["id"] in prompts]
     rows, per_prompt = [], {}
     for text, rule in rules.items():
-        cells: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0])
+        cells: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
         for r in records:
-            steps, held = score(prompts[r["id"]], r["output_ids"], forecasts[r["id"]],
-                                args.k, rule)
+            steps, held, drafted = score(prompts[r["id"]], r["output_ids"],
+                                         forecasts[r["id"]], args.k, rule)
             per_prompt.setdefault(r["id"], {})[text] = round(1 + held / max(steps, 1), 3)
             cell = cells[(r["group"], r["context"])]
-            cell[0], cell[1], cell[2] = cell[0] + 1, cell[1] + steps, cell[2] + held
-        for (group, context), (n, steps, held) in sorted(cells.items()):
+            for i, v in enumerate((1, steps, held, drafted)):
+                cell[i] += v
+        for (group, context), (n, steps, held, drafted) in sorted(cells.items()):
+            ms = steps * args.step_ms + drafted * args.draft_ms
             rows.append({"rule": text, "k": args.k, "task": group, "context": context,
                          "prompts": n, "steps": steps,
-                         "acc_len": round(1 + held / steps, 3)})
+                         "acc_len": round(1 + held / steps, 3),
+                         "drafted_per_step": round(drafted / steps, 2),
+                         "est_ms_per_token": round(ms / (steps + held), 3)})
     result = {"meta": run_metadata(args, cases_sha256=header["sha256"]), "model": model,
               "rows": rows, "per_prompt": per_prompt}
     args.out.parent.mkdir(parents=True, exist_ok=True)

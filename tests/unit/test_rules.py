@@ -15,14 +15,14 @@ PROMPT = list(range(10, 60)) + PASSAGE + list(range(100, 140))
 
 def test_a_draft_that_knows_the_answer_fills_every_step():
     # 30 answer tokens: the prompt's sample, then steps of 1 + 4 accepted.
-    steps, held = score(PROMPT, PASSAGE, PASSAGE, 4, parse_rule("draft", 4))
+    steps, held, _ = score(PROMPT, PASSAGE, PASSAGE, 4, parse_rule("draft", 4))
     assert (steps, held) == (6, 24)  # bonus tokens at 0, 5, .., 25; 4 at the end
 
 
 def test_the_plugins_rule_looks_up_after_the_drafts():
     # Step 1: bonus [0], drafts [1:4] right, the lookup's 8 from the prompt
     # [4:12]; step 2: bonus [12], [13:24]; step 3: bonus [24], [25:30].
-    steps, held = score(PROMPT, PASSAGE, PASSAGE, 11, parse_rule("then:3", 11))
+    steps, held, _ = score(PROMPT, PASSAGE, PASSAGE, 11, parse_rule("then:3", 11))
     assert (steps, held) == (3, 11 + 11 + 5)
 
 
@@ -31,24 +31,24 @@ def test_a_wrong_draft_ends_the_step_where_a_led_lookup_holds():
     wrong = [7] * len(PASSAGE)
     then = score(PROMPT, PASSAGE, wrong, 8, parse_rule("then:3", 8))
     led = score(PROMPT, PASSAGE, wrong, 8, parse_rule("led:3:3", 8))
-    assert then == (29, 0)  # every step 1 token: the bonus
+    assert then[:2] == (29, 0)  # every step 1 token: the bonus
     # Bonus tokens PASSAGE[0] and [1] match 1 and 2 tokens (the prompt's
     # token before the passage differs): the draft's wrong token. From [2]
     # on the match is 3 long and the lookup leads all 8: bonus 2, 11, 20.
-    assert led == (5, 24)
+    assert led[:2] == (5, 24)
     # A match of 8 first at bonus [7]: 7 steps of nothing, then 8, 8 and 4.
-    assert score(PROMPT, PASSAGE, wrong, 8, parse_rule("led:3:8", 8)) == (10, 20)
+    assert score(PROMPT, PASSAGE, wrong, 8, parse_rule("led:3:8", 8))[:2] == (10, 20)
 
 
 def test_lookup_alone_proposes_from_the_bonus_token():
     answer = PASSAGE[:10]
-    steps, held = score(PROMPT, answer, [7] * 10, 4, parse_rule("lookup", 4))
+    steps, held, _ = score(PROMPT, answer, [7] * 10, 4, parse_rule("lookup", 4))
     # Bonus tokens [0] and [1]: keys of 1 and 2 tokens, nothing; from [2]
     # the lookup proposes [3:7], then [8:10] until the answer ends.
     assert (steps, held) == (4, 6)
 
 
-@pytest.mark.parametrize("text", ["then", "led:3", "led:3:0", "then:13", "other"])
+@pytest.mark.parametrize("text", ["then", "led:3", "led:3:0", "then:13", "adapt:3:3", "other"])
 def test_bad_rules_are_refused(text):
     with pytest.raises(ValueError):
         parse_rule(text, 12)
@@ -77,3 +77,12 @@ def test_the_forecast_is_the_models_greedy_token_after_each_prefix():
         want = [int(model(torch.tensor([prompt + other[:i]])).logits[0, -1].argmax())
                 for i in range(len(other))]
     assert got == want
+
+
+def test_adapt_drafts_more_two_steps_after_the_lookup_missed():
+    # An answer the prompt does not hold, a draft that knows it: the lookup
+    # never holds, so from the third step (the host knows the first) the
+    # rule drafts 6: bonus tokens at 0, 4, 8, 15, 22, 29 and 36.
+    answer = list(range(500, 540))
+    assert score(PROMPT, answer, answer, 12, parse_rule("then:3", 12)) == (10, 30, 30)
+    assert score(PROMPT, answer, answer, 12, parse_rule("adapt:3:6", 12)) == (7, 33, 36)
