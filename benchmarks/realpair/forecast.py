@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cells", nargs="*", default=None,
                     help="group:context cells to forecast (default: every batch-1 one)")
     ap.add_argument("--limit", type=int, default=None, help="prompts a cell (a probe)")
+    ap.add_argument("--skip", nargs="*", default=[], help="prompt ids left out")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args(argv)
@@ -78,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     records, per_cell = [], {}
     for r in outputs["records"]:
         cell = (r["group"], str(r["context"]))
-        if r["batch"] != 1 or r["id"] not in prompts or (wanted and cell not in wanted):
+        if r["batch"] != 1 or r["id"] not in prompts or r["id"] in args.skip \
+                or (wanted and cell not in wanted):
             continue
         per_cell[cell] = per_cell.get(cell, 0) + 1
         if args.limit is None or per_cell[cell] <= args.limit:
@@ -86,22 +88,22 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     result = {"meta": run_metadata(args, cases_sha256=header["sha256"]),
               "outputs": str(args.outputs), "models": {}}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     for path in args.model:
         t0 = time.perf_counter()
         model = load(path, args.device, dtype)
         rows = {}
+        entry = result["models"][Path(path).name] = {"path": path, "forecast": rows}
         for r in records:
             rows[r["id"]] = forecast(model, prompts[r["id"]], r["output_ids"])
             same = sum(a == b for a, b in zip(rows[r["id"]], r["output_ids"]))
             print(f"{Path(path).name} {r['id']}: {same} of {len(rows[r['id']])} "  # noqa: T201
                   "tokens as the answer's", flush=True)
-        result["models"][Path(path).name] = {"path": path, "forecast": rows,
-                                             "seconds": round(time.perf_counter() - t0, 1)}
+            entry["seconds"] = round(time.perf_counter() - t0, 1)
+            args.out.write_text(json.dumps(result))  # each prompt's as it comes
         del model
         if args.device == "cuda":
             torch.cuda.empty_cache()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result))
     return 0
 
 

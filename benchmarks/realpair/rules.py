@@ -19,6 +19,8 @@ the grid measures that). Rules, for K proposals a step:
   lookup's next token where its match is at least T tokens long, else the
   draft's;
 - ``lookup``: the lookup all K from the bonus token (no draft);
+- ``ngram``: vLLM's prompt lookup at its defaults (``ngram_proposer``: the
+  last 5 tokens' earliest earlier match, up to K tokens after it);
 - ``adapt:lo:hi``: as ``then:lo``, but a step drafts hi where the step two
   before it (what the host knows under async scheduling) held all its
   drafts and none of its looked-up tokens: the lookup misses, the draft
@@ -40,27 +42,46 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from benchmarks.harness.meta import run_metadata
 from benchmarks.realpair import tasks
 from vllm_specextend.drafting import lookup
 
+VLLM_NGRAM = 5
+"""vLLM's ``prompt_lookup_min`` and ``_max`` where neither is set."""
+
 
 def parse_rule(text: str, k: int) -> tuple[str, int, int]:
     """``draft`` | ``then:r`` | ``led:r:T`` | ``lookup`` -> (kind, r, T)."""
     kind, *nums = text.split(":")
-    shapes = {"draft": 0, "lookup": 0, "then": 1, "led": 2, "adapt": 2}
+    shapes = {"draft": 0, "lookup": 0, "ngram": 0, "then": 1, "led": 2, "adapt": 2}
     if kind not in shapes or len(nums) != shapes[kind] \
             or not all(n.isdigit() for n in nums):
-        raise ValueError(f"rule {text!r}: draft, then:r, led:r:T, adapt:lo:hi or lookup")
-    r = {"draft": k, "lookup": 0}.get(kind, int(nums[0]) if nums else 0)
+        raise ValueError(f"rule {text!r}: draft, then:r, led:r:T, adapt:lo:hi, lookup "
+                         "or ngram")
+    r = {"draft": k, "lookup": 0, "ngram": 0}.get(kind, int(nums[0]) if nums else 0)
     t = int(nums[1]) if kind in ("led", "adapt") else 0
     if not 0 <= r <= k or (kind == "led" and not 1 <= t <= lookup.LOOKUP_LONGEST) \
             or (kind == "adapt" and not r < t <= k):
         raise ValueError(f"rule {text!r}: r in 0..K={k}, T in 1..{lookup.LOOKUP_LONGEST}, "
                          "lo < hi <= K")
     return kind, r, t
+
+
+def vllm_ngram(tokens: np.ndarray, k: int, n: int = VLLM_NGRAM) -> np.ndarray:
+    """vLLM 0.26's prompt lookup at its default sizes (min = max = n): the
+    earliest earlier occurrence of the last n tokens, and up to k tokens
+    after it (which may reach into the last n themselves)."""
+    if len(tokens) <= n:
+        return tokens[:0]
+    windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)  # [L - n, n]
+    hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
+    if len(hits) == 0:
+        return tokens[:0]
+    start = hits[0] + n
+    return tokens[start: start + k]
 
 
 def score(prompt: list[int], answer: list[int], forecast: list[int], k: int,
@@ -78,8 +99,16 @@ def score(prompt: list[int], answer: list[int], forecast: list[int], k: int,
     base = len(prompt)
     steps = accepted = drafted = 0
     bonus = base  # the sequence index of the step's bonus token
+    array = np.asarray(truth)
     while bonus + 1 < len(truth):
         r = t if kind == "adapt" and misses[0] else lo
+        if kind == "ngram":
+            proposed = vllm_ngram(array[: bonus + 1], k)
+            truth_next = array[bonus + 1: bonus + 1 + len(proposed)]
+            held = int(np.cumprod(proposed[: len(truth_next)] == truth_next).sum())
+            steps, accepted = steps + 1, accepted + held
+            bonus += 1 + held
+            continue
         rows = lookup.LookupRows(slot, torch.tensor([bonus], dtype=torch.int64))
         held = 0
         for i in range(min(r, k)):  # the drafted positions

@@ -3,6 +3,7 @@ forecast itself (benchmarks.realpair.forecast)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -86,3 +87,23 @@ def test_adapt_drafts_more_two_steps_after_the_lookup_missed():
     answer = list(range(500, 540))
     assert score(PROMPT, answer, answer, 12, parse_rule("then:3", 12)) == (10, 30, 30)
     assert score(PROMPT, answer, answer, 12, parse_rule("adapt:3:6", 12)) == (7, 33, 36)
+
+
+def test_vllm_ngram_takes_the_earliest_five_token_match():
+    from benchmarks.realpair.rules import vllm_ngram
+
+    # The last 5 tokens [1..5] occur at 0 and 10: the earliest wins, and its
+    # followers may run into the sequence's own end.
+    tokens = np.array([1, 2, 3, 4, 5, 60, 61, 0, 0, 0, 1, 2, 3, 4, 5, 70, 1, 2, 3, 4, 5])
+    assert vllm_ngram(tokens, 3).tolist() == [60, 61, 0]
+    assert vllm_ngram(tokens[:9], 3).tolist() == []  # no earlier match
+    assert vllm_ngram(np.array([7, 7, 7, 7, 7, 7, 7]), 4).tolist() == [7, 7]
+
+
+def test_ngram_steps_without_a_proposal_count_as_steps():
+    # vLLM counts a draft only where the lookup proposed; the score counts
+    # every step, as the other rules do.
+    steps, held, drafted = score(PROMPT, PASSAGE[:12], [7] * 12, 4, parse_rule("ngram", 4))
+    # Bonus [0]..[3]: fewer than 5 quoted tokens verified, no proposal (4
+    # steps); from [4] the passage's followers: [5:9], then [10:12].
+    assert (steps, held, drafted) == (6, 6, 0)
