@@ -84,7 +84,7 @@ def vllm_ngram(tokens: np.ndarray, k: int, n: int = VLLM_NGRAM) -> np.ndarray:
     return tokens[start: start + k]
 
 
-def score(prompt: list[int], answer: list[int], forecast: list[int], k: int,
+def score(prompt: list[int], answer: list[int], forecast: list[int] | None, k: int,
           rule: tuple[str, int, int]) -> tuple[int, int, int]:
     """(steps, proposals accepted, tokens drafted) over one answer under
     ``rule``; the first answer token is the prompt step's sample, so steps
@@ -150,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", required=True, help="the grid's cases.jsonl.gz")
     ap.add_argument("--outputs", required=True, type=Path,
                     help="the run.py result file of plain decoding the forecast read")
-    ap.add_argument("--forecast", required=True, type=Path, help="forecast.py's file")
+    ap.add_argument("--forecast", type=Path, nargs="+", default=None,
+                    help="forecast.py's files, merged by prompt (the rules that draft)")
     ap.add_argument("--model", default=None,
                     help="the forecast's model (default: the first in the file)")
     ap.add_argument("--k", type=int, default=12)
@@ -164,23 +165,31 @@ def main(argv: list[str] | None = None) -> int:
         rules = {text: parse_rule(text, args.k) for text in args.rules}
     except ValueError as e:
         ap.error(str(e))
+    drafting = [t for t, (kind, r, _) in rules.items() if r > 0]
+    if drafting and args.forecast is None:
+        ap.error(f"rules {' '.join(drafting)} draft: give --forecast")
     header, cases = tasks.load_cases(args.cases)
     outputs = json.loads(args.outputs.read_text())
-    fc = json.loads(args.forecast.read_text())
-    for name, meta in (("outputs", outputs["meta"]), ("forecast", fc["meta"])):
+    files = [json.loads(f.read_text()) for f in args.forecast or []]
+    args.forecast = [str(f) for f in args.forecast or []]  # for the metadata
+    for name, meta in [("outputs", outputs["meta"])] + [("forecast", f["meta"]) for f in files]:
         if meta.get("cases_sha256") != header["sha256"]:
             ap.error(f"--{name} answered other cases than {args.cases}")
-    model = args.model or next(iter(fc["models"]))
-    forecasts = fc["models"][model]["forecast"]
+    model = args.model or (next(iter(files[0]["models"])) if files else None)
+    forecasts = None
+    if files:
+        if any(model not in f["models"] for f in files):
+            ap.error(f"--forecast: not every file holds {model}")
+        forecasts = {k: v for f in files for k, v in f["models"][model]["forecast"].items()}
     prompts = {c.id: c.prompt_ids for c in cases}
-    records = [r for r in outputs["records"]
-               if r["batch"] == 1 and r["id"] in forecasts and r["id"] in prompts]
+    records = [r for r in outputs["records"] if r["batch"] == 1 and r["id"] in prompts
+               and (forecasts is None or r["id"] in forecasts)]
     rows, per_prompt = [], {}
     for text, rule in rules.items():
         cells: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
         for r in records:
             steps, held, drafted = score(prompts[r["id"]], r["output_ids"],
-                                         forecasts[r["id"]], args.k, rule)
+                                         forecasts and forecasts[r["id"]], args.k, rule)
             per_prompt.setdefault(r["id"], {})[text] = round(1 + held / max(steps, 1), 3)
             cell = cells[(r["group"], r["context"])]
             for i, v in enumerate((1, steps, held, drafted)):
