@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.harness.meta import run_metadata
-from benchmarks.realpair import tasks
+from benchmarks.realpair import answers
 
 
 def forecast(model, prompt: list[int], answer: list[int]) -> list[int]:
@@ -69,18 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args(argv)
 
-    header, cases = tasks.load_cases(args.cases)
-    outputs = json.loads(args.outputs.read_text())
-    if outputs["meta"].get("cases_sha256") != header["sha256"]:
-        ap.error(f"{args.outputs} answered other cases than {args.cases} "
-                 "(their cases_sha256 differ)")
-    prompts = {c.id: c.prompt_ids for c in cases}
+    try:
+        header, prompts, answered = answers.load(args.cases, args.outputs)
+    except ValueError as e:
+        ap.error(str(e))
     wanted = None if args.cells is None else {tuple(c.split(":")) for c in args.cells}
     records, per_cell = [], {}
-    for r in outputs["records"]:
+    for r in answered:
         cell = (r["group"], str(r["context"]))
-        if r["batch"] != 1 or r["id"] not in prompts or r["id"] in args.skip \
-                or (wanted and cell not in wanted):
+        if r["id"] in args.skip or (wanted and cell not in wanted):
             continue
         per_cell[cell] = per_cell.get(cell, 0) + 1
         if args.limit is None or per_cell[cell] <= args.limit:

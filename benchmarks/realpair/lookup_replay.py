@@ -20,14 +20,13 @@ length. The cases must be the outputs' (``cases_sha256``).
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
 from benchmarks.harness.meta import run_metadata
-from benchmarks.realpair import tasks
+from benchmarks.realpair import answers
 from vllm_specextend.drafting import lookup
 
 
@@ -72,13 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.min_match) < 1 or any(m > n for m in args.min_match for n in args.longest):
         ap.error("--min-match: 1 to the smallest --longest")
 
-    header, cases = tasks.load_cases(args.cases)
-    outputs = json.loads(args.outputs.read_text())
-    if outputs["meta"].get("cases_sha256") != header["sha256"]:
-        ap.error(f"{args.outputs} answered other cases than {args.cases} "
-                 "(their cases_sha256 differ)")
-    prompts = {c.id: c.prompt_ids for c in cases}
-    records = [r for r in outputs["records"] if r["batch"] == 1 and r["id"] in prompts]
+    try:
+        header, prompts, records = answers.load(args.cases, args.outputs)
+    except ValueError as e:
+        ap.error(str(e))
     rows = []
     for min_match in args.min_match:
         for longest in args.longest:
@@ -101,10 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"meta": run_metadata(args, cases_sha256=header["sha256"]),
               "drafted": args.drafted,
               "looked_up": args.looked_up, "outputs": str(args.outputs), "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    for row in rows:
-        print(json.dumps(row))  # noqa: T201
+    answers.write(args.out, result)
     return 0
 
 

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from benchmarks.harness.meta import run_metadata
-from benchmarks.realpair import tasks
+from benchmarks.realpair import answers
 from vllm_specextend.drafting import lookup
 
 VLLM_NGRAM = 5
@@ -168,22 +168,21 @@ def main(argv: list[str] | None = None) -> int:
     drafting = [t for t, (kind, r, _) in rules.items() if r > 0]
     if drafting and args.forecast is None:
         ap.error(f"rules {' '.join(drafting)} draft: give --forecast")
-    header, cases = tasks.load_cases(args.cases)
-    outputs = json.loads(args.outputs.read_text())
+    try:
+        header, prompts, records = answers.load(args.cases, args.outputs)
+    except ValueError as e:
+        ap.error(str(e))
     files = [json.loads(f.read_text()) for f in args.forecast or []]
     args.forecast = [str(f) for f in args.forecast or []]  # for the metadata
-    for name, meta in [("outputs", outputs["meta"])] + [("forecast", f["meta"]) for f in files]:
-        if meta.get("cases_sha256") != header["sha256"]:
-            ap.error(f"--{name} answered other cases than {args.cases}")
+    if any(f["meta"].get("cases_sha256") != header["sha256"] for f in files):
+        ap.error(f"--forecast: a file forecast other cases than {args.cases}")
     model = args.model or (next(iter(files[0]["models"])) if files else None)
     forecasts = None
     if files:
         if any(model not in f["models"] for f in files):
             ap.error(f"--forecast: not every file holds {model}")
         forecasts = {k: v for f in files for k, v in f["models"][model]["forecast"].items()}
-    prompts = {c.id: c.prompt_ids for c in cases}
-    records = [r for r in outputs["records"] if r["batch"] == 1 and r["id"] in prompts
-               and (forecasts is None or r["id"] in forecasts)]
+    records = [r for r in records if forecasts is None or r["id"] in forecasts]
     rows, per_prompt = [], {}
     for text, rule in rules.items():
         cells: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
@@ -203,10 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                          "est_ms_per_token": round(ms / (steps + held), 3)})
     result = {"meta": run_metadata(args, cases_sha256=header["sha256"]), "model": model,
               "rows": rows, "per_prompt": per_prompt}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    for row in rows:
-        print(json.dumps(row))  # noqa: T201
+    answers.write(args.out, result)
     return 0
 
 

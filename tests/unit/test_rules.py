@@ -3,6 +3,8 @@ forecast itself (benchmarks.realpair.forecast)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -107,3 +109,45 @@ def test_ngram_steps_without_a_proposal_count_as_steps():
     # Bonus [0]..[3]: fewer than 5 quoted tokens verified, no proposal (4
     # steps); from [4] the passage's followers: [5:9], then [10:12].
     assert (steps, held, drafted) == (6, 6, 0)
+
+
+def _files(tmp_path, answer):
+    """A one-case cases file and a plain result file answering it."""
+    from benchmarks.realpair import tasks
+
+    case = tasks.Case(id="copy-16384-00-quote_code", group="copy", kind="quote_code",
+                      context=16384, prompt_ids=PROMPT, prompt_tokens=len(PROMPT),
+                      max_tokens=64, expected=None, meta={})
+    cases = tmp_path / "cases.jsonl"
+    header = tasks.save_cases([case], str(cases))
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({"meta": {"cases_sha256": header["sha256"]}, "records": [
+        {"id": case.id, "group": "copy", "context": 16384, "batch": 1,
+         "output_ids": answer}]}))
+    return cases, plain, header
+
+
+def test_the_command_scores_rules_and_refuses_other_cases(tmp_path):
+    from benchmarks.realpair import rules
+
+    cases, plain, header = _files(tmp_path, PASSAGE)
+    fc = tmp_path / "forecast.json"
+    fc.write_text(json.dumps({"meta": {"cases_sha256": header["sha256"]}, "models": {
+        "draft": {"forecast": {"copy-16384-00-quote_code": PASSAGE}}}}))
+    out = tmp_path / "rules.json"
+    assert rules.main(["--cases", str(cases), "--outputs", str(plain), "--forecast",
+                       str(fc), "--k", "4", "--rules", "draft", "lookup",
+                       "--out", str(out)]) == 0
+    rows = {r["rule"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["draft"]["steps"] == 6 and rows["draft"]["acc_len"] == 5.0
+    assert rows["lookup"]["drafted_per_step"] == 0
+    # A rule that drafts needs the forecast; a plain file of other cases is refused.
+    with pytest.raises(SystemExit):
+        rules.main(["--cases", str(cases), "--outputs", str(plain), "--rules", "draft",
+                    "--out", str(out)])
+    other = json.loads(plain.read_text())
+    other["meta"]["cases_sha256"] = "0" * 64
+    plain.write_text(json.dumps(other))
+    with pytest.raises(SystemExit):
+        rules.main(["--cases", str(cases), "--outputs", str(plain), "--rules", "lookup",
+                    "--out", str(out)])
