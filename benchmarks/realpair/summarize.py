@@ -7,7 +7,9 @@ per mode written by ``run.py``):
 * ``prompts``; ``right``: answers that ``tasks.check`` accepts (None where
   the task has no check);
 * ``acc_len``: 1 + accepted / drafts over the cell (vLLM's counters; prompt
-  lookup counts only the steps where it proposed); 1.0 for plain;
+  lookup counts only the steps where it proposed, and a request's last step
+  counts drafts accepted past the answer's end: ``rules.py`` scores steps
+  exactly); 1.0 for plain;
 * ``e2e_tok_s``: output tokens over the ``generate`` calls' seconds, prefill
   included; ``e2e_min/median/max``: per call (a prompt at batch 1, eight at
   batch 8);
