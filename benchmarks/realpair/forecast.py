@@ -9,7 +9,7 @@ right, the draft's next proposal is its greedy token after the answer's true
 prefix, so one teacher-forced forward over ``prompt + answer`` gives every
 proposal a rule can draw from the draft before its first miss, and the miss
 ends the step. With it a rule that mixes the draft's and the lookup's tokens
-(``lookup_replay.py --forecast``) is scored offline, exactly for a draft that
+(``rules.py``) is scored offline, exactly for a draft that
 reads the whole context (vLLM's ``draft_model``; the plugin's draft reads its
 view, whose acceptance the grid measures).
 
@@ -38,6 +38,8 @@ from benchmarks.realpair import answers
 def forecast(model, prompt: list[int], answer: list[int]) -> list[int]:
     """The model's greedy token after ``prompt + answer[:i]`` for every i in
     ``range(len(answer))`` (one forward; logits at those positions only)."""
+    if not answer:
+        return []
     device = next(model.parameters()).device
     ids = torch.tensor([prompt + answer[:-1]], dtype=torch.int64, device=device)
     with torch.inference_mode():
@@ -74,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         ap.error(str(e))
     wanted = None if args.cells is None else {tuple(c.split(":")) for c in args.cells}
+    if wanted and any(len(c) != 2 or not c[1].isdigit() for c in wanted):
+        ap.error("--cells: group:context, such as copy:30720")
+    if len({Path(m).name for m in args.model}) != len(args.model):
+        ap.error("--model: two checkpoints of one folder name")
     records, per_cell = [], {}
     for r in answered:
         cell = (r["group"], str(r["context"]))
@@ -94,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in records:
             rows[r["id"]] = forecast(model, prompts[r["id"]], r["output_ids"])
             same = sum(a == b for a, b in zip(rows[r["id"]], r["output_ids"]))
-            print(f"{Path(path).name} {r['id']}: {same} of {len(rows[r['id']])} "  # noqa: T201
-                  "tokens as the answer's", flush=True)
+            print(f"{Path(path).name} {r['id']}: {same} of "  # noqa: T201
+                  f"{len(rows[r['id']])} tokens as the answer's", flush=True)
             entry["seconds"] = round(time.perf_counter() - t0, 1)
             args.out.write_text(json.dumps(result))  # each prompt's as it comes
         del model

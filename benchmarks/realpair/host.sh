@@ -20,10 +20,11 @@
 #        over 1, the first call's first-token window instead), into
 #        /root/pair/out/TAG/ (trace_*.json stay there: status packs only
 #        the summaries and logs).
-#   bash benchmarks/realpair/host.sh forecast PLAIN.json
+#   bash benchmarks/realpair/host.sh forecast PLAIN.json [--cells ..]
 #        the draft's (and, as a check, the target's) greedy token at every
 #        position of PLAIN.json's batch-1 answers, teacher-forced (forecast.py;
-#        about a minute, in the foreground) -> $OUT/forecast.json
+#        in the foreground: not yet run on a host, so give it --cells first)
+#        -> $OUT/forecast.json
 #   bash benchmarks/realpair/host.sh shapes TAG "MODE[:K] ..." group:context[:batch]
 #        the same profile on the pair's shapes with dummy weights (carry
 #        .gpu/pair/shapes and .gpu/wheel in that call: no pieces, no build):
@@ -88,10 +89,12 @@ case "${1:-}" in
     [ -f $P/qwen25coder-0.5b-instruct/config.json ] && [ -f $P/qwen25coder-1.5b-instruct/config.json ] \
       && echo "pair built in $(( $(date +%s) - t0 )) s" ;;
   forecast)
-    python3 -m benchmarks.realpair.forecast --cases $P/cases.jsonl.gz --outputs "$2" \
+    plain=$2; shift 2  # the rest: forecast.py's own (--cells, --limit)
+    python3 -m benchmarks.realpair.forecast --cases $P/cases.jsonl.gz --outputs "$plain" \
       --model $P/qwen25coder-0.5b-instruct --model $P/qwen25coder-1.5b-instruct \
-      --out "$OUT/forecast.json" > $P/forecast.log 2>&1
-    echo "forecast rc=$? $(grep -c 'tokens as' $P/forecast.log) answers"; tail -n 2 $P/forecast.log ;;
+      --out "$OUT/forecast.json" "$@" > $P/forecast.log 2>&1
+    echo "forecast rc=$? $(grep -c 'tokens as' $P/forecast.log) answers"
+    tail -n 2 $P/forecast.log ;;
   shapes)
     plugin_install
     rm -rf /root/shapes && cp -r .gpu/pair/shapes /root/shapes
@@ -110,5 +113,5 @@ case "${1:-}" in
     done
     cat $P/out/$2.log
     tar -C $P/out -czf "$OUT/$2.tgz" --exclude='trace_*' "$2" "$2.log" ;;
-  *) sed -n 2,30p "$0" >&2; exit 2 ;;
+  *) sed -n 2,31p "$0" >&2; exit 2 ;;
 esac

@@ -7,7 +7,7 @@ depends only on tokens: the answer (plain decoding's greedy output, which
 every lossless mode reproduces), the lookup's proposals
 (``drafting/lookup.py``, run here on the CPU) and the draft's own greedy
 token after the answer's true prefix (``forecast.py``, one teacher-forced
-forward a prompt on the GPU). While a step's proposals are right the draft
+forward a prompt). While a step's proposals are right the draft
 sees that true prefix, and its first miss ends the step, so the score is
 exact for a draft that reads the whole context (the plugin's reads its view:
 the grid measures that). Rules, for K proposals a step:
@@ -26,7 +26,10 @@ the grid measures that). Rules, for K proposals a step:
   drafts and none of its looked-up tokens: the lookup misses, the draft
   holds.
 
-Beside the accepted length, ``est_ms_per_token`` prices a step at
+``acc_len`` is tokens a step: an answer's tokens after its first over the
+steps that made them (what vLLM's accepted length reads where every step
+drafts and no draft is counted past the answer's end). Beside it,
+``est_ms_per_token`` prices a step at
 ``--step-ms`` plus ``--draft-ms`` per drafted token (defaults: the H100
 profile at 16K, 2026-12-06: a 9.2 ms step of which three draft forwards
 3.5 ms): a rule's cost in draft forwards, not a measurement.
@@ -54,19 +57,23 @@ VLLM_NGRAM = 5
 
 
 def parse_rule(text: str, k: int) -> tuple[str, int, int]:
-    """``draft`` | ``then:r`` | ``led:r:T`` | ``lookup`` -> (kind, r, T)."""
+    """``draft`` | ``then:r`` | ``led:r:T`` | ``adapt:lo:hi`` | ``lookup`` |
+    ``ngram`` -> (kind, r, x): r the drafted count (lo for ``adapt``), x the
+    lead's T or ``adapt``'s hi (0 for the others)."""
     kind, *nums = text.split(":")
     shapes = {"draft": 0, "lookup": 0, "ngram": 0, "then": 1, "led": 2, "adapt": 2}
     if kind not in shapes or len(nums) != shapes[kind] \
             or not all(n.isdigit() for n in nums):
-        raise ValueError(f"rule {text!r}: draft, then:r, led:r:T, adapt:lo:hi, lookup "
-                         "or ngram")
+        raise ValueError(f"rule {text!r}: draft, then:r, led:r:T, adapt:lo:hi, "
+                         "lookup or ngram")
     r = {"draft": k, "lookup": 0, "ngram": 0}.get(kind, int(nums[0]) if nums else 0)
     t = int(nums[1]) if kind in ("led", "adapt") else 0
-    if not 0 <= r <= k or (kind == "led" and not 1 <= t <= lookup.LOOKUP_LONGEST) \
+    # A lead shorter than the lookup's shortest match would never be taken.
+    led_ok = lookup.LOOKUP_KEY <= t <= lookup.LOOKUP_LONGEST
+    if not 0 <= r <= k or (kind == "led" and not led_ok) \
             or (kind == "adapt" and not r < t <= k):
-        raise ValueError(f"rule {text!r}: r in 0..K={k}, T in 1..{lookup.LOOKUP_LONGEST}, "
-                         "lo < hi <= K")
+        raise ValueError(f"rule {text!r}: r in 0..K={k}, T in {lookup.LOOKUP_KEY}.."
+                         f"{lookup.LOOKUP_LONGEST}, lo < hi <= K")
     return kind, r, t
 
 
@@ -90,7 +97,8 @@ def score(prompt: list[int], answer: list[int], forecast: list[int] | None, k: i
     ``rule``; the first answer token is the prompt step's sample, so steps
     start after it."""
     kind, lo, t = rule
-    misses = [False, False]  # the last two steps: drafts held, lookup missed
+    # The last two steps: drafts held, nothing looked up held (or none was).
+    misses = [False, False]
     seq = torch.tensor(prompt + answer, dtype=torch.int32)
     history = lookup.TokenHistory(1, len(seq), k, torch.device("cpu"))
     history.fill(0, seq)
@@ -125,7 +133,6 @@ def score(prompt: list[int], answer: list[int], forecast: list[int] | None, k: i
             if token != truth[at]:
                 break
             held += 1
-        drafts_held = held == r
         if held == r and r < k:  # the looked-up positions
             drafts = seq[bonus + 1: bonus + 1 + r][None].to(torch.int64)
             if r == 0:  # keyed on the bonus token alone; no draft to repeat
@@ -139,7 +146,7 @@ def score(prompt: list[int], answer: list[int], forecast: list[int] | None, k: i
                 if at >= len(truth) or token != truth[at]:
                     break
                 held += 1
-        misses = [misses[1], drafts_held and held == r and r < k]
+        misses = [misses[1], held == r]
         steps, accepted, drafted = steps + 1, accepted + held, drafted + min(r, k)
         bonus += 1 + held
     return steps, accepted, drafted
@@ -158,14 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rules", nargs="+", default=["draft", "then:3", "lookup"])
     ap.add_argument("--step-ms", type=float, default=5.7,
                     help="a step's cost without its drafted tokens (ms)")
-    ap.add_argument("--draft-ms", type=float, default=1.15, help="a drafted token's (ms)")
+    ap.add_argument("--draft-ms", type=float, default=1.15,
+                    help="a drafted token's cost (ms)")
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args(argv)
     try:
         rules = {text: parse_rule(text, args.k) for text in args.rules}
     except ValueError as e:
         ap.error(str(e))
-    drafting = [t for t, (kind, r, _) in rules.items() if r > 0]
+    drafting = [t for t, (kind, r, _) in rules.items() if r > 0 or kind == "adapt"]
     if drafting and args.forecast is None:
         ap.error(f"rules {' '.join(drafting)} draft: give --forecast")
     try:
@@ -181,25 +189,34 @@ def main(argv: list[str] | None = None) -> int:
     if files:
         if any(model not in f["models"] for f in files):
             ap.error(f"--forecast: not every file holds {model}")
-        forecasts = {k: v for f in files for k, v in f["models"][model]["forecast"].items()}
+        forecasts = {k: v for f in files
+                     for k, v in f["models"][model]["forecast"].items()}
     records = [r for r in records if forecasts is None or r["id"] in forecasts]
+    if forecasts and any(len(forecasts[r["id"]]) != len(r["output_ids"])
+                         for r in records):
+        ap.error("--forecast: forecasts of other answers than --outputs' "
+                 "(lengths differ)")
     rows, per_prompt = [], {}
     for text, rule in rules.items():
         cells: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
         for r in records:
-            steps, held, drafted = score(prompts[r["id"]], r["output_ids"],
-                                         forecasts and forecasts[r["id"]], args.k, rule)
-            per_prompt.setdefault(r["id"], {})[text] = round(1 + held / max(steps, 1), 3)
+            steps, _, drafted = score(prompts[r["id"]], r["output_ids"],
+                                      forecasts and forecasts[r["id"]], args.k, rule)
+            # Tokens a step: the answer's after the first over its steps (a
+            # last step that reaches the answer's end has no bonus token).
+            tokens = len(r["output_ids"]) - 1
+            per_prompt.setdefault(r["id"], {})[text] = round(tokens / max(steps, 1), 3)
             cell = cells[(r["group"], r["context"])]
-            for i, v in enumerate((1, steps, held, drafted)):
+            for i, v in enumerate((1, steps, tokens, drafted)):
                 cell[i] += v
-        for (group, context), (n, steps, held, drafted) in sorted(cells.items()):
+        for (group, context), (n, steps, tokens, drafted) in sorted(cells.items()):
             ms = steps * args.step_ms + drafted * args.draft_ms
+            steps = max(steps, 1)
             rows.append({"rule": text, "k": args.k, "task": group, "context": context,
                          "prompts": n, "steps": steps,
-                         "acc_len": round(1 + held / steps, 3),
+                         "acc_len": round(tokens / steps, 3),
                          "drafted_per_step": round(drafted / steps, 2),
-                         "est_ms_per_token": round(ms / (steps + held), 3)})
+                         "est_ms_per_token": round(ms / max(tokens, 1), 3)})
     result = {"meta": run_metadata(args, cases_sha256=header["sha256"]), "model": model,
               "rows": rows, "per_prompt": per_prompt}
     answers.write(args.out, result)

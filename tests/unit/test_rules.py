@@ -51,7 +51,8 @@ def test_lookup_alone_proposes_from_the_bonus_token():
     assert (steps, held) == (4, 6)
 
 
-@pytest.mark.parametrize("text", ["then", "led:3", "led:3:0", "then:13", "adapt:3:3", "other"])
+@pytest.mark.parametrize("text", ["then", "led:3", "led:3:0", "led:3:2", "then:13",
+                                  "adapt:3:3", "other"])
 def test_bad_rules_are_refused(text):
     with pytest.raises(ValueError):
         parse_rule(text, 12)
@@ -89,6 +90,9 @@ def test_adapt_drafts_more_two_steps_after_the_lookup_missed():
     answer = list(range(500, 540))
     assert score(PROMPT, answer, answer, 12, parse_rule("then:3", 12)) == (10, 30, 30)
     assert score(PROMPT, answer, answer, 12, parse_rule("adapt:3:6", 12)) == (7, 33, 36)
+    # hi = K leaves nothing to look up: it holds while every draft holds
+    # (bonus tokens at 0, 4, 8, 21 and 34).
+    assert score(PROMPT, answer, answer, 12, parse_rule("adapt:3:12", 12)) == (5, 35, 42)
 
 
 def test_vllm_ngram_takes_the_earliest_five_token_match():
@@ -96,7 +100,8 @@ def test_vllm_ngram_takes_the_earliest_five_token_match():
 
     # The last 5 tokens [1..5] occur at 0 and 10: the earliest wins, and its
     # followers may run into the sequence's own end.
-    tokens = np.array([1, 2, 3, 4, 5, 60, 61, 0, 0, 0, 1, 2, 3, 4, 5, 70, 1, 2, 3, 4, 5])
+    tokens = np.array([1, 2, 3, 4, 5, 60, 61, 0, 0, 0,
+                       1, 2, 3, 4, 5, 70, 1, 2, 3, 4, 5])
     assert vllm_ngram(tokens, 3).tolist() == [60, 61, 0]
     assert vllm_ngram(tokens[:9], 3).tolist() == []  # no earlier match
     assert vllm_ngram(np.array([7, 7, 7, 7, 7, 7, 7]), 4).tolist() == [7, 7]
@@ -105,7 +110,8 @@ def test_vllm_ngram_takes_the_earliest_five_token_match():
 def test_ngram_steps_without_a_proposal_count_as_steps():
     # vLLM counts a draft only where the lookup proposed; the score counts
     # every step, as the other rules do.
-    steps, held, drafted = score(PROMPT, PASSAGE[:12], [7] * 12, 4, parse_rule("ngram", 4))
+    steps, held, drafted = score(PROMPT, PASSAGE[:12], [7] * 12, 4,
+                                 parse_rule("ngram", 4))
     # Bonus [0]..[3]: fewer than 5 quoted tokens verified, no proposal (4
     # steps); from [4] the passage's followers: [5:9], then [10:12].
     assert (steps, held, drafted) == (6, 6, 0)
@@ -121,7 +127,8 @@ def _files(tmp_path, answer):
     cases = tmp_path / "cases.jsonl"
     header = tasks.save_cases([case], str(cases))
     plain = tmp_path / "plain.json"
-    plain.write_text(json.dumps({"meta": {"cases_sha256": header["sha256"]}, "records": [
+    plain.write_text(json.dumps({"meta": {"cases_sha256": header["sha256"]},
+                                 "records": [
         {"id": case.id, "group": "copy", "context": 16384, "batch": 1,
          "output_ids": answer}]}))
     return cases, plain, header
@@ -139,7 +146,9 @@ def test_the_command_scores_rules_and_refuses_other_cases(tmp_path):
                        str(fc), "--k", "4", "--rules", "draft", "lookup",
                        "--out", str(out)]) == 0
     rows = {r["rule"]: r for r in json.loads(out.read_text())["rows"]}
-    assert rows["draft"]["steps"] == 6 and rows["draft"]["acc_len"] == 5.0
+    # 29 tokens after the first in 6 steps: the last reaches the answer's
+    # end and has no bonus token.
+    assert rows["draft"]["steps"] == 6 and rows["draft"]["acc_len"] == round(29 / 6, 3)
     assert rows["lookup"]["drafted_per_step"] == 0
     # A rule that drafts needs the forecast; a plain file of other cases is refused.
     with pytest.raises(SystemExit):

@@ -199,9 +199,9 @@ class TokenHistory:
         """The ``num_tokens`` tokens after each row's match ``end`` [B] and
         whether each is a proposal (verified, matched, no -1 a fill copied):
         [B, num_tokens] each."""
-        history = self.tokens[rows.slots]  # [B, W]
         follow = end[:, None] + torch.arange(1, num_tokens + 1, device=end.device)
-        found = history.gather(1, follow.clamp(0, self.width - 1))  # [B, num_tokens]
+        found = self.tokens[rows.slots[:, None],
+                            follow.clamp(0, self.width - 1)]  # [B, num_tokens]
         valid = (end[:, None] >= 0) & (follow <= rows.bonus[:, None]) & (found >= 0)
         return found, valid
 
