@@ -3,7 +3,7 @@ teacher-forced over the whole prompt (full KV): the draft's forecast.
 
 Why: what a drafting rule gets accepted on a prompt depends only on the
 answer (plain decoding's greedy output, which every lossless mode
-reproduces), on the lookup's tokens (``lookup_replay.py``) and on what the
+reproduces), on the lookup's tokens (``drafting/lookup.py``) and on what the
 draft model would propose at each position. While every proposal so far was
 right, the draft's next proposal is its greedy token after the answer's true
 prefix, so one teacher-forced forward over ``prompt + answer`` gives every

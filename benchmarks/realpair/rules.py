@@ -99,15 +99,15 @@ def score(prompt: list[int], answer: list[int], forecast: list[int] | None, k: i
     kind, lo, t = rule
     # The last two steps: drafts held, nothing looked up held (or none was).
     misses = [False, False]
-    seq = torch.tensor(prompt + answer, dtype=torch.int32)
+    truth = prompt + answer
+    seq = torch.tensor(truth, dtype=torch.int32)
+    array = np.asarray(truth)  # vLLM's ngram's view of it
     history = lookup.TokenHistory(1, len(seq), k, torch.device("cpu"))
     history.fill(0, seq)
     slot = torch.zeros(1, dtype=torch.int64)
-    truth = seq.tolist()
     base = len(prompt)
     steps = accepted = drafted = 0
     bonus = base  # the sequence index of the step's bonus token
-    array = np.asarray(truth)
     while bonus + 1 < len(truth):
         r = t if kind == "adapt" and misses[0] else lo
         if kind == "ngram":
