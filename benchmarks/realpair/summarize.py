@@ -179,10 +179,10 @@ def table(rows: list[dict]) -> str:
 VLLM_METHODS = ("draft_model", "ngram", "ngram_gpu", "suffix")
 CELL_NAMES = {"copy": "copies its input", "other": "explains or summarises"}
 START, END = "<!-- realpair:start -->", "<!-- realpair:end -->"
-DEFAULTS_RUN = ("spec_extend", 12)
+DEFAULTS_RUN = ("spec_extend", 20)
 """The mode and K of a run folder that ran today's defaults: ``spec_extend``
-(no keys) at K=12, the K the README's quick start passes, where
-``lookup_tokens: "auto"`` looks up 9 of the 12."""
+(no keys) at K=20, the K the README's quick start passes, where
+``lookup_tokens: "auto"`` looks up 17 of the 20."""
 
 DEFAULTS_AS: dict[str, tuple[str, int] | None] = {
     "20261206T0403Z_h100_defaults_vs_plain": None,
@@ -196,8 +196,10 @@ DEFAULTS_AS: dict[str, tuple[str, int] | None] = {
     "20261206T2234Z_h100_pieces": None,
     "20261207T0050Z_h100_budget": None,
     "20261207T0602Z_h200_fill": None,
-    "20261207T0834Z_h100_fill2": ("spec_extend_fill8", 12),
+    "20261207T0834Z_h100_fill2": None,
     "20261207T0853Z_h100_fill2_repeat": None,
+    "20261207T1341Z_h100_k4": None,
+    "20261207T1541Z_h100_k4pass": None,
 }
 """Run folders measured before today's defaults, and the mode and K that ran
 them there (None: none did). On 2026-12-06 ``draft_prompt_pool`` became the
@@ -213,9 +215,10 @@ step; 0050Z ran that as ``spec_extend_step15k``), then ``draft_prompt_pool``
 and ``draft_pool_fill`` became ``"auto"`` (2026-12-07: the pool, grown by 8
 chunks a refresh; 0834Z ran that as ``spec_extend_fill8`` K=12, and its
 ``spec_extend`` is the windowed full pass before; 0602Z's ``spec_extend_fill8``
-ran before the fill's stream sync was mended, so it stands for no default).
-Before 1131Z every plugin mode ran K=4 without the lookup. Folders not named
-here ran today's defaults as ``DEFAULTS_RUN``."""
+ran before the fill's stream sync was mended, so it stands for no default),
+then the quick start's K became 20 (2124Z: K=20 against K=12 and 16 in one
+session; every folder before ran the plugin at K=12 or less). Before 1131Z
+every plugin mode ran K=4 without the lookup. Folders not named here ran today's defaults as ``DEFAULTS_RUN``."""
 
 
 def defaults_run(folder: str) -> tuple[str, int] | None:
