@@ -323,6 +323,8 @@ def join_transferred(stage: str | os.PathLike, out_root: str | os.PathLike,
     if not (stage / "manifest.json").is_file():
         raise PairError(f"no manifest.json in {stage}: move it there with the pieces")
     manifest = json.loads((stage / "manifest.json").read_text())
+    if isinstance(roles, str):
+        roles = (roles,)
     unknown = sorted(set(roles or ()) - set(manifest))
     if unknown:
         raise PairError(f"{stage}/manifest.json names no {', '.join(unknown)}: "

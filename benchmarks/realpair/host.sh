@@ -6,9 +6,9 @@
 #   bash benchmarks/realpair/host.sh stage DIR     move a carried piece folder
 #                                                  (.gpu/pair/tNN) to /root/pair/stage
 #   bash benchmarks/realpair/host.sh early         after the target's last piece
-#                                                  (carry .gpu/pair/kit and
-#                                                  manifest.json): its join and
-#                                                  conversion, detached
+#                                                  (carry .gpu/pair/kit/gguf_pkg.tgz
+#                                                  and .gpu/pair/manifest.json):
+#                                                  its join and conversion, detached
 #   bash benchmarks/realpair/host.sh build         plugin wheel + gguf installed,
 #                                                  arctic-inference into /root/arctic
 #                                                  (the suffix mode's alone: grid.sh);
@@ -70,24 +70,52 @@ start_grid() {
 }
 # The target joined and converted, detached, from the call that stages its
 # last piece, while the draft's pieces still travel: its conversion took 110
-# s of build's 120 on an H100 host (2026-12-07). Run from a copy of
-# benchmarks/ and the gguf package: the device tool re-copies the working
-# tree at every call (a detached run that imported from it failed once,
-# 2026-12-07). It waits for vLLM's detached install (transformers).
+# s of build's 120 on an H100 host (2026-12-07). Run from copies of the
+# joiner's package and the gguf package: the device tool re-copies the
+# working tree at every call (a detached run that imported from it failed
+# once, 2026-12-07). It waits for vLLM's detached install (transformers);
+# build waits for it in turn (early.pid, early.rc).
 early_target() {
-  local tool=${PAIRTOOL_DIR:-/root/pairtool} vsite=${VSITE_DIR:-/root/vsite}
-  rm -rf $tool $P/early.rc && mkdir -p $tool
-  if ! { cp -r benchmarks $tool/ && cp .gpu/pair/kit/gguf_pkg.tgz $tool/ \
-         && cp .gpu/pair/manifest.json $P/stage/; }; then
-    echo "early: carry .gpu/pair/kit and .gpu/pair/manifest.json in this call" >&2
-    exit 2
-  fi
+  local tool=${PAIRTOOL_DIR:-/root/pairtool} vsite=${VSITE_DIR:-/root/vsite} f
+  for f in .gpu/pair/kit/gguf_pkg.tgz .gpu/pair/manifest.json; do
+    if [ ! -f $f ]; then
+      echo "early: no $f: carry .gpu/pair/kit/gguf_pkg.tgz and" \
+        ".gpu/pair/manifest.json in this call" >&2
+      exit 2
+    fi
+  done
+  rm -rf $tool $P/early.pid $P/early.rc && mkdir -p $tool/benchmarks
+  cp -r benchmarks/__init__.py benchmarks/models $tool/benchmarks/
+  cp .gpu/pair/kit/gguf_pkg.tgz $tool/ && cp .gpu/pair/manifest.json $P/stage/
   (cd $tool && PYTHONPATH=$tool:$vsite setsid bash -c "
+    echo \$\$ > $P/early.pid
     for _ in \$(seq 600); do [ -f $vsite/.done ] && break; sleep 1; done
+    if [ ! -f $vsite/.done ]; then
+      echo 'early: vLLM is not installed in $vsite after 600 s'; echo 3 > $P/early.rc
+      exit 3
+    fi
     tar -C $vsite -xzf gguf_pkg.tgz
     python3 -m benchmarks.models.qwen_pair join $P/stage $P --role target
-    echo \$? > $P/early.rc" > $P/convert_target_early.log 2>&1 < /dev/null &)
+    echo \$? > $P/early.rc.tmp && mv $P/early.rc.tmp $P/early.rc
+    " > $P/convert_target_early.log 2>&1 < /dev/null &)
   echo "target: joining and converting, detached ($P/convert_target_early.log)"
+}
+# build: wait for early's job where one started, never racing it (the
+# conversion build then runs finds the target built, or makes it itself).
+wait_early() {
+  local pid
+  [ -f $P/early.pid ] || return 0  # none started (its job writes it first)
+  pid=$(cat $P/early.pid)
+  for _ in $(seq 300); do
+    [ -f $P/early.rc ] || ! kill -0 "$pid" 2>/dev/null && break
+    sleep 1
+  done
+  if [ ! -f $P/early.rc ] && kill -0 "$pid" 2>/dev/null; then
+    echo "the early target conversion (pid $pid) still runs after 300 s" >&2
+    exit 2
+  fi
+  echo "target converted early: rc=$(cat $P/early.rc 2>/dev/null || echo none)"
+  tail -n 1 $P/convert_target_early.log
 }
 case "${1:-}" in
   stage)
@@ -96,14 +124,7 @@ case "${1:-}" in
     early_target ;;
   build)
     plugin_install
-    if [ -d ${PAIRTOOL_DIR:-/root/pairtool} ]; then  # early's conversion: never race it
-      for _ in $(seq 300); do [ -f $P/early.rc ] && break; sleep 1; done
-      if [ ! -f $P/early.rc ]; then
-        echo "the early target conversion still runs after 300 s" >&2; exit 2
-      fi
-      echo "target converted early: rc=$(cat $P/early.rc)"
-      tail -n 1 $P/convert_target_early.log
-    fi
+    wait_early
     tar -C /root/vsite -xzf .gpu/pair/kit/gguf_pkg.tgz
     arctic_install
     cp .gpu/pair/manifest.json $P/stage/ && cp .gpu/pair/kit/cases.jsonl.gz $P/

@@ -217,8 +217,9 @@ chunks a refresh; 0834Z ran that as ``spec_extend_fill8`` K=12, and its
 ``spec_extend`` is the windowed full pass before; 0602Z's ``spec_extend_fill8``
 ran before the fill's stream sync was mended, so it stands for no default),
 then the quick start's K became 20 (2124Z: K=20 against K=12 and 16 in one
-session; every folder before ran the plugin at K=12 or less). Before 1131Z
-every plugin mode ran K=4 without the lookup. Folders not named here ran today's defaults as ``DEFAULTS_RUN``."""
+session; no folder before ran the defaults at K=20). Before 1131Z every
+plugin mode ran K=4 without the lookup. Folders not named here ran today's
+defaults as ``DEFAULTS_RUN``."""
 
 
 def defaults_run(folder: str) -> tuple[str, int] | None:
@@ -285,8 +286,8 @@ def headline(rows: list[dict]) -> str:
            f"({device}, vLLM {vllm}). `--spec-extend`: today's defaults with "
            + (f"`--num-speculative-tokens {k}`{looked_up}" if k is not None
               else "the K each cell names")
-           + "; vLLM's own methods run in the cell's session, each at its better "
-           "K of those run (4, 8); each cell's "
+           + "; vLLM's own methods run in the cell's session, each at the best "
+           "K that session ran of 4 and 8 (named); each cell's "
            "figures come from one session.",
            "",
            "| the answer | prompt | batch | `--spec-extend` | best of vLLM's own (same session) | "

@@ -193,7 +193,7 @@ def test_join_one_role_before_the_others_pieces_arrive(tmp_path):
     for piece in stage.glob("draft.gguf.*"):
         piece.unlink()
     out = qwen_pair.join_transferred(stage, tmp_path / "host", specs=specs,
-                                     roles=("target",))
+                                     roles="target")
     assert list(out) == ["target"]
     assert out["target"].read_bytes() == files["target"].read_bytes()
     assert not (tmp_path / "host" / "gguf" / "draft.gguf").exists()

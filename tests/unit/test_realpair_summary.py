@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from benchmarks.harness.meta import REPO_ROOT
 from benchmarks.realpair import summarize
 from benchmarks.realpair.run import PLUGIN_CONFIGS, engine_kwargs, mode_kwargs, mode_parser
 
@@ -308,3 +309,14 @@ def test_a_cell_may_name_its_first_cases_only():
     assert [c.id for c in select(cases, ["copy:16384:8"])[0][2]] == [0, 1, 2]
     with pytest.raises(SystemExit, match="matches no case"):
         select(cases, ["copy:8192:1:2"])
+
+
+def test_the_quick_starts_k_is_the_one_the_headline_reads_as_defaults():
+    """The README's and usage's quick start pass the K whose runs the
+    headline takes as today's defaults (``DEFAULTS_RUN``): a K changed in one
+    place only would put another K's rows under "today's defaults". The
+    first command of each is the quick start (the CPU demo's comes later)."""
+    for doc in ("README.md", "docs/usage.md"):
+        text = (REPO_ROOT / doc).read_text()
+        first = re.search(r"--num-speculative-tokens (\d+)[ \\\n]+--spec-extend", text)
+        assert first and first.group(1) == str(KD), (doc, first)
