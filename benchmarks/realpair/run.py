@@ -75,7 +75,9 @@ Modes (``MODES``; the row's ``mode`` and ``k``):
   ``spec_extend_pool64_fill8`` (a pool of top_k's 64 chunks, fill 8),
   ``spec_extend_step15k`` (the defaults under vLLM's own step budget:
   ``max_num_batched_tokens`` 16,384 given, so 15,360 a step on an H100:
-  ``MODE_ENGINE_ARGS``), and ``spec_extend_<name>`` with
+  ``MODE_ENGINE_ARGS``), ``spec_extend_room320`` (the defaults with 16,704
+  tokens a step: room for 16 decoding rows' 20 speculative tokens beside a
+  prompt plain computes in one step), and ``spec_extend_<name>`` with
   ``--spec-extend JSON``.
   Modes that name no ``lookup_tokens`` take ``"auto"``: off at K=4, K − 3
   looked up from K=8. Modes that name no ``draft_prompt_pool`` run the day's
@@ -152,6 +154,11 @@ PLUGIN_CONFIGS = {
     # The defaults with vLLM's step budget (MODE_ENGINE_ARGS): before
     # serving/scheduling.plain_step_budget, 15,360 tokens a step on an H100.
     "spec_extend_step15k": {},
+    # A step's budget with room for 16 decoding rows' 20 speculative tokens
+    # beyond plain's 16,384 (MODE_ENGINE_ARGS): at K=20 the batch-8 cell's
+    # 16.3K prompts stop fitting a step beside the rows decoding from the
+    # sixth on (docs/evaluation.md, "A larger K").
+    "spec_extend_room320": {},
     # The lookup's shortest match 1 (SPECEXTEND_LOOKUP_MIN_MATCH): replayed
     # on the 0050Z answers it looks up 3-19% more (lookup_replay.py).
     "spec_extend_min1": {},
@@ -179,10 +186,16 @@ PLUGIN_CONFIGS = {
     # Both: the chunks after those read, each with the one before it.
     "spec_extend_fillctx_follow1": {"draft_prompt_pool": "auto", "draft_pool_fill": 8},
 }
-MODE_ENGINE_ARGS = {"spec_extend_step15k": {"max_num_batched_tokens": 16384}}
+MODE_ENGINE_ARGS = {
+    "spec_extend_step15k": {"max_num_batched_tokens": 16384},
+    "spec_extend_room320": {"max_num_scheduled_tokens": 16384 + 320,
+                            "max_num_batched_tokens": 16384 + 320 + 1024},
+}
 """A mode's own ``LLM`` arguments beyond vLLM's defaults (recorded with the
 engine's arguments): ``max_num_batched_tokens`` given is a budget the user
-set, which the plugin leaves to vLLM's rule (a slot per sequence off it)."""
+set, which the plugin leaves to vLLM's rule (a slot per sequence off it,
+1,024 for ``LLM``'s ``max_num_seqs``, unless ``max_num_scheduled_tokens`` is
+given too)."""
 FP8_DRAFT_MODES = ("spec_extend_fp8draft",)
 """Modes that run the draft's fp8 copy (``fp8_draft``): a prompt pass on fp8
 GEMMs, the cost that keeps 30K and batch 8 near plain (2026-12-06)."""

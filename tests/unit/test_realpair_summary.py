@@ -118,6 +118,12 @@ def test_engine_kwargs_per_mode():
     assert old_budget["max_num_batched_tokens"] == 16384
     assert old_budget["additional_config"] == {"spec_extend": {}}
     assert "max_num_batched_tokens" not in engine_kwargs("spec_extend", "T", "D", 12)
+    # Room for the decoding rows' speculative tokens: both given, so vLLM
+    # schedules 16,704 a step and keeps 1,024 slots for the draft.
+    room = engine_kwargs("spec_extend_room320", "T", "D", 20)
+    assert (room["max_num_scheduled_tokens"], room["max_num_batched_tokens"]) == (
+        16704, 17728)
+    assert room["additional_config"] == {"spec_extend": {}}
     with pytest.raises(ValueError, match="needs --spec-extend"):
         engine_kwargs("spec_extend_other", "T", "D", 4)
     with pytest.raises(ValueError, match="unknown mode"):
