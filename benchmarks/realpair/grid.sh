@@ -7,23 +7,29 @@
 # last line and the grid goes on. ENGINE_ARGS (JSON), where set, goes to every
 # mode as --engine-args: '{"load_format": "dummy"}' profiles the pair's shapes
 # with random weights (speed only: no acceptance, no claim on real work).
-#   bash benchmarks/realpair/grid.sh [--profile] DIR CASES TARGET DRAFT "MODE[:K] ..." "CELL ..."
+# MODE[:K]@CELL,CELL runs that mode over its own cells instead of the grid's
+# (a lever that only one cell asks about, without a pass over the rest).
+#   bash benchmarks/realpair/grid.sh [--profile] DIR CASES TARGET DRAFT "MODE[:K][@CELL,..] ..." "CELL ..."
 set -uo pipefail
 profile=0
 [ "${1:-}" = --profile ] && { profile=1; shift; }
 dir=$1 cases=$2 target=$3 draft=$4 modes=$5 cells=$6
 mkdir -p "$dir"
 for m in $modes; do
+  mode_cells=$cells
+  if [ "${m#*@}" != "$m" ]; then
+    mode_cells=${m#*@} mode_cells=${mode_cells//,/ } m=${m%%@*}
+  fi
   mode=${m%%:*} k=4
   [ "$mode" != "$m" ] && k=${m#*:}
   name=${mode}_k$k
   echo "== $name $(date +%T)"
   # The script and its own arguments; the mode's are the same for both.
   if [ $profile = 1 ]; then
-    own=(profile --cell "$cells" --out-dir "$dir")
+    own=(profile --cell "$mode_cells" --out-dir "$dir")
   else
     # shellcheck disable=SC2206  # cells: one word each
-    own=(run --cells $cells --out "$dir/$name.json")
+    own=(run --cells $mode_cells --out "$dir/$name.json")
   fi
   path=${PYTHONPATH:-}
   [ "$mode" = suffix ] && path=${path:+$path:}${ARCTIC_DIR:-/root/arctic}

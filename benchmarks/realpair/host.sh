@@ -13,7 +13,7 @@
 #                                                  arctic-inference into /root/arctic
 #                                                  (the suffix mode's alone: grid.sh);
 #                                                  join, check, convert -> /root/pair
-#   bash benchmarks/realpair/host.sh grid TAG "MODE[:K] ..." "CELL ..."
+#   bash benchmarks/realpair/host.sh grid TAG "MODE[:K][@CELL,..] ..." "CELL ..."
 #        detached (setsid): one run.py a mode into /root/pair/out/TAG/;
 #        `status TAG` prints its log and packs what is done into $OUT/TAG.tgz,
 #        `wait TAG [SECS]` the same once it is done or SECS (540) passed: chain

@@ -206,6 +206,21 @@ def test_grid_puts_arctic_on_the_suffix_modes_path_alone_and_goes_on(tmp_path):
     assert sum(x.startswith("suffix mode:") for x in lines) == 1
 
 
+def test_a_mode_with_its_own_cells_runs_those_alone(tmp_path):
+    env = {"PATH": _bin(tmp_path), "PYTHONPATH": "/repo"}
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(GRID), str(out), "c", "T", "D",
+                           "plain spec_extend_room320:20@copy:16384:8,other:16384:1",
+                           "copy:30720:1 copy:16384:1"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    plain = (out / "plain_k4.log").read_text()
+    assert "--cells copy:30720:1 copy:16384:1 --out" in plain
+    room = (out / "spec_extend_room320_k20.log").read_text()
+    assert "--k 20 --cells copy:16384:8 other:16384:1 --out" in room
+    assert "== spec_extend_room320_k20 " in done.stdout
+
+
 def _host_function() -> str:
     found = re.findall(r"^arctic_install\(\) \{\n.*?^\}\n", HOST.read_text(), re.S | re.M)
     assert len(found) == 1
