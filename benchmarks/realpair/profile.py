@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     run.warm_up(llm, picked[0])
     run.empty_prefix_cache(llm)
     counts = spec_counters(llm) if "speculative_config" in kwargs else None
-    tokens, decode_s, first_ttft = 0, 0.0, None
+    tokens, decode_s, first_ttft, first_ttfts = 0, 0.0, None, None
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             decode_s += sum(t["decode_s"] or 0.0 for t in times)
             if i == 0 and all(t["ttft_s"] is not None for t in times):
                 first_ttft = max(t["ttft_s"] for t in times)
+                first_ttfts = sorted(t["ttft_s"] for t in times)
         wall = time.perf_counter() - start
     alloc = {k: v - alloc_before.get(k, 0) for k, v in allocator_counts(torch).items()}
     spec = counter_delta(counts, spec_counters(llm)) if counts is not None else None
@@ -158,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         # The first call's start to its last first token (batch 8: where
         # fresh prompts' first tokens wait).
         "first_token_s": first_ttft,
+        # Each of the first call's first tokens, earliest first: at batch B
+        # the cadence at which its prompts start (plain: about a step apart).
+        "first_tokens_s": first_ttfts,
         "first_token_window": first_token_window(events, first_ttft),
         # The caching allocator over the profiled calls (in-process engine):
         # a retry frees its cache and synchronises the device.
@@ -168,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     (args.out_dir / f"profile_{name}.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: summary[k] for k in ("mode", "k", "cell", "batch", "steps",
-                                             "acc_len", "step", "first_token_s",
+                                             "acc_len", "step", "first_tokens_s",
                                              "allocator")},
                      indent=1))  # noqa: T201
     llm.llm_engine.engine_core.shutdown()
