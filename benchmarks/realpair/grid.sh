@@ -9,7 +9,8 @@
 # with random weights (speed only: no acceptance, no claim on real work).
 # MODE[:K]@CELL,CELL runs that mode over its own cells instead of the grid's
 # (a lever that only one cell asks about, without a pass over the rest).
-#   bash benchmarks/realpair/grid.sh [--profile] DIR CASES TARGET DRAFT "MODE[:K][@CELL,..] ..." "CELL ..."
+#   bash benchmarks/realpair/grid.sh [--profile] DIR CASES TARGET DRAFT \
+#        "MODE[:K][@CELL,..] ..." "CELL ..."
 set -uo pipefail
 profile=0
 [ "${1:-}" = --profile ] && { profile=1; shift; }
