@@ -16,6 +16,17 @@ profile=0
 [ "${1:-}" = --profile ] && { profile=1; shift; }
 dir=$1 cases=$2 target=$3 draft=$4 modes=$5 cells=$6
 mkdir -p "$dir"
+# One file a MODE:K: the same one twice (cells or not) would overwrite it.
+names=$(for m in $modes; do
+  m=${m%%@*} k=4
+  [ "${m%%:*}" != "$m" ] && k=${m#*:}
+  echo "${m%%:*}_k$k"
+done)
+twice=$(echo "$names" | sort | uniq -d | head -n 1)
+if [ -n "$twice" ]; then
+  echo "grid.sh: $twice named twice: its files would overwrite each other" >&2
+  exit 2
+fi
 for m in $modes; do
   mode_cells=$cells
   if [ "${m#*@}" != "$m" ]; then

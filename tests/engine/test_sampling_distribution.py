@@ -6,9 +6,10 @@ Why a statistical test: under sampling no single output is "right"; what
 speculative decoding promises is that each token is drawn from the target's
 distribution (vLLM's rejection sampler, which treats the plugin's drafted
 and looked-up tokens as one-hot proposals). So the test draws the same
-prompt many times in each engine, with per-request seeds (the same seeds,
-the same counts on every run: no flakes), and compares, position by
-position, how often each token came out (a chi-square test of homogeneity).
+prompt many times in each engine, with per-request seeds (each engine its
+own, so the two samples are independent; the same counts on every run: no
+flakes), and compares, position by position, how often each token came out
+(a chi-square test of homogeneity).
 The control shows it can fail: plain decoding at a slightly different
 temperature is told apart from plain decoding.
 
@@ -39,7 +40,7 @@ SAMPLES = 4000
 NEW_TOKENS = 5  # the first from the prefill, the rest verified drafts
 TEMPERATURE = 0.4  # peaked enough that 4,000 draws tell distributions apart
 K, LOOKUP = 4, 2
-CMR = {"top_k": 4, "recent_tokens": 64, "min_context": 256}
+CMR = {"top_k": 2, "recent_tokens": 64, "min_context": 256}  # pools from 288 tokens
 MIN_EXPECTED = 10  # rarer tokens are pooled into one category
 P_FLOOR = 1e-4  # per position; the control's p-value is far below it
 
@@ -68,11 +69,12 @@ def prompt(long_prompts):
     return text[: len(text) // 2] * 2  # repeated: the lookup finds matches
 
 
-def _draws(llm, prompt, temperature=TEMPERATURE) -> list[tuple[int, ...]]:
+def _draws(llm, prompt, first_seed, temperature=TEMPERATURE) -> list[tuple[int, ...]]:
     from vllm import SamplingParams
 
-    params = [SamplingParams(temperature=temperature, max_tokens=NEW_TOKENS, seed=i,
-                             ignore_eos=True) for i in range(SAMPLES)]
+    params = [SamplingParams(temperature=temperature, max_tokens=NEW_TOKENS,
+                             seed=first_seed + i, ignore_eos=True)
+              for i in range(SAMPLES)]
     outputs = llm.generate([{"prompt_token_ids": prompt}] * SAMPLES, params,
                            use_tqdm=False)
     return [tuple(o.outputs[0].token_ids) for o in outputs]
@@ -92,6 +94,9 @@ def homogeneity_p(a: list[int], b: list[int]) -> float:
             rows.append(pair)
     if sum(rare):
         rows.append(rare)
+    rows.sort(key=sum)
+    if len(rows) > 2 and sum(rows[0]) * min(na, nb) / (na + nb) < MIN_EXPECTED:
+        rows[:2] = [[rows[0][0] + rows[1][0], rows[0][1] + rows[1][1]]]
     chi2 = 0.0
     for x, y in rows:
         total = x + y
@@ -113,7 +118,8 @@ def _p_values(a, b) -> list[float]:
 @pytest.fixture(scope="module")
 def plain_draws(tiny_target, prompt):
     llm = make_llm(tiny_target, enable_prefix_caching=True)
-    draws = _draws(llm, prompt), _draws(llm, prompt, temperature=TEMPERATURE * 1.25)
+    draws = (_draws(llm, prompt, 0),
+             _draws(llm, prompt, 2 * SAMPLES, temperature=TEMPERATURE * 1.25))
     shutdown(llm)
     return draws
 
@@ -130,11 +136,12 @@ def test_sampled_tokens_keep_the_targets_distribution(tiny_target, tiny_draft, p
     llm = make_llm(tiny_target, tiny_draft, {**CMR, "lookup_tokens": LOOKUP},
                    num_spec_tokens=K, enable_prefix_caching=True)
     proposer = drafter(llm)
-    draws = _draws(llm, prompt)
+    draws = _draws(llm, prompt, SAMPLES)
     counts = stats(proposer)
     shutdown(llm)
     assert counts["lookup_tokens"] > 0 and counts["view_rows"] > 0, counts
+    assert counts["pooled_prompt_passes"] > 0, counts
     p_values = _p_values(plain_draws[0], draws)
-    assert p_values[0] > 0.999  # the prefill's token: the same seeds, the same draw
-    assert min(p_values[1:]) > P_FLOOR, [f"{p:.2g}" for p in p_values]
+    # Position 0 is the prefill's sample, the rest verified proposals.
+    assert min(p_values) > P_FLOOR, [f"{p:.2g}" for p in p_values]
     assert not math.isnan(sum(p_values))

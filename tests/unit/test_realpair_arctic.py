@@ -221,6 +221,19 @@ def test_a_mode_with_its_own_cells_runs_those_alone(tmp_path):
     assert "== spec_extend_room320_k20 " in done.stdout
 
 
+def test_a_mode_named_twice_is_refused_before_any_runs(tmp_path):
+    env = {"PATH": _bin(tmp_path), "PYTHONPATH": "/repo"}
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(GRID), str(out), "c", "T", "D",
+                           "plain spec_extend:20 spec_extend:20@copy:16384:8",
+                           "copy:30720:1"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("grid.sh: spec_extend_k20 named twice: its files "
+                                   "would overwrite each other")
+    assert not list(out.glob("*.log"))
+
+
 def _host_function() -> str:
     found = re.findall(r"^arctic_install\(\) \{\n.*?^\}\n", HOST.read_text(), re.S | re.M)
     assert len(found) == 1
