@@ -16,25 +16,24 @@ profile=0
 [ "${1:-}" = --profile ] && { profile=1; shift; }
 dir=$1 cases=$2 target=$3 draft=$4 modes=$5 cells=$6
 mkdir -p "$dir"
+# MODE[:K][@CELLS] -> mode, k (4 where none is named) and name, its files'.
+split_mode() {
+  local m=${1%%@*}
+  mode=${m%%:*} k=4
+  [ "$mode" != "$m" ] && k=${m#*:}
+  name=${mode}_k$k
+}
 # One file a MODE:K: the same one twice (cells or not) would overwrite it.
-names=$(for m in $modes; do
-  m=${m%%@*} k=4
-  [ "${m%%:*}" != "$m" ] && k=${m#*:}
-  echo "${m%%:*}_k$k"
-done)
-twice=$(echo "$names" | sort | uniq -d | head -n 1)
+twice=$(for m in $modes; do split_mode "$m"; echo "$name"; done | sort | uniq -d \
+  | head -n 1)
 if [ -n "$twice" ]; then
   echo "grid.sh: $twice named twice: its files would overwrite each other" >&2
   exit 2
 fi
 for m in $modes; do
+  split_mode "$m"
   mode_cells=$cells
-  if [ "${m#*@}" != "$m" ]; then
-    mode_cells=${m#*@} mode_cells=${mode_cells//,/ } m=${m%%@*}
-  fi
-  mode=${m%%:*} k=4
-  [ "$mode" != "$m" ] && k=${m#*:}
-  name=${mode}_k$k
+  [ "${m#*@}" != "$m" ] && mode_cells=${m#*@} && mode_cells=${mode_cells//,/ }
   echo "== $name $(date +%T)"
   # The script and its own arguments; the mode's are the same for both.
   if [ $profile = 1 ]; then
